@@ -1,0 +1,1 @@
+"""The config tree, as a package so that a regular (non-editable) install carries it."""

@@ -1,0 +1,218 @@
+"""The Hydra task function: one run of one config, on one or many ranks.
+
+`run(cfg)` is a plain function (submitit pickles it; see the notes on Hydra #3038); `__main__`
+wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
+or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes, or trains
+in this process. Rank 0 writes metrics.jsonl and summary.json, for failed runs too.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from dpo_sweeps.distributed import (
+    RankEnv, free_port, from_submitit_env, from_torchrun_env, init_process_group, select_device,
+)
+from dpo_sweeps.errors import RunFailure, failure_of
+from dpo_sweeps.rundir import read_rank_failures, read_summary, write_rank_failure, write_summary
+from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
+from dpo_sweeps.validate import validate_config, world_size_of
+
+log = logging.getLogger("dpo_sweeps")
+
+# How long rank 0 waits for a failed peer to record why, and the launcher for ranks to exit after one fails.
+PEER_REPORT_WAIT_S = 5.0
+RANK_EXIT_GRACE_S = 15.0
+
+
+class RunFailed(CompactHydraException):
+    """Raised to the sweep (multirun) when a run ends failed; its message is one line."""
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train one config; returns the summary.json metrics. Failed runs raise (sweeps) or exit 1."""
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    ctx = RunContext(
+        run_dir=run_dir,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        overrides=list(hydra_cfg.overrides.task),
+        base_dir=Path.cwd(),
+        run_name=f"{Path(hydra_cfg.sweep.dir).name}/{hydra_cfg.job.num}" if multirun else run_dir.name,
+        group=Path(hydra_cfg.sweep.dir).name if multirun else run_dir.name,
+        attempt=uuid.uuid4().hex,
+    )
+    summary = run_config(ctx)
+    if summary["status"] != "completed":
+        failure = summary["failure"]
+        message = f"run failed ({failure['kind']}): {failure['message']}  [{run_dir / 'summary.json'}]"
+        if multirun:
+            raise RunFailed(message)
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(1)
+    return summary["metrics"]
+
+
+def run_config(ctx: RunContext) -> dict:
+    """Validate, then train on as many ranks as the config asks for; returns the summary."""
+    cfg = OmegaConf.create(ctx.config)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    rank_env = from_torchrun_env() or from_submitit_env()
+    if rank_env is None:
+        try:
+            validate_config(cfg, ctx.base_dir)
+        except RunFailure as exc:
+            return _write_failed(ctx, failure_of(exc))
+        if world_size_of(cfg) > 1:
+            return _spawn_local_ranks(ctx, world_size_of(cfg), cfg)
+        port = cfg.resources.master_port or free_port()
+        rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                           master_addr="127.0.0.1", master_port=port)
+    summary = run_rank(ctx, rank_env)
+    return summary if summary is not None else {"status": "completed", "metrics": {}}
+
+
+def _write_failed(ctx: RunContext, failure: dict) -> dict:
+    return write_summary(ctx.run_dir, status="failed", failure=failure, overrides=ctx.overrides,
+                         config=ctx.config, metrics={}, extra={"attempt": ctx.attempt})
+
+
+def run_rank(ctx: RunContext, env: RankEnv) -> dict | None:
+    """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None."""
+    cfg = OmegaConf.create(ctx.config)
+    threads = cfg.resources.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
+    torch.set_num_threads(threads)
+    trainer: Trainer | None = None
+    metrics: dict[str, Any] = {}
+    failure = None
+    try:
+        device = select_device(cfg.resources.device, env.local_rank)
+        if env.world_size > 1:
+            validate_config(cfg, ctx.base_dir)
+        init_process_group(env, device, cfg.resources.collective_timeout_s)
+        trainer = Trainer(ctx, cfg, env, device)
+        trainer.setup()
+        metrics = trainer.fit()
+        if cfg.train.save_model:
+            trainer.save_model()
+    except Exception as exc:
+        failure = failure_of(exc)
+        collective = is_collective_error(exc)
+        if env.world_size > 1:
+            write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
+        if env.is_main and collective:
+            failure = _root_cause(ctx.run_dir, failure, env.world_size)
+        if trainer is not None and trainer.state.step:
+            metrics = _partial_metrics(trainer)
+        log.error("rank %d failed: %s", env.rank, failure["message"])
+    finally:
+        if trainer is not None:
+            trainer.close(metrics, failure is not None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if not env.is_main:
+        return None
+    extra = {"attempt": ctx.attempt}
+    if trainer is not None and hasattr(trainer, "data_counts"):
+        extra["data"] = trainer.data_counts
+    return write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
+                         overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+
+
+def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
+    """What a failed run got to: its last logged values (perf needs the peers, so it is left out)."""
+    metrics = {k: v for k, v in trainer.state.last_eval.items() if k != "step"}
+    metrics["train/loss"] = trainer.state.last_train.get("train/loss")
+    metrics.update({"steps": trainer.state.step, "world_size": trainer.env.world_size})
+    return metrics
+
+
+def _root_cause(run_dir: Path, own: dict, world_size: int) -> dict:
+    """The failure of the rank that failed first on its own, rather than rank 0's 'peer went away'."""
+    deadline = time.monotonic() + PEER_REPORT_WAIT_S
+    while True:
+        reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
+        if reports or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if not reports:
+        return {"kind": "crash", "message": f"a peer rank stopped: {own['message']}"}
+    first = min(reports, key=lambda r: r["time"])
+    return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
+
+
+# ---------------------------------------------------------------------- local rank processes
+def _rank_process(ctx: RunContext, env: RankEnv) -> None:
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
+                        format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
+    summary = run_rank(ctx, env)
+    failed = summary is None and (ctx.run_dir / "rank_failures" / f"rank{env.rank}.json").exists()
+    sys.exit(1 if failed or (summary is not None and summary["status"] != "completed") else 0)
+
+
+def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict:
+    """Start one process per rank on this machine; a rank that dies takes the others down."""
+    port = cfg.resources.master_port or free_port()
+    if cfg.resources.master_port is None:
+        log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)
+    mp = multiprocessing.get_context("spawn")
+    procs = []
+    for rank in range(world_size):
+        env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                      master_addr="127.0.0.1", master_port=port)
+        proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
+        proc.start()
+        procs.append(proc)
+
+    first_failure_at = None
+    try:
+        while any(p.is_alive() for p in procs):
+            if first_failure_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                first_failure_at = time.monotonic()
+            if first_failure_at is not None and time.monotonic() - first_failure_at > RANK_EXIT_GRACE_S:
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+            time.sleep(0.2)
+    except BaseException:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise
+    finally:
+        for p in procs:
+            p.join()
+
+    summary = read_summary(ctx.run_dir)
+    if summary is not None and summary.get("attempt") == ctx.attempt:
+        return summary
+    return _write_failed(ctx, _failure_from_exit_codes(ctx.run_dir, procs))
+
+
+def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
+    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
+    if reports:
+        first = min(reports, key=lambda r: r["time"])
+        return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
+    dead = [(p.name, p.exitcode) for p in procs if p.exitcode]
+    described = ", ".join(
+        f"{name} killed by {signal.Signals(-code).name}" if code < 0 else f"{name} exited with {code}"
+        for name, code in dead
+    )
+    return {"kind": "crash", "message": described or "rank 0 ended without writing summary.json"}

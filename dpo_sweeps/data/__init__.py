@@ -1,0 +1,1 @@
+"""Preference data: sources (synthetic, HH-RLHF, any prompt/chosen/rejected table) and tokenization."""

@@ -1,0 +1,157 @@
+"""From preference rows to token batches, as the reference DPO implementation tokenizes.
+
+Prompt and responses are tokenized separately; each response gets EOS appended. When prompt plus
+the longer response exceed `max_length`, the prompt is cut first to `max_prompt_length` (keeping
+its end for dialogues, its start otherwise), then the responses to `max_length - max_prompt_length`.
+Prompt tokens carry no loss (label -100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpo_sweeps.errors import DataError, InvalidConfig
+
+IGNORE_INDEX = -100
+TRUNCATION_MODES = ("keep_start", "keep_end")
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + max(len(self.chosen), len(self.rejected))
+
+
+def render_messages_plain(messages: list[dict]) -> str:
+    """The documented plain rendering for tokenizers without a chat template: "role: content" lines."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
+
+def render_pair(row: dict[str, Any], chat_template_tokenizer=None) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected) text. Message lists use the tokenizer's chat template when given.
+
+    Plain rendering: the prompt's messages as "role: content\\n" lines followed by "assistant:"; each
+    response is " " + its first message's content, further messages as "\\nrole: content".
+    """
+    prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
+    if isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str):
+        return prompt, chosen, rejected
+    prompt_msgs = _as_messages(prompt, "user")
+    if chat_template_tokenizer is not None:
+        tok = chat_template_tokenizer
+        prompt_text = tok.apply_chat_template(prompt_msgs, tokenize=False, add_generation_prompt=True)
+
+        def response(value) -> str:
+            full = tok.apply_chat_template(prompt_msgs + _as_messages(value, "assistant"), tokenize=False)
+            return full[len(prompt_text):] if full.startswith(prompt_text) else full
+
+        return prompt_text, response(chosen), response(rejected)
+    prompt_text = render_messages_plain(prompt_msgs) + "assistant:"
+
+    def plain_response(value) -> str:
+        messages = _as_messages(value, "assistant")
+        first, rest = messages[0], messages[1:]
+        return " " + str(first["content"]) + "".join(f"\n{m['role']}: {m['content']}" for m in rest)
+
+    return prompt_text, plain_response(chosen), plain_response(rejected)
+
+
+def _as_messages(value, default_role: str) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": default_role, "content": value}]
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return list(value)
+    raise DataError(
+        f"data: a prompt/chosen/rejected value is neither text nor a list of {{'role', 'content'}} messages: {str(value)[:80]!r}"
+    )
+
+
+def check_lengths(max_length: int, max_prompt_length: int) -> None:
+    if not isinstance(max_length, int) or max_length < 2:
+        raise InvalidConfig("data.max_length", f"got {max_length!r}", "an integer >= 2")
+    if not isinstance(max_prompt_length, int) or not 0 < max_prompt_length < max_length:
+        raise InvalidConfig(
+            "data.max_prompt_length", f"{max_prompt_length!r} with data.max_length={max_length}",
+            f"an integer in [1, {max_length - 1}] (less than data.max_length)",
+        )
+
+
+def encode_pairs(
+    texts: list[tuple[str, str, str]],
+    tokenizer,
+    *,
+    max_length: int,
+    max_prompt_length: int,
+    truncation_mode: str,
+) -> tuple[list[EncodedPair], int]:
+    """Encoded pairs and how many of them were truncated."""
+    check_lengths(max_length, max_prompt_length)
+    if truncation_mode not in TRUNCATION_MODES:
+        raise InvalidConfig("data.truncation_mode", f"got {truncation_mode!r}", ", ".join(TRUNCATION_MODES))
+    if not texts:
+        return [], 0
+    prompts, chosens, rejecteds = (list(column) for column in zip(*texts))
+    eos = tokenizer.eos_token_id
+    encode = lambda batch: tokenizer(batch, add_special_tokens=False)["input_ids"]  # noqa: E731
+    pairs, truncated = [], 0
+    for prompt, chosen, rejected in zip(encode(prompts), encode(chosens), encode(rejecteds)):
+        chosen, rejected = chosen + [eos], rejected + [eos]
+        cut = False
+        if len(prompt) + max(len(chosen), len(rejected)) > max_length:
+            cut = len(prompt) > max_prompt_length
+            prompt = prompt[-max_prompt_length:] if truncation_mode == "keep_end" else prompt[:max_prompt_length]
+        if len(prompt) + max(len(chosen), len(rejected)) > max_length:
+            cut = True
+            room = max_length - max_prompt_length
+            chosen, rejected = chosen[:room], rejected[:room]
+        truncated += cut
+        pairs.append(EncodedPair(prompt, chosen, rejected))
+    return pairs, truncated
+
+
+def collate(pairs: list[EncodedPair], pad_id: int) -> dict[str, torch.Tensor]:
+    """Chosen rows then rejected rows in one [2B, L] batch, right-padded; labels mask prompt and padding."""
+    sequences, label_rows = [], []
+    for response_of in (lambda p: p.chosen, lambda p: p.rejected):
+        for pair in pairs:
+            response = response_of(pair)
+            sequences.append(pair.prompt + response)
+            label_rows.append([IGNORE_INDEX] * len(pair.prompt) + response)
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, (seq, lab) in enumerate(zip(sequences, label_rows)):
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, : len(lab)] = torch.tensor(lab)
+        attention_mask[i, : len(seq)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class GlobalBatchSampler:
+    """Which pairs make global batch `step`: a seeded permutation per epoch, a pure function of step.
+
+    Being stateless in the step number is what makes resuming from a checkpoint exact.
+    """
+
+    def __init__(self, num_pairs: int, batch_size: int, seed: int):
+        self.num_pairs, self.batch_size, self.seed = num_pairs, batch_size, seed
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_pairs)}
+        return self._perms[epoch]
+
+    def indices(self, step: int) -> list[int]:
+        start = step * self.batch_size
+        return [int(self._perm(p // self.num_pairs)[p % self.num_pairs]) for p in range(start, start + self.batch_size)]

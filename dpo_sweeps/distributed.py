@@ -1,0 +1,109 @@
+"""Who this process is among the run's ranks, and the process group that joins them.
+
+One entry point serves three launchers: torchrun (RANK/WORLD_SIZE/MASTER_* in the environment), a
+submitit job with one task per rank (SLURM or submitit's local executor), and a plain
+`python -m dpo_sweeps resources.nproc_per_node=N`, which starts its own N local processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def from_torchrun_env() -> RankEnv | None:
+    """The rank torchrun (or any launcher setting the torch.distributed variables) gave us."""
+    env = os.environ
+    if not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} <= env.keys():
+        return None
+    return RankEnv(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+        master_addr=env["MASTER_ADDR"],
+        master_port=int(env["MASTER_PORT"]),
+    )
+
+
+def from_submitit_env() -> RankEnv | None:
+    """The rank of a submitit task, when this process is one task of a multi-task job."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    import submitit
+
+    try:
+        job_env = submitit.JobEnvironment()
+    except RuntimeError:
+        return None
+    if job_env.num_tasks <= 1:
+        return None
+    dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return RankEnv(
+        rank=dist_env.rank,
+        world_size=dist_env.world_size,
+        local_rank=dist_env.local_rank,
+        local_world_size=dist_env.local_world_size,
+        master_addr=dist_env.master_addr,
+        master_port=dist_env.master_port,
+    )
+
+
+def select_device(requested: str, local_rank: int) -> torch.device:
+    """cuda:<local_rank> when asked for (or auto and available), else cpu."""
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            from dpo_sweeps.errors import InvalidConfig
+
+            raise InvalidConfig("resources.device", "cuda requested but no GPU is visible", "auto, cpu, or cuda on a GPU machine")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_process_group(env: RankEnv, device: torch.device, timeout_s: float) -> None:
+    """gloo on CPU, NCCL on GPU; a dead peer surfaces as an error within `timeout_s`, never a hang."""
+    os.environ.update(
+        MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
+        RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+    )
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def all_reduce(values: list[float], op: str = "sum", device: torch.device | None = None) -> list[float]:
+    """Reduce a short list of floats across ranks (sum or max), in fp64."""
+    t = torch.tensor(values, dtype=torch.float64, device=device or "cpu")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t.tolist()

@@ -1,0 +1,128 @@
+"""Policy and reference models, and their tokenizer.
+
+A model config either names a model (`model.name_or_path`, loaded with `from_pretrained`; local
+folders work offline) or describes a random-init architecture (`model.from_config`, a transformers
+config). `model.init_from` points at an earlier run's directory: its saved model starts the policy
+and is the reference (SFT then DPO).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.tokenizers import bpe_tokenizer, byte_tokenizer
+
+SAVED_MODEL_DIR = "model"
+MODEL_SOURCES = "a preset in conf/model/, a local folder with config.json, or a hub name in the local cache"
+
+
+def saved_model_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SAVED_MODEL_DIR
+
+
+def _init_source(model_cfg: DictConfig) -> Path | None:
+    if model_cfg.init_from is None:
+        return None
+    path = saved_model_path(model_cfg.init_from)
+    if not (path / "config.json").exists():
+        raise InvalidConfig(
+            "model.init_from",
+            f"no saved model in '{model_cfg.init_from}' (looked for {path}/config.json)",
+            "the directory of a completed run, which holds model/",
+        )
+    return path
+
+
+def build_tokenizer(model_cfg: DictConfig, training_texts: list[str]) -> PreTrainedTokenizerBase:
+    """The run's tokenizer; a BPE is trained on `training_texts` (and cached)."""
+    source = _init_source(model_cfg)
+    if source is not None:
+        return AutoTokenizer.from_pretrained(source)
+    kind = model_cfg.tokenizer.kind
+    if kind == "byte":
+        return byte_tokenizer()
+    if kind == "bpe":
+        vocab_size = model_cfg.tokenizer.vocab_size
+        if not isinstance(vocab_size, int) or vocab_size <= 258:
+            raise InvalidConfig("model.tokenizer.vocab_size", f"got {vocab_size!r}", "an integer > 258 for kind=bpe")
+        return bpe_tokenizer(training_texts, vocab_size)
+    if kind == "pretrained":
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_cfg.name_or_path)
+        except (OSError, ValueError) as exc:
+            raise InvalidConfig(
+                "model.name_or_path",
+                f"cannot load a tokenizer for '{model_cfg.name_or_path}' ({_first_line(exc)})",
+                MODEL_SOURCES,
+            ) from None
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer.eos_token_id is None:
+            raise InvalidConfig("model.name_or_path", "its tokenizer has no EOS token", "a tokenizer with eos_token")
+        return tokenizer
+    raise InvalidConfig("model.tokenizer.kind", f"unknown kind '{kind}'", "byte, bpe, pretrained")
+
+
+def build_policy(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> torch.nn.Module:
+    """The policy in fp32 on CPU (FSDP moves and casts it). Same seed, same weights on every rank."""
+    source = _init_source(model_cfg)
+    if source is not None:
+        return AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if model_cfg.from_config is not None:
+        spec = OmegaConf.to_container(model_cfg.from_config, resolve=True)
+        model_type = spec.pop("model_type", None)
+        try:
+            config = AutoConfig.for_model(model_type, **spec)
+        except ValueError as exc:
+            raise InvalidConfig("model.from_config.model_type", _first_line(exc), "a transformers model_type such as gpt2, llama, gpt_neox") from None
+        config.vocab_size = len(tokenizer)
+        config.eos_token_id = tokenizer.eos_token_id
+        config.bos_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise InvalidConfig(
+            "model.name_or_path", f"cannot load '{model_cfg.name_or_path}' ({_first_line(exc)})", MODEL_SOURCES
+        ) from None
+
+
+def build_reference(policy: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the policy as it starts: no grad, eval mode."""
+    reference = copy.deepcopy(policy)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def check_block_name(model: torch.nn.Module, block_name: str) -> list[torch.nn.Module]:
+    """The transformer blocks FSDP wraps; a wrong name lists the block classes the model has."""
+    blocks = [m for m in model.modules() if type(m).__name__ == block_name]
+    if blocks:
+        return blocks
+    candidates = sorted(
+        {
+            type(child).__name__
+            for module in model.modules()
+            if isinstance(module, torch.nn.ModuleList)
+            for child in module
+        }
+    )
+    raise InvalidConfig(
+        "model.block_name",
+        f"{type(model).__name__} has no module of class '{block_name}'",
+        ", ".join(candidates) or "none found",
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

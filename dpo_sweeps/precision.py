@@ -1,0 +1,76 @@
+"""Mixed precision: FSDP2's policy for compute and reduction, and dynamic loss scaling for fp16.
+
+FSDP2 has no ShardedGradScaler, and a per-rank GradScaler would let ranks disagree on skipping a
+step (each sees only its gradient shard). This scaler all-reduces the overflow flag, so every rank
+skips or steps together.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from dpo_sweeps.fsdp import dtype_of
+
+
+def mixed_precision_policy(precision_cfg: DictConfig) -> MixedPrecisionPolicy:
+    return MixedPrecisionPolicy(
+        param_dtype=dtype_of(precision_cfg.param_dtype, "precision.param_dtype"),
+        reduce_dtype=dtype_of(precision_cfg.reduce_dtype, "precision.reduce_dtype"),
+    )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class DynamicLossScaler:
+    """Scale the loss up before backward; halve the scale and skip the step on overflow."""
+
+    def __init__(self, enabled: bool, initial_scale: float = 2.0**16, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = float(initial_scale) if enabled else 1.0
+        self.growth_interval = growth_interval
+        self._good_steps = 0
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale if self.enabled else loss
+
+    def unscale_and_check(self, params: list[torch.nn.Parameter]) -> bool:
+        """Unscale gradients in place; True when any rank saw inf/NaN (then the step is skipped)."""
+        if not self.enabled:
+            return False
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        device = grads[0].device if grads else torch.device("cpu")
+        overflow = torch.zeros(1, device=device)
+        for g in grads:
+            if not torch.isfinite(g).all():
+                overflow.fill_(1.0)
+                break
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(overflow, op=dist.ReduceOp.MAX)
+        found = bool(overflow.item())
+        if not found:
+            torch._foreach_mul_(grads, 1.0 / self.scale)
+        return found
+
+    def update(self, overflow: bool) -> None:
+        if not self.enabled:
+            return
+        if overflow:
+            self.scale /= 2.0
+            self._good_steps = 0
+            self.skipped_steps += 1
+        else:
+            self._good_steps += 1
+            if self._good_steps % self.growth_interval == 0:
+                self.scale *= 2.0
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self._good_steps, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self._good_steps, self.skipped_steps = state["scale"], state["good_steps"], state["skipped_steps"]

@@ -1,0 +1,187 @@
+"""What a run leaves in its directory: metrics.jsonl, summary.json (INTERFACE.md), saved model.
+
+Writes are atomic where a reader may look: summary.json goes through a temporary file and a rename,
+each metrics.jsonl record is one complete line written in a single call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+RANK_FAILURES = "rank_failures"
+
+# Keys that do not change what a run computes: they are left out of config_hash, so a resumed or
+# re-launched sweep recognises its finished runs.
+NON_DEFINING_KEYS = (
+    "wandb",
+    "train.progress_bar",
+    "resources.master_port",
+    "resources.collective_timeout_s",
+    "checkpoint.keep_last",
+)
+SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
+REDACTED = "<redacted>"
+
+PERF_METRIC_KEYS = (
+    "perf/tokens_per_s",
+    "perf/tokens_per_s_per_device",
+    "perf/examples_per_s",
+    "perf/peak_memory_gib",
+    "perf/speed_per_memory",
+    "perf/step_time_s",
+    "perf/mfu",
+)
+SUMMARY_METRIC_KEYS = (
+    "eval/rewards/accuracies",
+    "eval/rewards/margins",
+    "eval/loss",
+    "train/loss",
+    *PERF_METRIC_KEYS,
+    "steps",
+    "world_size",
+)
+
+
+def scrub_secrets(value: Any) -> Any:
+    """A copy of a config tree with any secret-looking key's value replaced."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if any(m in str(k).lower() for m in SECRET_MARKERS) and v is not None else scrub_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [scrub_secrets(v) for v in value]
+    return value
+
+
+def _drop_key(tree: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part)
+        if not isinstance(tree, dict):
+            return
+    tree.pop(leaf, None)
+
+
+def config_hash(config: dict) -> str:
+    """A stable hash of the resolved config keys that define the run."""
+    defining = json.loads(json.dumps(config))
+    for key in NON_DEFINING_KEYS:
+        _drop_key(defining, key)
+    blob = json.dumps(defining, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_summary(
+    run_dir: Path,
+    *,
+    status: str,
+    failure: dict | None,
+    overrides: list[str],
+    config: dict,
+    metrics: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict:
+    config = scrub_secrets(config)
+    all_metrics = {key: None for key in SUMMARY_METRIC_KEYS}
+    all_metrics.update({k: _finite_or_none(v) for k, v in metrics.items()})
+    summary = {
+        "schema": SCHEMA,
+        "status": status,
+        "failure": failure,
+        "overrides": list(overrides),
+        "config_hash": config_hash(config),
+        "config": config,
+        "metrics": all_metrics,
+    }
+    if extra:
+        summary.update(extra)
+    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    return summary
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / SUMMARY
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class MetricsLog:
+    """Appends one JSON object per logged step to metrics.jsonl."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / METRICS
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past `step` (a resumed run rewrites them)."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines(keepends=True) if _record_step(line) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, self.path)
+
+
+def _record_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def write_rank_failure(run_dir: Path, rank: int, failure: dict, *, collective: bool) -> None:
+    import time
+
+    write_json_atomic(
+        Path(run_dir) / RANK_FAILURES / f"rank{rank}.json",
+        {**failure, "rank": rank, "time": time.time(), "collective": collective},
+    )
+
+
+def read_rank_failures(run_dir: Path) -> list[dict]:
+    folder = Path(run_dir) / RANK_FAILURES
+    out = []
+    for path in sorted(folder.glob("rank*.json")) if folder.exists() else []:
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out

@@ -1,0 +1,83 @@
+"""Tokenizers that need no download: byte-level, or a byte-level BPE trained on the run's text.
+
+Both are `PreTrainedTokenizerFast` objects, so the rest of the code treats them exactly like a hub
+tokenizer. A trained BPE is cached under `$DPO_SWEEPS_CACHE` (default `~/.cache/dpo_sweeps`) keyed by
+its vocabulary size and a digest of the text it was trained on, so every rank and every run of a
+sweep uses the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+SPECIAL_TOKENS = [EOS, PAD]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DPO_SWEEPS_CACHE", Path.home() / ".cache" / "dpo_sweeps"))
+
+
+def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=PAD, unk_token=None
+    )
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Every UTF-8 byte is a token (256 of them), plus end-of-text and padding."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for special in SPECIAL_TOKENS:
+        vocab[special] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return _wrap(tok)
+
+
+def bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `vocab_size` tokens trained on `texts`, cached on disk."""
+    digest = hashlib.sha256()
+    digest.update(str(vocab_size).encode())
+    for text in texts:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{digest.hexdigest()[:16]}"
+    if (path / "tokenizer.json").exists():
+        return _wrap(Tokenizer.from_file(str(path / "tokenizer.json")))
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_batches(texts), trainer=trainer, length=len(texts))
+    # Write to a private folder, then rename: ranks and concurrent runs may race to fill the cache.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
+    tok.save(str(tmp / "tokenizer.json"))
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another process won the race; its file is the same tokenizer
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _wrap(Tokenizer.from_file(str(path / "tokenizer.json")))
+
+
+def _batches(texts: list[str], size: int = 256) -> Iterable[list[str]]:
+    for start in range(0, len(texts), size):
+        yield texts[start : start + size]

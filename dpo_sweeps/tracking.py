@@ -1,0 +1,59 @@
+"""wandb logging from rank 0: the resolved config (secrets scrubbed) and every logged metric.
+
+`wandb.mode` is offline by default, so nothing needs a network; runs are then synced with
+`wandb sync <run_dir>/wandb/offline-run-*`. The sweep is the wandb group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.rundir import scrub_secrets
+
+log = logging.getLogger(__name__)
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def check_wandb_config(wandb_cfg: dict) -> None:
+    if wandb_cfg.get("mode") not in WANDB_MODES:
+        raise InvalidConfig("wandb.mode", f"got {wandb_cfg.get('mode')!r}", ", ".join(WANDB_MODES))
+
+
+class Tracker:
+    """A wandb run, or nothing when disabled or not rank 0."""
+
+    def __init__(self, wandb_cfg: dict, *, run_dir: Path, name: str, group: str, config: dict, enabled: bool):
+        self._run = None
+        if not enabled or wandb_cfg["mode"] == "disabled":
+            return
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self._run = wandb.init(
+            mode=wandb_cfg["mode"],
+            project=wandb_cfg["project"],
+            entity=wandb_cfg.get("entity"),
+            group=wandb_cfg.get("group") or group,
+            name=name,
+            dir=str(run_dir),
+            config=scrub_secrets(config),
+            reinit="finish_previous",
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self._run is not None:
+            self._run.log({k: v for k, v in metrics.items() if v is not None and k != "step"}, step=step)
+
+    def finish(self, summary_metrics: dict[str, Any], failed: bool) -> None:
+        if self._run is None:
+            return
+        for key, value in summary_metrics.items():
+            if value is not None:
+                self._run.summary[key] = value
+        self._run.finish(exit_code=1 if failed else 0)
+        self._run = None

@@ -1,0 +1,346 @@
+"""DPO training on one rank: setup, the training step, evaluation, saving.
+
+Every rank runs this. The step reads top to bottom: a global batch of pairs is split across ranks
+and micro-batches; chosen and rejected go through one concatenated forward pass; the frozen
+reference scores the same batch without grad; gradients accumulate to the global batch; fp16 steps
+go through the rank-consistent loss scaler; the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from tqdm import tqdm
+
+from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, collate, encode_pairs, render_pair
+from dpo_sweeps.data.sources import load_preference_rows
+from dpo_sweeps.distributed import RankEnv, all_reduce
+from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure
+from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
+from dpo_sweeps.losses import preference_loss, sequence_logps, sft_loss
+from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
+from dpo_sweeps.perf import PerfMeter, device_peak_flops, flops_per_token
+from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
+from dpo_sweeps.rundir import MetricsLog
+from dpo_sweeps.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+# Per-pair statistics summed over ranks, then divided by the pair count.
+PAIR_STATS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+              "logps/chosen", "logps/rejected")
+
+
+@dataclass
+class RunContext:
+    """What every rank needs to know about the run, beyond the config."""
+
+    run_dir: Path
+    config: dict  # the resolved config, plain containers
+    overrides: list[str]
+    base_dir: Path  # where relative data paths resolve (the user's working directory)
+    run_name: str = "run"
+    group: str = "run"
+    attempt: str = ""
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    last_train: dict[str, Any] = field(default_factory=dict)
+    last_eval: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device):
+        self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
+        self.state = TrainState()
+        self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
+        self.perf = PerfMeter(device, cfg.perf.warmup_steps)
+        self.tracker: Tracker | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg, env = self.cfg, self.env
+        self._setup_data()
+        self.uses_reference = cfg.loss.name != "sft" and not cfg.loss.reference_free
+        self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
+        reference = build_reference(self.policy) if self.uses_reference else None
+        self.num_params = sum(p.numel() for p in self.policy.parameters())
+
+        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
+        mp_policy = mixed_precision_policy(cfg.precision)
+        self.policy = shard_model(self.policy, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
+                                  mesh=mesh, mp_policy=mp_policy)
+        self.reference = None
+        if reference is not None:
+            # The reference never trains: it is stored and run in the run's parameter dtype.
+            reference.to(dtype_of(cfg.precision.param_dtype, "precision.param_dtype"))
+            self.reference = shard_model(reference, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
+                                         mesh=mesh, mp_policy=type(mp_policy)(), trainable=False)
+
+        self.optimizer = self._build_optimizer()
+        warmup = cfg.train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
+        )
+        self.scaler = DynamicLossScaler(
+            enabled=bool(cfg.precision.get("loss_scaling", False)),
+            initial_scale=cfg.precision.get("initial_loss_scale", 2.0**16),
+            growth_interval=cfg.precision.get("loss_scale_growth_interval", 2000),
+        )
+        self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
+                               group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
+        if env.is_main:
+            log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
+                     self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
+        rows = load_preference_rows(cfg.data, self.ctx.base_dir)
+        plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
+        self.tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
+        template = self.tokenizer if getattr(self.tokenizer, "chat_template", None) else None
+        encode = lambda split: encode_pairs(  # noqa: E731
+            [render_pair(r, template) for r in split], self.tokenizer,
+            max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
+            truncation_mode=cfg.data.truncation_mode,
+        )
+        self.train_pairs, train_truncated = encode(rows.train)
+        self.eval_pairs, eval_truncated = encode(rows.eval)
+        if cfg.train.eval_max_pairs:
+            self.eval_pairs = self.eval_pairs[: cfg.train.eval_max_pairs]
+        self.data_counts = {
+            "train_pairs": len(self.train_pairs), "eval_pairs": len(self.eval_pairs),
+            "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
+        }
+        if self.env.is_main:
+            log.info("data %s: %d train pairs (%d truncated), %d eval pairs from %s (%d truncated)",
+                     cfg.data.name, len(self.train_pairs), train_truncated, len(self.eval_pairs),
+                     rows.eval_source, eval_truncated)
+        if len(self.train_pairs) < cfg.train.batch_size:
+            raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(self.train_pairs)} "
+                            f"training pairs of data.path (use a batch size <= {len(self.train_pairs)})")
+        self.sampler = GlobalBatchSampler(len(self.train_pairs), cfg.train.batch_size, cfg.train.seed)
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        train = self.cfg.train
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if train.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+        if train.optimizer == "rmsprop":
+            return torch.optim.RMSprop(params, lr=train.lr, weight_decay=train.weight_decay)
+        raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
+
+    # ------------------------------------------------------------------ forward
+    def _batch_logps(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed response log-probs (fp32) and response token counts for the [2B, L] batch."""
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        return sequence_logps(logits, batch["labels"])
+
+    def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        logps, counts = self._batch_logps(self.policy, batch)
+        n = logps.shape[0] // 2
+        policy_chosen, policy_rejected = logps[:n], logps[n:]
+        ref_chosen = ref_rejected = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logps, _ = self._batch_logps(self.reference, batch)
+            ref_chosen, ref_rejected = ref_logps[:n], ref_logps[n:]
+        loss_cfg = self.cfg.loss
+        pref = preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
+                               name="dpo" if loss_cfg.name == "sft" else loss_cfg.name,
+                               beta=loss_cfg.beta, label_smoothing=loss_cfg.label_smoothing)
+        losses = sft_loss(policy_chosen, counts[:n]) if loss_cfg.name == "sft" else pref.losses
+        stats = {
+            "loss": losses.detach(),
+            "rewards/chosen": pref.chosen_rewards,
+            "rewards/rejected": pref.rejected_rewards,
+            "rewards/accuracies": (pref.chosen_rewards > pref.rejected_rewards).float(),
+            "rewards/margins": pref.chosen_rewards - pref.rejected_rewards,
+            "logps/chosen": policy_chosen.detach(),
+            "logps/rejected": policy_rejected.detach(),
+        }
+        return losses, stats
+
+    # ------------------------------------------------------------------ step
+    def _rank_micro_batches(self, step: int) -> list[list[EncodedPair]]:
+        train, env = self.cfg.train, self.env
+        per_rank = train.batch_size // env.world_size
+        mine = self.sampler.indices(step)[env.rank * per_rank : (env.rank + 1) * per_rank]
+        m = train.micro_batch_size
+        return [[self.train_pairs[i] for i in mine[s : s + m]] for s in range(0, per_rank, m)]
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        pad_id = self.tokenizer.pad_token_id
+        micro_batches = self._rank_micro_batches(step)
+        per_rank_pairs = sum(len(mb) for mb in micro_batches)
+        sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
+        tokens = 0
+
+        self.perf.start()
+        for pairs in micro_batches:
+            batch = collate(pairs, pad_id)
+            tokens += int(batch["attention_mask"].sum())
+            losses, stats = self._pair_losses(batch)
+            loss = losses.sum() / per_rank_pairs  # FSDP averages over ranks: the global-batch mean
+            loss = self._inject_fault(step, loss)
+            self.scaler.scale_loss(loss).backward()
+            sums += torch.stack([stats[k].double().sum().cpu() for k in PAIR_STATS])
+
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        overflow = self.scaler.unscale_and_check(params)
+        grad_norm = None
+        if not overflow:
+            max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else math.inf
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+        lr = self.scheduler.get_last_lr()[0]
+        if not overflow:
+            self.optimizer.step()
+        self.scaler.update(overflow)
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        step_time = self.perf.stop(tokens, per_rank_pairs)
+
+        totals = all_reduce(sums.tolist() + [per_rank_pairs])
+        count = totals[-1]
+        record: dict[str, Any] = {"step": step + 1}
+        record.update({f"train/{k}": v / count for k, v in zip(PAIR_STATS, totals)})
+        record.update({"train/grad_norm": grad_norm, "train/lr": lr, "perf/step_time_s": step_time})
+        if self.scaler.enabled:
+            record.update({"train/loss_scale": self.scaler.scale, "train/skipped_step": overflow})
+        if not math.isfinite(record["train/loss"]):
+            raise NonFiniteLoss(f"train/loss is {record['train/loss']} at step {step + 1} "
+                                f"(lr={lr:g}, precision={cfg.precision.name}, loss.beta={cfg.loss.beta})")
+        return record
+
+    def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (see conf/config.yaml)."""
+        fault = self.cfg.get("faults")
+        if not fault or not fault.kind or step + 1 != fault.step or self.env.rank != fault.rank:
+            return loss
+        where = f"at step {step + 1} on rank {self.env.rank}"
+        if fault.kind == "nan":
+            return loss * float("nan")
+        if fault.kind == "crash":
+            raise RuntimeError(f"injected crash {where}")
+        if fault.kind == "oom":
+            raise torch.OutOfMemoryError(f"injected out of memory {where}")
+        if fault.kind == "kill":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", "nan, crash, oom, kill")
+
+    # ------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes)."""
+        env, m = self.env, self.cfg.train.micro_batch_size
+        n = len(self.eval_pairs)
+        padded = math.ceil(n / (env.world_size * m)) * env.world_size * m
+        mine = list(range(env.rank, padded, env.world_size))
+        sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
+        count = 0
+        self.policy.eval()
+        for s in range(0, len(mine), m):
+            idx = mine[s : s + m]
+            real = torch.tensor([i < n for i in idx], dtype=torch.float64)
+            _, stats = self._pair_losses(collate([self.eval_pairs[i % n] for i in idx], self.tokenizer.pad_token_id))
+            sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in PAIR_STATS])
+            count += int(real.sum())
+        self.policy.train()
+        totals = all_reduce(sums.tolist() + [count])
+        return {f"eval/{k}": v / totals[-1] for k, v in zip(PAIR_STATS, totals)}
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        max_steps = cfg.train.max_steps
+        self.policy.train()
+        bar = tqdm(total=max_steps, initial=self.state.step, desc="dpo", unit="step", dynamic_ncols=True,
+                   disable=not (self.env.is_main and cfg.train.progress_bar))
+        try:
+            while self.state.step < max_steps:
+                record = self.train_step(self.state.step)
+                self.state.step += 1
+                self.state.last_train = record
+                step = self.state.step
+                if step % cfg.train.log_every == 0 or step == max_steps:
+                    self._log(record)
+                eval_due = cfg.train.eval_every and step % cfg.train.eval_every == 0
+                if eval_due or step == max_steps:
+                    self.state.last_eval = {"step": step, **self.evaluate()}
+                    self._log(self.state.last_eval)
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['train/loss']:.4f}",
+                                acc=f"{record['train/rewards/accuracies']:.2f}")
+        finally:
+            bar.close()
+        return self.final_metrics()
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.metrics_log is not None:
+            self.metrics_log.append(record)
+        if self.tracker is not None:
+            self.tracker.log(record, step=record["step"])
+
+    def final_metrics(self) -> dict[str, Any]:
+        """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
+        precision = self.cfg.precision.name
+        perf = self.perf.summary(
+            world_size=self.env.world_size,
+            flops_per_token=flops_per_token(self.num_params, self.reference is not None),
+            peak_flops=device_peak_flops(self.device, precision),
+        )
+        metrics = {k: v for k, v in self.state.last_eval.items() if k != "step"}
+        metrics["train/loss"] = self.state.last_train.get("train/loss")
+        metrics["train/rewards/accuracies"] = self.state.last_train.get("train/rewards/accuracies")
+        metrics.update(perf)
+        metrics.update({"steps": self.state.step, "world_size": self.env.world_size, "num_params": self.num_params})
+        if self.scaler.enabled:
+            metrics["train/skipped_steps"] = self.scaler.skipped_steps
+        return metrics
+
+    # ------------------------------------------------------------------ save
+    def save_model(self) -> Path | None:
+        """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
+        state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        path = saved_model_path(self.ctx.run_dir)
+        if self.env.is_main:
+            from transformers import AutoModelForCausalLM
+
+            with torch.device("meta"):
+                plain = AutoModelForCausalLM.from_config(self.policy.config)
+            plain.load_state_dict(state, assign=True)
+            plain.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+        if dist.is_initialized():
+            dist.barrier()
+        return path if self.env.is_main else None
+
+    def close(self, metrics: dict[str, Any], failed: bool) -> None:
+        if self.tracker is not None:
+            self.tracker.finish(metrics, failed)
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """An error raised because a peer went away (the cause is elsewhere), not by this rank's own work."""
+    if isinstance(exc, RunFailure):
+        return False
+    text = str(exc).lower()
+    markers = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+               "gloo", "nccl", "socket", "connection refused")
+    return isinstance(exc, getattr(dist, "DistError", ())) or any(m in text for m in markers)
