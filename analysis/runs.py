@@ -1,0 +1,284 @@
+"""Read run directories (INTERFACE.md, "A run's directory") into `Run` records.
+
+A run directory holds Hydra's `.hydra/`, `metrics.jsonl` and, once the run has ended,
+`summary.json`. A run without `summary.json` is still going (pending). Sweep directories
+(Hydra's multirun folders, Optuna sweeps) are found on the way down.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SPEED_PER_MEMORY = "perf/speed_per_memory"
+PREFERENCE_ACCURACY = "eval/rewards/accuracies"
+
+# summary.json "metrics", in INTERFACE.md's order.
+SUMMARY_METRICS = (
+    "eval/rewards/accuracies",
+    "eval/rewards/margins",
+    "eval/loss",
+    "train/loss",
+    "perf/tokens_per_s",
+    "perf/tokens_per_s_per_device",
+    "perf/examples_per_s",
+    "perf/peak_memory_gib",
+    "perf/speed_per_memory",
+    "perf/step_time_s",
+    "perf/mfu",
+    "steps",
+    "world_size",
+)
+SUMMARY_SCHEMA = 1
+FINISHED_STATUSES = ("completed", "failed")
+
+# Config keys that only pick the replicate: runs that differ in these alone are one config
+# run with several seeds.
+SEED_KEYS = frozenset({"train.seed"})
+# Top-level config sections that say where a run logs and lands, not what it trains.
+NOT_DEFINING_SECTIONS = frozenset({"hydra", "wandb"})
+
+# A folder holding one of these is a sweep directory (Hydra multirun, Optuna sweeper).
+SWEEP_MARKERS = ("multirun.yaml", "optimization_results.yaml", "optuna.db")
+
+
+class NoRunsError(Exception):
+    """A directory given to the report holds no run directories."""
+
+
+@dataclass
+class Run:
+    """One run directory, as far as it has been written."""
+
+    path: Path
+    # Path relative to the directory the report was given (prefixed when given several).
+    name: str
+    # The nearest sweep directory above the run, else the directory the report was given.
+    sweep: Path
+    # completed | failed | pending (no summary.json yet) | unreadable (summary.json is bad)
+    status: str
+    overrides: tuple[str, ...] = ()
+    # The resolved config, flattened to dotted keys ("loss.beta").
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    failure_kind: str | None = None
+    failure_message: str | None = None
+    config_hash: str | None = None
+    # metrics.jsonl records, in file order.
+    log: list[dict[str, Any]] = field(default_factory=list)
+    # What was odd about the files (skipped log lines, an unreadable summary).
+    problems: list[str] = field(default_factory=list)
+
+    def metric(self, name: str) -> float:
+        """A summary metric as a float; NaN where it is missing or null."""
+        value = self.metrics.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return math.nan
+        return float(value)
+
+    @property
+    def last_logged_step(self) -> int | None:
+        steps = [r["step"] for r in self.log if isinstance(r.get("step"), int)]
+        return max(steps) if steps else None
+
+    @property
+    def config_overrides(self) -> tuple[str, ...]:
+        """The overrides without the seed ones: what sets this config apart in its sweep."""
+        return tuple(o for o in self.overrides if override_key(o) not in SEED_KEYS)
+
+    @property
+    def config_key(self) -> tuple:
+        """Equal for runs of the same config, whatever their seed."""
+        if not self.config:
+            return ("overrides", tuple(sorted(self.config_overrides)))
+        defining = (
+            (key, json.dumps(value, sort_keys=True, default=str))
+            for key, value in self.config.items()
+            if key not in SEED_KEYS and key.split(".", 1)[0] not in NOT_DEFINING_SECTIONS
+        )
+        return ("config", tuple(sorted(defining)))
+
+
+def override_key(override: str) -> str:
+    """`+train.seed=1` -> `train.seed`; `fsdp=full_shard` -> `fsdp`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def override_value(override: str) -> Any:
+    """The value of an override as YAML reads it (`loss.beta=0.1` -> 0.1), else the text."""
+    text = override.split("=", 1)[1] if "=" in override else ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"loss": {"beta": 0.1}} -> {"loss.beta": 0.1}; already dotted keys stay as they are."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _natural_key(path: Path) -> list:
+    # Job folders 0..N sort as numbers: 2 before 10.
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "summary.json").is_file() or (path / ".hydra").is_dir()
+
+
+def discover(root: Path) -> tuple[list[Path], list[Path]]:
+    """Run directories and sweep directories at or under `root`, in natural order."""
+    if is_run_dir(root):
+        return [root], []
+    run_dirs, sweep_dirs = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if any(marker in filenames for marker in SWEEP_MARKERS):
+            sweep_dirs.append(here)
+        if is_run_dir(here):
+            run_dirs.append(here)
+            dirnames[:] = []
+            continue
+        # Hidden folders are Hydra's and submitit's own (.hydra, .submitit), never runs.
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    return sorted(run_dirs, key=_natural_key), sorted(sweep_dirs, key=_natural_key)
+
+
+def read_log(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """metrics.jsonl records and the problems met; a half-written last line is no problem."""
+    if not path.is_file():
+        return [], []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records, problems = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number < len(lines):
+                problems.append(f"{path.name} line {number} is not JSON; skipped")
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        else:
+            problems.append(f"{path.name} line {number} has no integer 'step'; skipped")
+    return records, problems
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return None
+
+
+def _check_summary(summary: Any) -> str | None:
+    """Why a parsed summary.json breaks INTERFACE.md's contract, or None."""
+    if not isinstance(summary, dict):
+        return "summary.json is not a JSON object"
+    if summary.get("schema") != SUMMARY_SCHEMA:
+        return f"summary.json schema is {summary.get('schema')!r}; this report reads schema {SUMMARY_SCHEMA}"
+    if summary.get("status") not in FINISHED_STATUSES:
+        return f"summary.json status is {summary.get('status')!r}; expected one of {', '.join(FINISHED_STATUSES)}"
+    if summary["status"] == "failed" and not isinstance(summary.get("failure"), dict):
+        return "summary.json says failed but has no failure {kind, message}"
+    if not isinstance(summary.get("metrics") or {}, dict):
+        return "summary.json metrics is not an object"
+    return None
+
+
+def read_run(path: Path, name: str, sweep: Path) -> Run:
+    """One run directory: from summary.json when it has ended, from .hydra/ while pending."""
+    log, problems = read_log(path / "metrics.jsonl")
+    run = Run(path=path, name=name, sweep=sweep, status="pending", log=log, problems=problems)
+    hydra_overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    if isinstance(hydra_overrides, list):
+        run.overrides = tuple(str(o) for o in hydra_overrides)
+    hydra_config = _read_yaml(path / ".hydra" / "config.yaml")
+    if isinstance(hydra_config, dict):
+        run.config = flatten(hydra_config)
+
+    summary_path = path / "summary.json"
+    if not summary_path.is_file():
+        return run
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        summary, problem = None, f"summary.json is not valid JSON ({error})"
+    else:
+        problem = _check_summary(summary)
+    if problem:
+        run.status = "unreadable"
+        run.problems.append(problem)
+        return run
+
+    run.status = summary["status"]
+    if isinstance(summary.get("overrides"), list):
+        run.overrides = tuple(str(o) for o in summary["overrides"])
+    if isinstance(summary.get("config"), dict):
+        run.config = flatten(summary["config"])
+    run.metrics = dict(summary.get("metrics") or {})
+    run.config_hash = summary.get("config_hash")
+    if run.status == "failed":
+        run.failure_kind = str(summary["failure"].get("kind") or "crash")
+        run.failure_message = str(summary["failure"].get("message") or "")
+    return run
+
+
+def _nearest_sweep(run_dir: Path, sweep_dirs: list[Path], root: Path) -> Path:
+    for parent in (run_dir, *run_dir.parents):
+        if parent in sweep_dirs:
+            return parent
+        if parent == root:
+            break
+    return root
+
+
+def load_runs(roots: list[Path]) -> tuple[list[Run], list[Path]]:
+    """Every run under the given directories, and the sweep directories met.
+
+    Raises FileNotFoundError for a path that is not a directory and NoRunsError for one
+    that holds no run directory.
+    """
+    roots = [Path(r) for r in roots]
+    for root in roots:
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root}: not a directory; expected a sweep directory such as multirun/DATE/TIME")
+    common = Path(os.path.commonpath([r.resolve() for r in roots])) if len(roots) > 1 else None
+    runs: list[Run] = []
+    all_sweeps: list[Path] = []
+    seen: set[Path] = set()
+    for root in roots:
+        run_dirs, sweep_dirs = discover(root)
+        if not run_dirs:
+            raise NoRunsError(
+                f"{root}: no runs found; expected run directories holding summary.json or .hydra/ "
+                "(a sweep directory such as multirun/DATE/TIME, or one run's output directory)"
+            )
+        prefix = root.resolve().relative_to(common) if common else Path()
+        for run_dir in run_dirs:
+            if run_dir.resolve() in seen:  # given twice, or under two of the given directories
+                continue
+            seen.add(run_dir.resolve())
+            relative = run_dir.relative_to(root) if run_dir != root else Path(root.resolve().name)
+            name = (prefix / relative).as_posix()
+            runs.append(read_run(run_dir, name, _nearest_sweep(run_dir, sweep_dirs, root)))
+        all_sweeps.extend(s for s in sweep_dirs if s not in all_sweeps)
+    return runs, all_sweeps
