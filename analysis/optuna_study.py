@@ -1,0 +1,169 @@
+"""Read an Optuna sweep: its study's trials from `optuna.db`, its `optimization_results.yaml`.
+
+hydra-optuna-sweeper keeps the study in `sqlite:///<sweep_dir>/optuna.db` when the sweep
+sets that storage, and writes `optimization_results.yaml` (`best_params`/`best_value`, or
+Pareto `solutions` when multi-objective) once the sweep ends. The database is copied with
+SQLite's backup API before Optuna opens it, so a sweep still writing to it is neither
+locked nor touched.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from analysis.runs import SUMMARY_METRICS, Run, override_key, override_value
+
+
+@dataclass
+class Trial:
+    number: int
+    # Optuna's TrialState name: COMPLETE, FAIL, RUNNING, WAITING, PRUNED.
+    state: str
+    values: tuple[float, ...] | None
+    params: dict[str, Any]
+    # The best trial (one objective) or a trial on the Pareto front (several).
+    best: bool = False
+    # Name of the run directory that ran this trial, when one matches its params.
+    run: str | None = None
+
+
+@dataclass
+class Study:
+    sweep: Path
+    name: str
+    # "maximize" or "minimize", one per objective.
+    directions: list[str] = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)
+    # What each objective is: the summary metric its values equal, else "objective i".
+    objectives: list[str] = field(default_factory=list)
+    # optimization_results.yaml as written by the sweeper (None while the sweep runs).
+    results: dict[str, Any] | None = None
+    # Why the study database could not be read.
+    problem: str | None = None
+
+    @property
+    def best_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.best]
+
+
+def _dominates(a: tuple[float, ...], b: tuple[float, ...], signs: list[int]) -> bool:
+    better_or_equal = all(s * x >= s * y for x, y, s in zip(a, b, signs))
+    return better_or_equal and any(s * x > s * y for x, y, s in zip(a, b, signs))
+
+
+def mark_best(trials: list[Trial], directions: list[str]) -> None:
+    """Flag the best complete trial, or the Pareto front of the complete trials."""
+    signs = [1 if d == "maximize" else -1 for d in directions]
+    complete = [t for t in trials if t.state == "COMPLETE" and t.values and all(map(math.isfinite, t.values))]
+    if not complete:
+        return
+    if len(signs) == 1:
+        max(complete, key=lambda t: signs[0] * t.values[0]).best = True
+        return
+    for trial in complete:
+        trial.best = not any(_dominates(o.values, trial.values, signs) for o in complete if o is not trial)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return str(a) == str(b)
+
+
+def match_runs(trials: list[Trial], runs: list[Run]) -> None:
+    """Name the run of each trial: the run whose overrides hold the trial's params.
+
+    Hydra numbers a sweep's jobs from 0 like Optuna numbers a fresh study's trials, so among
+    runs with equal params the one in job folder `<trial number>` wins.
+    """
+    taken: set[str] = set()
+    for trial in trials:
+        candidates = []
+        for run in runs:
+            settings = {override_key(o): override_value(o) for o in run.overrides}
+            if run.name not in taken and trial.params and all(
+                k in settings and _same_value(settings[k], v) for k, v in trial.params.items()
+            ):
+                candidates.append(run)
+        if candidates:
+            chosen = next((r for r in candidates if r.path.name == str(trial.number)), candidates[0])
+            trial.run = chosen.name
+            taken.add(chosen.name)
+
+
+def name_objectives(study: Study, runs: list[Run]) -> list[str]:
+    """For each objective, the summary metric that every matched trial's value equals."""
+    by_name = {r.name: r for r in runs}
+    pairs = [(t, by_name[t.run]) for t in study.trials
+             if t.state == "COMPLETE" and t.values and t.run in by_name and by_name[t.run].status == "completed"]
+    names = []
+    for index in range(len(study.directions)):
+        found = next((metric for metric in SUMMARY_METRICS if pairs and all(
+            _same_value(t.values[index], r.metric(metric)) for t, r in pairs)), None)
+        names.append(found or f"objective {index}")
+    return names
+
+
+def _snapshot(db: Path, copy: Path) -> None:
+    source = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    target = sqlite3.connect(copy)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+
+
+def _read_db(db: Path, sweep: Path) -> list[Study]:
+    import optuna  # imported here: slow to import, and only Optuna sweeps need it
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "optuna.db"
+        _snapshot(db, copy)
+        storage = optuna.storages.RDBStorage(f"sqlite:///{copy}")
+        try:
+            studies = []
+            for summary in optuna.get_all_study_summaries(storage):
+                loaded = optuna.load_study(study_name=summary.study_name, storage=storage)
+                study = Study(sweep, loaded.study_name, [d.name.lower() for d in loaded.directions])
+                for frozen in loaded.get_trials(deepcopy=False):
+                    values = tuple(frozen.values) if frozen.values is not None else None
+                    study.trials.append(Trial(frozen.number, frozen.state.name, values, dict(frozen.params)))
+                studies.append(study)
+        finally:
+            storage.engine.dispose()  # close the copy before its folder goes
+    return studies
+
+
+def load_studies(sweep_dirs: list[Path], runs: list[Run]) -> list[Study]:
+    """The Optuna studies of the sweeps that have `optuna.db` or `optimization_results.yaml`."""
+    studies: list[Study] = []
+    for sweep in sweep_dirs:
+        results_path, db = sweep / "optimization_results.yaml", sweep / "optuna.db"
+        results = yaml.safe_load(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
+        if not db.is_file() and results is None:
+            continue
+        sweep_runs = [r for r in runs if r.sweep == sweep]
+        found: list[Study] = []
+        if db.is_file():
+            try:
+                found = _read_db(db, sweep)
+            except Exception as error:  # a schema from another Optuna version, a torn file
+                found = [Study(sweep, db.name, problem=f"{db}: could not be read by optuna ({error})")]
+        if not found:
+            found = [Study(sweep, str((results or {}).get("name", "optuna")))]
+        for study in found:
+            study.results = results if isinstance(results, dict) else None
+            mark_best(study.trials, study.directions)
+            match_runs(study.trials, sweep_runs)
+            study.objectives = name_objectives(study, sweep_runs)
+        studies.extend(found)
+    return studies

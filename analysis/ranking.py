@@ -1,0 +1,214 @@
+"""Aggregate runs into configs (seeds as mean ± std), rank them, find their Pareto front.
+
+A config is a set of runs that differ only by seed (`Run.config_key`). Its numbers are
+the mean, the sample standard deviation and the count over its completed runs; failed
+runs stay with their config as results of their own (an OOM says the config does not fit).
+Both criteria, speed per memory and final preference accuracy, are better when higher.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis.runs import PREFERENCE_ACCURACY, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, override_key, override_value
+
+CRITERIA = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean, sample standard deviation (NaN for one value) and count of a metric's values."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Stat | None:
+        finite = [v for v in values if math.isfinite(v)]
+        if not finite:
+            return None
+        std = statistics.stdev(finite) if len(finite) > 1 else math.nan
+        return cls(statistics.fmean(finite), std, len(finite))
+
+
+@dataclass
+class ConfigResult:
+    """The runs of one config, their aggregate metrics and where the config ranks."""
+
+    key: tuple
+    runs: list[Run]
+    # The overrides that set this config apart from the others in the report.
+    label: str = ""
+    # Swept setting -> value ("loss.beta" -> 0.1), from the config's overrides.
+    settings: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Stat] = field(default_factory=dict)
+    # Metric -> 1-based rank (equal means share a rank); absent where the config has no value.
+    ranks: dict[str, int] = field(default_factory=dict)
+    pareto: bool = False
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        return self.runs[0].config_overrides
+
+    @property
+    def completed(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "completed"]
+
+    @property
+    def failures(self) -> Counter:
+        """Failure kind -> number of this config's runs that failed so."""
+        return Counter(r.failure_kind for r in self.runs if r.status == "failed")
+
+    @property
+    def status(self) -> str:
+        """completed, failed (every run failed) or mixed."""
+        if not self.failures:
+            return "completed"
+        return "failed" if not self.completed else "mixed"
+
+    def mean(self, metric: str) -> float:
+        stat = self.stats.get(metric)
+        return stat.mean if stat else math.nan
+
+
+@dataclass
+class Comparison:
+    """Whether the leader of a ranking is ahead of the runner-up by more than their spread."""
+
+    metric: str
+    first: ConfigResult
+    second: ConfigResult
+    difference: float
+    # Sum of the two standard deviations that exist (configs with n >= 2); NaN if neither.
+    spread: float
+    # True: within the spread (too close to call); False: clear lead; None: no spread to judge.
+    close: bool | None
+
+
+@dataclass
+class Ranking:
+    """Everything the report says about the configs of a set of runs."""
+
+    # Completed or failed configs: ranked by speed per memory, then the ones without it.
+    configs: list[ConfigResult]
+    # Criterion -> configs that have a value for it, best first.
+    by: dict[str, list[ConfigResult]]
+    # The configs no other config beats on both criteria, fastest first.
+    pareto: list[ConfigResult]
+    # Criterion -> verdict on its top two (absent with fewer than two ranked configs).
+    comparisons: dict[str, Comparison]
+    # Swept setting -> its values, sorted.
+    axes: dict[str, list[Any]]
+
+
+def _sort_key(value: Any) -> tuple:
+    # Numbers in numeric order before text; None last.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1 if value is not None else 2, 0, str(value))
+
+
+def group_configs(runs: list[Run]) -> list[ConfigResult]:
+    """Completed and failed runs grouped by config, in the order first met."""
+    groups: dict[tuple, ConfigResult] = {}
+    for run in runs:
+        if run.status in ("completed", "failed"):
+            groups.setdefault(run.config_key, ConfigResult(run.config_key, [])).runs.append(run)
+    configs = list(groups.values())
+    for config in configs:
+        for metric in SUMMARY_METRICS:
+            stat = Stat.of([r.metric(metric) for r in config.completed])
+            if stat:
+                config.stats[metric] = stat
+    return configs
+
+
+def swept_axes(configs: list[ConfigResult]) -> dict[str, list[Any]]:
+    """Override keys whose value differs between configs, with their sorted values."""
+    for config in configs:
+        config.settings = {override_key(o): override_value(o) for o in config.overrides}
+    keys = sorted({k for c in configs for k in c.settings})
+    axes = {}
+    for key in keys:
+        values = [c.settings.get(key) for c in configs]
+        distinct = {repr(v): v for v in values}
+        if len(distinct) > 1:
+            axes[key] = sorted(distinct.values(), key=_sort_key)
+    return axes
+
+
+def label_configs(configs: list[ConfigResult]) -> None:
+    """Label each config by the overrides that differ between configs (all, if only one)."""
+    common = set.intersection(*(set(c.overrides) for c in configs)) if len(configs) > 1 else set()
+    for config in configs:
+        config.label = " ".join(o for o in config.overrides if o not in common) or "(defaults)"
+    # Same overrides, different base config (e.g. from two sweeps): add the sweep's name.
+    counts = Counter(c.label for c in configs)
+    for config in configs:
+        if counts[config.label] > 1:
+            config.label = f"{config.label} [{config.runs[0].sweep.name}]"
+    counts = Counter(c.label for c in configs)
+    seen: Counter = Counter()
+    for config in configs:
+        if counts[config.label] > 1:
+            seen[config.label] += 1
+            config.label = f"{config.label} #{seen[config.label]}"
+
+
+def rank_by(configs: list[ConfigResult], metric: str) -> list[ConfigResult]:
+    """Configs with a value for `metric`, best (highest mean) first; writes `ranks[metric]`."""
+    ranked = sorted((c for c in configs if metric in c.stats), key=lambda c: -c.stats[metric].mean)
+    for position, config in enumerate(ranked):
+        previous = ranked[position - 1] if position else None
+        tied = previous is not None and previous.stats[metric].mean == config.stats[metric].mean
+        config.ranks[metric] = previous.ranks[metric] if tied else position + 1
+    return ranked
+
+
+def pareto_front(configs: list[ConfigResult], x: str, y: str) -> list[ConfigResult]:
+    """Configs that no other config matches or beats on both `x` and `y` (higher is better)."""
+    points = [c for c in configs if x in c.stats and y in c.stats]
+
+    def dominates(a: ConfigResult, b: ConfigResult) -> bool:
+        ax, ay, bx, by = a.mean(x), a.mean(y), b.mean(x), b.mean(y)
+        return ax >= bx and ay >= by and (ax > bx or ay > by)
+
+    front = [c for c in points if not any(dominates(o, c) for o in points if o is not c)]
+    return sorted(front, key=lambda c: (-c.mean(x), -c.mean(y)))
+
+
+def compare_top_two(ranked: list[ConfigResult], metric: str) -> Comparison | None:
+    if len(ranked) < 2:
+        return None
+    first, second = ranked[0], ranked[1]
+    a, b = first.stats[metric], second.stats[metric]
+    difference = a.mean - b.mean
+    stds = [s.std for s in (a, b) if s.n >= 2]
+    spread = sum(stds) if stds else math.nan
+    if difference == 0:
+        close: bool | None = True
+    elif not stds:
+        close = None
+    else:
+        close = difference < spread
+    return Comparison(metric, first, second, difference, spread, close)
+
+
+def rank_sweep(runs: list[Run]) -> Ranking:
+    """Group, label, rank and compare the configs of `runs` by both criteria."""
+    configs = group_configs(runs)
+    axes = swept_axes(configs)
+    if configs:
+        label_configs(configs)
+    by = {metric: rank_by(configs, metric) for metric in CRITERIA}
+    front = pareto_front(configs, *CRITERIA)
+    for config in front:
+        config.pareto = True
+    comparisons = {m: c for m in CRITERIA if (c := compare_top_two(by[m], m))}
+    unranked = [c for c in configs if SPEED_PER_MEMORY not in c.stats]
+    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes)
