@@ -1,0 +1,262 @@
+"""The report's plots as matplotlib figures: Pareto scatter, effects per swept setting,
+sharding x precision heatmap, training curves per run, an Optuna study's trials.
+
+Figures are built on `matplotlib.figure.Figure` directly, never pyplot, so no display or
+interactive backend is involved; each function returns None when it has nothing to draw.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from analysis.optuna_study import Study
+from analysis.ranking import CRITERIA, Ranking
+from analysis.runs import PREFERENCE_ACCURACY, SPEED_PER_MEMORY, Run
+from analysis.tables import format_failures, format_number
+
+PARETO_COLOR = "#d1495b"
+POINT_COLOR = "#5b6f95"
+LOSS_COLOR = "#2e6fba"
+ACCURACY_COLOR = "#e07b18"
+FAILED_COLOR = "#b3261e"
+MAX_CURVE_PANELS = 48
+# Cells where every run failed (or none ran) show grey.
+HEATMAP_COLORS = colormaps["viridis"].with_extremes(bad="#e6e6e6")
+AXIS_TITLES = {
+    SPEED_PER_MEMORY: f"{SPEED_PER_MEMORY}\n(tokens/s per device / peak GiB)",
+    PREFERENCE_ACCURACY: f"{PREFERENCE_ACCURACY}\n(final preference accuracy)",
+}
+
+
+def png_bytes(figure: Figure, dpi: int = 110) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, facecolor="white")
+    return buffer.getvalue()
+
+
+def _std_or_none(stat) -> float | None:
+    return stat.std if stat.n > 1 else None
+
+
+def pareto_figure(ranking: Ranking) -> Figure | None:
+    """Configs by speed per memory and accuracy (mean ± std); the Pareto front joined up."""
+    x_metric, y_metric = CRITERIA
+    points = [c for c in ranking.configs if x_metric in c.stats and y_metric in c.stats]
+    if not points:
+        return None
+    figure = Figure(figsize=(9, 6), layout="constrained")
+    axes = figure.add_subplot()
+    xs = [c.mean(x_metric) for c in points]
+    middle = (min(xs) + max(xs)) / 2
+    for index, config in enumerate(sorted(points, key=lambda c: c.mean(x_metric))):
+        x, y = config.stats[x_metric], config.stats[y_metric]
+        color = PARETO_COLOR if config.pareto else POINT_COLOR
+        axes.errorbar(x.mean, y.mean, xerr=_std_or_none(x), yerr=_std_or_none(y), fmt="o", color=color,
+                      markersize=8 if config.pareto else 6, capsize=3, zorder=3)
+        # Labels point inwards, alternately above and below, so they overlap less and stay inside.
+        right_half = x.mean > middle
+        offset = (-7 if right_half else 7, 6 if index % 2 == 0 else -6)
+        axes.annotate(textwrap.fill(config.label, 42), (x.mean, y.mean), xytext=offset, textcoords="offset points",
+                      fontsize=7.5, color="#222" if config.pareto else "#555", zorder=4,
+                      ha="right" if right_half else "left", va="bottom" if index % 2 == 0 else "top")
+    front = sorted(ranking.pareto, key=lambda c: c.mean(x_metric))
+    axes.plot([c.mean(x_metric) for c in front], [c.mean(y_metric) for c in front], "--", color=PARETO_COLOR,
+              alpha=0.6, zorder=2, label=f"Pareto front ({len(front)} configs)")
+    failed = [c for c in ranking.configs if not c.completed]
+    if failed:
+        text = "not plotted (every run failed):\n" + "\n".join(
+            f"{c.label}: {format_failures(c.failures)}" for c in failed[:8])
+        axes.text(0.01, 0.01, text, transform=axes.transAxes, fontsize=7, color=FAILED_COLOR, va="bottom")
+    axes.set_xlabel(AXIS_TITLES[x_metric])
+    axes.set_ylabel(AXIS_TITLES[y_metric])
+    axes.set_title("Speed per memory vs preference accuracy (higher is better on both)")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper right", fontsize=8)
+    axes.margins(x=0.15, y=0.12)
+    return figure
+
+
+def _positions(values: list[Any]) -> tuple[dict[Any, float], bool, bool]:
+    """x position of each setting value; whether the values are numbers; whether to use log x."""
+    numeric = len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric:
+        log = min(values) > 0 and max(values) / min(values) >= 10
+        return {v: float(v) for v in values}, True, log
+    return {v: float(i) for i, v in enumerate(values)}, False, False
+
+
+def _padded(positions: list[float], log: bool) -> tuple[float, float]:
+    """x limits that show every setting value, failed-only ones included."""
+    low, high = min(positions), max(positions)
+    if log:
+        factor = (high / low) ** 0.08
+        return low / factor, high * factor
+    pad = (high - low) * 0.08 or 0.5
+    return low - pad, high + pad
+
+
+def effects_figure(ranking: Ranking) -> Figure | None:
+    """For each swept setting, both criteria against its values: runs as dots, means as a line."""
+    if not ranking.axes:
+        return None
+    figure = Figure(figsize=(11, 3.1 * len(ranking.axes)), layout="constrained")
+    grid = figure.subplots(len(ranking.axes), len(CRITERIA), squeeze=False)
+    for row, (axis_name, values) in enumerate(ranking.axes.items()):
+        positions, numeric, log = _positions(values)
+        for column, metric in enumerate(CRITERIA):
+            axes = grid[row][column]
+            per_value: dict[Any, list[float]] = defaultdict(list)
+            failures: dict[Any, Counter] = defaultdict(Counter)
+            for config in ranking.configs:
+                value = config.settings.get(axis_name)
+                if value not in positions:
+                    continue
+                per_value[value] += [r.metric(metric) for r in config.completed if math.isfinite(r.metric(metric))]
+                failures[value].update(config.failures)
+            for value, samples in per_value.items():
+                axes.scatter([positions[value]] * len(samples), samples, s=14, color=POINT_COLOR, alpha=0.5, zorder=2)
+            means = [(positions[v], float(np.mean(per_value[v]))) for v in values if per_value.get(v)]
+            if means:
+                # Join means with a line only where the setting is a number; categories have no order.
+                style = "-o" if numeric else "o"
+                axes.plot(*zip(*means), style, color=PARETO_COLOR, zorder=3, markersize=6, label="mean")
+            for value, counter in failures.items():
+                if counter:
+                    axes.annotate(format_failures(counter), (positions[value], 1.0), xycoords=("data", "axes fraction"),
+                                  xytext=(0, -10), textcoords="offset points", ha="center", fontsize=7,
+                                  color=FAILED_COLOR)
+            if log:
+                axes.set_xscale("log")
+            axes.set_xticks(list(positions.values()), [str(v) for v in positions])
+            axes.set_xlim(*_padded(list(positions.values()), log))
+            axes.minorticks_off()
+            axes.set_xlabel(axis_name)
+            axes.set_ylabel(metric, fontsize=8)
+            axes.grid(alpha=0.3)
+            axes.margins(y=0.18)
+    figure.suptitle("Effect of each swept setting (dots: runs, line: mean; failures in red)")
+    return figure
+
+
+def heatmap_figure(runs: list[Run]) -> Figure | None:
+    """Mean speed per memory and accuracy per fsdp.sharding_strategy x precision.name cell."""
+    finished = [r for r in runs if r.status in ("completed", "failed")]
+    shardings = sorted({str(r.config.get("fsdp.sharding_strategy")) for r in finished if "fsdp.sharding_strategy" in r.config})
+    precisions = sorted({str(r.config.get("precision.name")) for r in finished if "precision.name" in r.config})
+    if not shardings or not precisions or len(shardings) * len(precisions) < 2:
+        return None
+    figure = Figure(figsize=(5.2 * len(CRITERIA), 1.1 * len(shardings) + 2.2), layout="constrained")
+    for index, metric in enumerate(CRITERIA):
+        axes = figure.add_subplot(1, len(CRITERIA), index + 1)
+        means = np.full((len(shardings), len(precisions)), np.nan)
+        notes = [["" for _ in precisions] for _ in shardings]
+        for i, sharding in enumerate(shardings):
+            for j, precision in enumerate(precisions):
+                cell = [r for r in finished if str(r.config.get("fsdp.sharding_strategy")) == sharding
+                        and str(r.config.get("precision.name")) == precision]
+                values = [r.metric(metric) for r in cell if r.status == "completed" and math.isfinite(r.metric(metric))]
+                failures = Counter(r.failure_kind for r in cell if r.status == "failed")
+                lines = [f"{format_number(float(np.mean(values)))}\nn={len(values)}"] if values else []
+                if values:
+                    means[i, j] = np.mean(values)
+                if failures:
+                    lines.append(format_failures(failures))
+                notes[i][j] = "\n".join(lines) or "no runs"
+        image = axes.imshow(np.ma.masked_invalid(means), cmap=HEATMAP_COLORS, aspect="auto")
+        finite = means[np.isfinite(means)]
+        middle = (finite.min() + finite.max()) / 2 if finite.size else 0
+        for i in range(len(shardings)):
+            for j in range(len(precisions)):
+                dark = np.isfinite(means[i, j]) and means[i, j] < middle
+                if np.isfinite(means[i, j]):
+                    color = "white" if dark else "black"
+                else:
+                    color = FAILED_COLOR if notes[i][j] != "no runs" else "#777"
+                axes.text(j, i, notes[i][j], ha="center", va="center", fontsize=8, color=color)
+        axes.set_xticks(range(len(precisions)), precisions)
+        axes.set_yticks(range(len(shardings)), shardings)
+        axes.set_xlabel("precision.name")
+        axes.set_ylabel("fsdp.sharding_strategy")
+        axes.set_title(f"{metric}\n(mean over runs; other settings pooled)", fontsize=9)
+        figure.colorbar(image, ax=axes, shrink=0.8)
+    return figure
+
+
+def _series(log: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in log if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def curves_figure(runs: list[Run], labels: dict[str, str]) -> Figure | None:
+    """Loss and preference accuracy against step, one panel per run (`labels`: run name -> config)."""
+    shown = [r for r in runs if r.log or r.status == "failed"][:MAX_CURVE_PANELS]
+    if not shown:
+        return None
+    columns = min(4, len(shown))
+    rows = math.ceil(len(shown) / columns)
+    figure = Figure(figsize=(3.4 * columns, 2.7 * rows + 0.6), layout="constrained")
+    grid = figure.subplots(rows, columns, squeeze=False)
+    for axes in grid.flat[len(shown):]:
+        axes.set_visible(False)
+    for axes, run in zip(grid.flat, shown):
+        accuracy_axes = axes.twinx()
+        axes.plot(*_series(run.log, "train/loss"), color=LOSS_COLOR, linewidth=1)
+        axes.plot(*_series(run.log, "eval/loss"), "s", color=LOSS_COLOR, markersize=4)
+        accuracy_axes.plot(*_series(run.log, "train/rewards/accuracies"), color=ACCURACY_COLOR, linewidth=1, alpha=0.8)
+        accuracy_axes.plot(*_series(run.log, "eval/rewards/accuracies"), "D", color=ACCURACY_COLOR, markersize=4)
+        accuracy_axes.set_ylim(0, 1.02)
+        axes.tick_params(labelsize=7, colors=LOSS_COLOR, axis="y")
+        axes.tick_params(labelsize=7, axis="x")
+        accuracy_axes.tick_params(labelsize=7, colors=ACCURACY_COLOR)
+        status = run.status if run.status != "failed" else f"failed: {run.failure_kind}"
+        label = labels.get(run.name) or " ".join(run.config_overrides)
+        axes.set_title(f"{run.name} ({status})\n{textwrap.fill(label, 48)}", fontsize=7,
+                       color=FAILED_COLOR if run.status == "failed" else "#222")
+        if not run.log:
+            axes.text(0.5, 0.5, "no steps logged", transform=axes.transAxes, ha="center", color=FAILED_COLOR)
+            axes.set_xticks([])
+            axes.set_yticks([])
+        axes.grid(alpha=0.3)
+    more = f" (first {MAX_CURVE_PANELS} of {len(runs)} runs)" if len(runs) > MAX_CURVE_PANELS else ""
+    figure.suptitle(f"Training curves{more}: loss (blue, left; line train, squares eval) and preference "
+                    f"accuracy (orange, right; line train, diamonds eval) against step", fontsize=9)
+    return figure
+
+
+def optuna_figure(study: Study) -> Figure | None:
+    """The study's complete trials: objective 0 vs 1 (Pareto in red), or value by trial number."""
+    complete = [t for t in study.trials if t.state == "COMPLETE" and t.values]
+    if not complete:
+        return None
+    figure = Figure(figsize=(7.5, 5), layout="constrained")
+    axes = figure.add_subplot()
+    if len(study.directions) >= 2:
+        for trial in complete:
+            axes.scatter(trial.values[0], trial.values[1], color=PARETO_COLOR if trial.best else POINT_COLOR,
+                         s=50 if trial.best else 28, zorder=3)
+            axes.annotate(f"#{trial.number}", (trial.values[0], trial.values[1]), xytext=(5, 4),
+                          textcoords="offset points", fontsize=8)
+        axes.set_xlabel(f"{study.objectives[0]} ({study.directions[0]})")
+        axes.set_ylabel(f"{study.objectives[1]} ({study.directions[1]})")
+        axes.set_title(f"Optuna study '{study.name}': trials, Pareto trials in red")
+    else:
+        numbers = [t.number for t in complete]
+        values = [t.values[0] for t in complete]
+        better = max if study.directions[0] == "maximize" else min
+        best_so_far = [better(values[: i + 1]) for i in range(len(values))]
+        axes.scatter(numbers, values, color=POINT_COLOR, zorder=3, label="trial")
+        axes.step(numbers, best_so_far, where="post", color=PARETO_COLOR, label="best so far")
+        axes.set_xlabel("trial number")
+        axes.set_ylabel(f"{study.objectives[0]} ({study.directions[0]})")
+        axes.set_title(f"Optuna study '{study.name}': value by trial")
+        axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    return figure

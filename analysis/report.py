@@ -1,0 +1,109 @@
+"""Rank a sweep's runs by speed per memory and preference accuracy; write its dashboard.
+
+    python analysis/report.py multirun/2026-11-30/12-00-00
+    python analysis/report.py multirun/2026-11-30/* --out reports/nov30
+
+Reads every run's summary.json and metrics.jsonl under the given directories (completed,
+failed and still-running runs alike) and writes, into `<sweep>/report/` or `--out`:
+ranking.csv (one row per config), runs.csv (one row per run), report.html (the offline
+dashboard) and the dashboard's figures as PNG. Prints the ranking to the terminal.
+
+Exit status: 0 when the report is written, 2 when a directory holds no runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script (`python analysis/report.py`): import `analysis` from the repository
+    # root, not this folder, whose module names (tables, figures) could shadow others.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+from analysis import dashboard, figures, tables  # noqa: E402
+from analysis.optuna_study import load_studies  # noqa: E402
+from analysis.ranking import rank_sweep  # noqa: E402
+from analysis.runs import NoRunsError, load_runs  # noqa: E402
+
+FIGURE_NAMES = ("pareto", "heatmap", "effects", "curves")
+
+
+def default_out_dir(sources: list[Path]) -> Path:
+    """`<sweep>/report`; for several sweeps, `report/` in the folder they share."""
+    if len(sources) == 1:
+        return sources[0] / "report"
+    return Path(os.path.commonpath([s.resolve() for s in sources])) / "report"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="analysis/report.py",
+        description="Rank a DPO sweep's runs by speed per memory and preference accuracy; "
+                    "write a CSV ranking, PNG figures and an offline HTML dashboard.")
+    parser.add_argument("sweep_dirs", nargs="+", type=Path, metavar="SWEEP_DIR",
+                        help="a Hydra sweep directory (multirun/DATE/TIME), an Optuna sweep, a folder of "
+                             "sweeps or one run's directory")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the report (default: SWEEP_DIR/report, or report/ in the "
+                             "folder shared by several SWEEP_DIRs)")
+    return parser
+
+
+def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, list[Path]]:
+    """Read, rank and write everything; returns the terminal text and the files written."""
+    runs, sweep_dirs = load_runs(sources)
+    ranking = rank_sweep(runs)
+    studies = load_studies(sweep_dirs, runs)
+    out = out or default_out_dir(sources)
+    out.mkdir(parents=True, exist_ok=True)
+
+    labels = {run.name: config.label for config in ranking.configs for run in config.runs}
+    built = {
+        "pareto": figures.pareto_figure(ranking),
+        "heatmap": figures.heatmap_figure(runs),
+        "effects": figures.effects_figure(ranking),
+        "curves": figures.curves_figure(runs, labels),
+        **{f"optuna-{i}": figures.optuna_figure(study) for i, study in enumerate(studies)},
+    }
+    pngs: dict[str, bytes | None] = {}
+    written: list[Path] = []
+    for name, figure in built.items():
+        path = out / f"{name}.png"
+        pngs[name] = figures.png_bytes(figure) if figure is not None else None
+        if pngs[name]:
+            path.write_bytes(pngs[name])
+            written.append(path)
+        elif path.exists():
+            path.unlink()  # a figure from an earlier report that has nothing to show now
+
+    written.append(tables.write_csv(out / "ranking.csv", tables.config_columns(ranking), tables.config_rows(ranking)))
+    written.append(tables.write_csv(out / "runs.csv", tables.run_columns(), tables.run_rows(runs, ranking)))
+    generated = datetime.now().astimezone().isoformat(timespec="seconds")
+    page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated)
+    html_path = out / "report.html"
+    html_path.write_text(page, encoding="utf-8")
+    written.append(html_path)
+    return tables.terminal_report(sources, runs, ranking, studies), written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        text, written = write_report(args.sweep_dirs, args.out)
+    except (NoRunsError, FileNotFoundError) as error:
+        print(f"report.py: {error}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"\nWrote {len(written)} files to {written[-1].parent}: {', '.join(p.name for p in written)}")
+    print(f"Dashboard: {written[-1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

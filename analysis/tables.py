@@ -1,0 +1,205 @@
+"""The report's tables: rows for the CSV files and the dashboard, and the terminal summary.
+
+Metric columns carry INTERFACE.md's names; `std(<metric>)` is the seeds' sample standard
+deviation and `rank(<metric>)` the config's place when ranked by that metric.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from analysis.optuna_study import Study
+from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
+from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run
+
+# The metrics the terminal table shows, besides the two criteria.
+TERMINAL_METRICS = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY, "perf/tokens_per_s_per_device", "perf/peak_memory_gib")
+
+
+def format_number(value: Any) -> str:
+    """Short human form: 12757, 41.3, 2.06, 0.9065; '' for missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.4f}" if magnitude >= 1e-3 or value == 0 else f"{value:.2e}"
+
+
+def format_stat(stat: Stat | None) -> str:
+    if stat is None:
+        return ""
+    if stat.n < 2:
+        return format_number(stat.mean)
+    return f"{format_number(stat.mean)} ± {format_number(stat.std)}"
+
+
+def format_failures(failures: Counter) -> str:
+    """Counter({'oom': 2}) -> 'oom ×2'."""
+    return ", ".join(f"{kind} ×{count}" for kind, count in sorted(failures.items()))
+
+
+def comparison_text(comparison: Comparison) -> str:
+    """One sentence on whether a ranking's leader is ahead of the runner-up by more than noise."""
+    first, second, metric = comparison.first, comparison.second, comparison.metric
+
+    def described(config: ConfigResult) -> str:
+        stat = config.stats[metric]
+        return f"'{config.label}' {format_stat(stat)} (n={stat.n})"
+
+    pair = f"{described(first)} vs {described(second)}"
+    difference = format_number(comparison.difference)
+    if comparison.close is None:
+        return f"{metric}: the top two differ by {difference} but ran one seed each, no spread to judge by: {pair}"
+    if comparison.close:
+        return (f"{metric}: the top two are within their spread (difference {difference} < spread "
+                f"{format_number(comparison.spread)}), too close to call: {pair}")
+    return (f"{metric}: the leader is ahead by {difference}, more than the spread "
+            f"{format_number(comparison.spread)}: {pair}")
+
+
+def config_columns(ranking: Ranking) -> list[str]:
+    metric_columns = [c for m in SUMMARY_METRICS for c in (m, f"std({m})")]
+    return ([f"rank({m})" for m in CRITERIA] + ["pareto", "config", "status", "n", "failures"]
+            + list(ranking.axes) + metric_columns + ["runs"])
+
+
+def config_rows(ranking: Ranking) -> list[dict[str, Any]]:
+    """One row per config, in ranking order; metric cells are means over completed seeds."""
+    rows = []
+    for config in ranking.configs:
+        row: dict[str, Any] = {f"rank({m})": config.ranks.get(m) for m in CRITERIA}
+        row.update(pareto=config.pareto, config=config.label, status=config.status, n=len(config.completed),
+                   failures=format_failures(config.failures))
+        row.update({axis: config.settings.get(axis) for axis in ranking.axes})
+        for metric in SUMMARY_METRICS:
+            stat = config.stats.get(metric)
+            row[metric] = stat.mean if stat else None
+            row[f"std({metric})"] = stat.std if stat and stat.n > 1 else None
+        row["runs"] = " ".join(r.name for r in config.runs)
+        rows.append(row)
+    return rows
+
+
+def run_columns() -> list[str]:
+    return (["run", "status", "failure.kind", "failure.message", "config", *sorted(SEED_KEYS), "last_step",
+             *SUMMARY_METRICS, "overrides", "problems"])
+
+
+def run_rows(runs: list[Run], ranking: Ranking) -> list[dict[str, Any]]:
+    """One row per run directory: completed, failed, pending and unreadable alike."""
+    labels = {id(run): config.label for config in ranking.configs for run in config.runs}
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {
+            "run": run.name, "status": run.status, "failure.kind": run.failure_kind,
+            "failure.message": run.failure_message, "config": labels.get(id(run), " ".join(run.config_overrides)),
+            "last_step": run.last_logged_step,
+        }
+        row.update({key: run.config.get(key) for key in SEED_KEYS})
+        row.update({metric: run.metrics.get(metric) for metric in SUMMARY_METRICS})
+        row.update(overrides=" ".join(run.overrides), problems="; ".join(run.problems))
+        rows.append(row)
+    return rows
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> Path:
+    """Missing and NaN cells stay empty; numbers keep every digit of summary.json."""
+    def cell(value: Any) -> Any:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        return value
+
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({column: cell(row.get(column)) for column in columns})
+    return path
+
+
+def status_line(runs: list[Run]) -> str:
+    """'11 runs: 9 completed, 1 failed (oom ×1), 1 pending (still running)'."""
+    counts = Counter(r.status for r in runs)
+    parts = [f"{counts['completed']} completed"]
+    failures = Counter(r.failure_kind for r in runs if r.status == "failed")
+    parts.append(f"{counts['failed']} failed" + (f" ({format_failures(failures)})" if failures else ""))
+    if counts["pending"]:
+        parts.append(f"{counts['pending']} pending (still running, or stopped before writing summary.json)")
+    if counts["unreadable"]:
+        parts.append(f"{counts['unreadable']} unreadable (see runs.csv 'problems')")
+    return f"{len(runs)} runs: " + ", ".join(parts)
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    # Right-align numbers, left-align the last column (the config label).
+    lines = []
+    for row in [header, *rows]:
+        cells = [str(c).rjust(w) for c, w in zip(row[:-1], widths[:-1])] + [str(row[-1])]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def terminal_table(ranking: Ranking) -> list[str]:
+    header = ["#spm", "#acc", "P", "n", *TERMINAL_METRICS, "config"]
+    rows = []
+    for config in ranking.configs:
+        if not config.completed:
+            cells = ["-", "-", "", "0", f"failed: {format_failures(config.failures)}", "", "", ""]
+        else:
+            cells = [str(config.ranks.get(m, "-")) for m in CRITERIA]
+            cells += ["*" if config.pareto else "", str(len(config.completed))]
+            cells += [format_stat(config.stats.get(m)) for m in TERMINAL_METRICS]
+            if config.failures:
+                cells[3] += f" (+{format_failures(config.failures)})"
+        rows.append(cells + [config.label])
+    legend = (f"#spm, #acc: rank by {SPEED_PER_MEMORY}, {PREFERENCE_ACCURACY}; P: * on the Pareto front; "
+              "n: completed seeds; values are mean ± std over seeds")
+    return _grid(header, rows) + [legend]
+
+
+def study_lines(study: Study) -> list[str]:
+    if study.problem:
+        return [f"Optuna study in {study.sweep}: {study.problem}"]
+    states = Counter(t.state for t in study.trials)
+    objectives = ", ".join(f"{o} ({d})" for o, d in zip(study.objectives, study.directions))
+    lines = [f"Optuna study '{study.name}' ({study.sweep}): {len(study.trials)} trials "
+             f"({', '.join(f'{n} {s.lower()}' for s, n in sorted(states.items()))}); objectives: {objectives or '?'}"]
+    kind = "best trial" if len(study.directions) == 1 else "Pareto trials"
+    for trial in study.best_trials:
+        params = " ".join(f"{k}={v}" for k, v in trial.params.items())
+        values = ", ".join(format_number(v) for v in trial.values or ())
+        lines.append(f"  {kind}: #{trial.number} ({trial.run or 'no run dir'}) {params} -> {values}")
+    if not study.best_trials and study.results:
+        lines.append(f"  optimization_results.yaml: {study.results}")
+    return lines
+
+
+def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study]) -> str:
+    """The compact summary printed by `report.py`."""
+    lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs), ""]
+    for metric in CRITERIA:
+        ranked = ranking.by[metric]
+        best = f"'{ranked[0].label}' {format_stat(ranked[0].stats[metric])} (n={ranked[0].stats[metric].n})" \
+            if ranked else "no completed run reports it yet"
+        lines.append(f"Best by {metric}: {best}")
+    lines.append(f"Pareto set ({len(ranking.pareto)}): " + "; ".join(f"'{c.label}'" for c in ranking.pareto))
+    lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]
+    if ranking.configs:
+        lines += ["", *terminal_table(ranking)]
+    for study in studies:
+        lines += ["", *study_lines(study)]
+    return "\n".join(lines)
