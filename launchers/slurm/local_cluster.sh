@@ -1,0 +1,688 @@
+#!/usr/bin/env bash
+# A real one-node SLURM cluster on this machine, with slurmdbd + MariaDB accounting
+# (submitit polls job state with sacct, so accounting is required).
+#
+#   local_cluster.sh install              apt-get install slurm-wlm munge slurmdbd mariadb-server
+#   local_cluster.sh start  [STATE_DIR]   start munged, mariadbd, slurmdbd, slurmctld, slurmd
+#   local_cluster.sh stop   [STATE_DIR]   stop the daemons that `start` started
+#   local_cluster.sh status [STATE_DIR]   exit 0 when the cluster is up and healthy, 1 otherwise
+#
+# Needs root (slurmd runs jobs as their user, the daemons run as root). No systemd needed.
+# Every file (configs, logs, pid files, databases, state) lives under STATE_DIR, except the
+# munge key (/etc/munge/munge.key) and munged's socket (/run/munge), which are system-wide.
+# After `start`, `source STATE_DIR/env.sh` to point sbatch/srun/sinfo/sacct at the cluster.
+#
+# Environment knobs: SLURM_LOCAL_CPUS (CPUs advertised, default 8), SLURM_LOCAL_MEM_MB
+# (memory advertised, default 85% of the real one), SLURM_LOCAL_WAIT_S (bound on each wait,
+# default 60).
+set -euo pipefail
+
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+DEFAULT_STATE_DIR=/tmp/dpo-sweeps-slurm
+CLUSTER_NAME=dposweeps
+PARTITION=debug
+URGENT_PARTITION=urgent
+ADVERTISED_CPUS=${SLURM_LOCAL_CPUS:-8}
+WAIT_S=${SLURM_LOCAL_WAIT_S:-60}
+CTLD_PORT=6817
+SLURMD_PORT=6818
+DBD_PORT=6819
+DB_NAME=slurm_acct_db
+DB_USER=slurm
+
+PACKAGES=(slurm-wlm munge slurmdbd mariadb-server)
+BINARIES=(munged mungekey munge unmunge mariadbd mariadb-install-db mariadb mariadb-admin
+          slurmctld slurmd slurmdbd sinfo squeue sbatch srun scontrol scancel sacct sacctmgr)
+
+say() { printf '[local_cluster] %s\n' "$*"; }
+die() { printf '[local_cluster] error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    exit "${1:-2}"
+}
+
+# ----------------------------------------------------------------------------- helpers
+
+require_root() {
+    [ "$(id -u)" -eq 0 ] || die "must run as root (the SLURM daemons and munged need it)"
+}
+
+missing_binaries() {
+    local b out=()
+    for b in "${BINARIES[@]}"; do
+        command -v "$b" >/dev/null 2>&1 || out+=("$b")
+    done
+    printf '%s\n' "${out[@]}"
+}
+
+# A process is alive if /proc says so and it is not a zombie (stopped daemons stay
+# zombies for a while when PID 1 reaps slowly). With a name, /proc/PID/comm must match.
+pid_alive() {
+    local pid=${1:-} comm=${2:-} state
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    state=$(awk '/^State:/ {print $2; exit}' "/proc/$pid/status" 2>/dev/null) || return 1
+    case "$state" in '' | Z | X) return 1 ;; esac
+    if [ -n "$comm" ]; then
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ] || return 1
+    fi
+    return 0
+}
+
+pidfile_pid() { [ -r "$1" ] && tr -dc '0-9' <"$1" || true; }
+
+# daemon_alive PIDFILE COMM -> prints the pid, status 0 when alive
+daemon_alive() {
+    local pid
+    pid=$(pidfile_pid "$1")
+    pid_alive "$pid" "$2" && { printf '%s' "$pid"; return 0; }
+    return 1
+}
+
+port_in_use() {
+    local port=$1
+    if command -v ss >/dev/null 2>&1; then
+        [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
+    fi
+}
+
+# wait_until SECONDS CMD... : poll CMD every 0.5 s; status 1 on timeout
+wait_until() {
+    local end=$((SECONDS + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$SECONDS" -lt "$end" ] || return 1
+        sleep 0.5
+    done
+}
+
+tail_logs() {
+    local f
+    for f in "$@"; do
+        [ -s "$f" ] || continue
+        printf -- '----- last 30 lines of %s -----\n' "$f" >&2
+        tail -n 30 "$f" >&2
+    done
+}
+
+fail_with_logs() {
+    local msg=$1
+    shift
+    printf '[local_cluster] error: %s\n' "$msg" >&2
+    tail_logs "$@"
+    exit 1
+}
+
+set_paths() {
+    STATE_DIR=${1:-$DEFAULT_STATE_DIR}
+    case "$STATE_DIR" in /*) ;; *) STATE_DIR="$(pwd)/$STATE_DIR" ;; esac
+    ETC=$STATE_DIR/etc
+    RUN=$STATE_DIR/run
+    LOG=$STATE_DIR/log
+    SLURM_CONF_FILE=$ETC/slurm.conf
+    DBD_CONF_FILE=$ETC/slurmdbd.conf
+    MY_CNF=$ETC/my.cnf
+    DB_DATA=$STATE_DIR/mariadb
+    DB_PORT_FILE=$ETC/mariadb.port
+    DB_PASS_FILE=$ETC/mariadb.slurm-password
+    ENV_FILE=$STATE_DIR/env.sh
+    NODE=$(hostname -s)
+    # Everything this script runs (sacctmgr, sinfo, ...) talks to this cluster.
+    export SLURM_CONF=$SLURM_CONF_FILE
+}
+
+make_dirs() {
+    mkdir -p "$ETC" "$RUN" "$LOG" "$STATE_DIR/state/ctld" "$STATE_DIR/state/d"
+    # slurm.conf must be readable by whoever submits; slurmdbd.conf and the database
+    # password file are mode 600
+    chmod 755 "$STATE_DIR" "$ETC"
+}
+
+# Serialise start/stop (CI jobs or several test sessions may call start at once).
+# fd 9 must not leak into the daemons: every daemon launch closes it (9>&-).
+take_lock() {
+    exec 9>"$STATE_DIR/.lock"
+    flock -w 300 9 || die "could not lock $STATE_DIR/.lock within 300 s"
+}
+
+# write_if_changed FILE MODE : content on stdin; status 0 if the file changed
+write_if_changed() {
+    local file=$1 mode=$2 tmp
+    tmp=$(mktemp "$file.XXXXXX")
+    cat >"$tmp"
+    chmod "$mode" "$tmp"
+    if [ -f "$file" ] && cmp -s "$tmp" "$file"; then
+        rm -f "$tmp"
+        return 1
+    fi
+    mv -f "$tmp" "$file"
+    return 0
+}
+
+# ----------------------------------------------------------------------------- install
+
+cmd_install() {
+    require_root
+    local missing
+    missing=$(missing_binaries)
+    if [ -z "$missing" ]; then
+        say "already installed: $(slurmctld -V 2>/dev/null || echo slurm), munge, slurmdbd, mariadb"
+        return 0
+    fi
+    command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install ${PACKAGES[*]} by hand (missing: $(echo $missing))"
+
+    # Keep the packages' maintainer scripts from starting services: a policy-rc.d that
+    # exits 101 ("action forbidden"). An existing one is put back afterwards.
+    local policy=/usr/sbin/policy-rc.d backup=""
+    if [ -e "$policy" ] || [ -L "$policy" ]; then
+        backup=$(mktemp /usr/sbin/.policy-rc.d.local_cluster.XXXXXX)
+        cp -a "$policy" "$backup"
+    fi
+    # shellcheck disable=SC2064
+    trap "if [ -n '$backup' ]; then mv -f '$backup' '$policy'; else rm -f '$policy'; fi" EXIT
+    printf '#!/bin/sh\n# written by local_cluster.sh install; removed afterwards\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+
+    local apt_opts=(-y -q --no-install-recommends -o DPkg::Lock::Timeout=300
+                    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+    export DEBIAN_FRONTEND=noninteractive
+    local t0=$SECONDS
+    if ! apt-cache show "${PACKAGES[@]}" >/dev/null 2>&1; then
+        say "package lists lack ${PACKAGES[*]}: apt-get update"
+        apt-get update -q -o DPkg::Lock::Timeout=300
+    fi
+    say "apt-get install ${PACKAGES[*]}"
+    if ! apt-get install "${apt_opts[@]}" "${PACKAGES[@]}"; then
+        say "install failed; apt-get update and retry once"
+        apt-get update -q -o DPkg::Lock::Timeout=300
+        apt-get install "${apt_opts[@]}" "${PACKAGES[@]}"
+    fi
+    missing=$(missing_binaries)
+    [ -z "$missing" ] || die "still missing after install: $(echo $missing)"
+    say "installed in $((SECONDS - t0)) s"
+}
+
+# ----------------------------------------------------------------------------- configs
+
+ensure_hostname() {
+    if ! getent hosts "$NODE" >/dev/null 2>&1; then
+        say "hostname $NODE does not resolve: adding '127.0.0.1 $NODE' to /etc/hosts"
+        printf '127.0.0.1 %s  # added by local_cluster.sh\n' "$NODE" >>/etc/hosts
+    fi
+}
+
+choose_db_port() {
+    local stored port
+    stored=$(pidfile_pid "$DB_PORT_FILE")
+    if [ -n "$stored" ] && daemon_alive "$RUN/mariadbd.pid" mariadbd >/dev/null; then
+        DB_PORT=$stored
+        return
+    fi
+    for port in $stored 3306 $(seq 3307 3399); do
+        if ! port_in_use "$port"; then
+            DB_PORT=$port
+            echo "$DB_PORT" >"$DB_PORT_FILE"
+            return
+        fi
+    done
+    die "no free port for MariaDB in 3306-3399"
+}
+
+db_password() {
+    if [ ! -s "$DB_PASS_FILE" ]; then
+        (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
+    fi
+    cat "$DB_PASS_FILE"
+}
+
+write_my_cnf() {
+    MY_CNF_CHANGED=0
+    write_if_changed "$MY_CNF" 644 <<EOF && MY_CNF_CHANGED=1 || true
+# written by local_cluster.sh
+[client]
+user=root
+socket=$RUN/mariadb.sock
+
+[mysqld]
+user=root
+datadir=$DB_DATA
+socket=$RUN/mariadb.sock
+pid-file=$RUN/mariadbd.pid
+port=$DB_PORT
+bind-address=127.0.0.1
+skip-name-resolve
+log-error=$LOG/mariadb.log
+# slurmdbd asks for innodb_lock_wait_timeout=900; its buffer-pool warning is harmless here
+innodb_buffer_pool_size=128M
+innodb_lock_wait_timeout=900
+innodb_use_native_aio=0
+EOF
+}
+
+write_slurmdbd_conf() {
+    local pass
+    pass=$(db_password)
+    DBD_CONF_CHANGED=0
+    write_if_changed "$DBD_CONF_FILE" 600 <<EOF && DBD_CONF_CHANGED=1 || true
+# written by local_cluster.sh
+AuthType=auth/munge
+DbdAddr=127.0.0.1
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+DebugLevel=info
+LogFile=$LOG/slurmdbd.log
+PidFile=$RUN/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=$DB_USER
+StoragePass=$pass
+StorageLoc=$DB_NAME
+EOF
+}
+
+real_memory_mb() {
+    local mem
+    mem=$(slurmd -C 2>/dev/null | tr ' ' '\n' | sed -n 's/^RealMemory=//p' | head -n1)
+    if [ -z "$mem" ]; then
+        mem=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
+    fi
+    echo $((mem * 85 / 100))
+}
+
+ctld_supports() {
+    # SlurmctldParameters values are parsed by libslurmfull / slurmctld; look for the word.
+    local f
+    for f in /usr/sbin/slurmctld /usr/lib/*/slurm-wlm/libslurmfull*.so* /usr/lib/slurm/libslurmfull*.so*; do
+        [ -f "$f" ] && grep -aqs "$1" "$f" && return 0
+    done
+    return 1
+}
+
+write_slurm_conf() {
+    local mem ctld_params=""
+    mem=${SLURM_LOCAL_MEM_MB:-$(real_memory_mb)}
+    if ctld_supports preempt_send_user_signal; then
+        ctld_params="SlurmctldParameters=preempt_send_user_signal"
+    fi
+    SLURM_CONF_CHANGED=0
+    write_if_changed "$SLURM_CONF_FILE" 644 <<EOF && SLURM_CONF_CHANGED=1 || true
+# written by local_cluster.sh: one-node cluster for dpo-sweeps
+ClusterName=$CLUSTER_NAME
+SlurmctldHost=$NODE(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CryptoType=crypto/munge
+MpiDefault=none
+SwitchType=switch/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+SchedulerType=sched/backfill
+# a requeued job may start again only after the credential lifetime (default 120 s) and
+# the next scheduler pass (default 60 s): keep both short so requeue tests run fast
+AuthInfo=cred_expire=10
+SchedulerParameters=sched_interval=5,bf_interval=5
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+# refuse impossible requests at sbatch time instead of letting them pend forever
+EnforcePartLimits=ALL
+# requeue (scontrol requeue, preemption) for batch jobs, as submitit's checkpointing needs
+JobRequeue=1
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+$ctld_params
+# the node advertises the CPUs written below, not the ones it has
+SlurmdParameters=config_overrides
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+StateSaveLocation=$STATE_DIR/state/ctld
+SlurmdSpoolDir=$STATE_DIR/state/d
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdLogFile=$LOG/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MailProg=/bin/true
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+Waittime=0
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$ADVERTISED_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$ADVERTISED_CPUS ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
+PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+# jobs here preempt (requeue) jobs of $PARTITION when they need their CPUs: for preemption tests
+PartitionName=$URGENT_PARTITION Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+EOF
+}
+
+write_env_file() {
+    write_if_changed "$ENV_FILE" 644 <<EOF || true
+# written by launchers/slurm/local_cluster.sh: source it to use the local SLURM cluster
+export SLURM_CONF='$SLURM_CONF_FILE'
+export DPO_SWEEPS_SLURM_STATE_DIR='$STATE_DIR'
+EOF
+}
+
+# ----------------------------------------------------------------------------- daemons
+
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+start_munge() {
+    if munge_ok; then
+        return 0
+    fi
+    local key=/etc/munge/munge.key
+    mkdir -p /etc/munge
+    if [ ! -s "$key" ]; then
+        say "creating munge key $key"
+        mungekey --create --keyfile="$key"
+    fi
+    chown -R munge:munge /etc/munge
+    chmod 700 /etc/munge
+    chmod 600 "$key"
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    chmod 755 /run/munge
+    say "starting munged"
+    STARTED=$((STARTED + 1))
+    runuser -u munge -- munged --force </dev/null >>"$LOG/munged.out" 2>&1 9>&- ||
+        fail_with_logs "munged did not start" "$LOG/munged.out" /var/log/munge/munged.log
+    wait_until 10 munge_ok ||
+        fail_with_logs "munge -n | unmunge fails after starting munged" "$LOG/munged.out" /var/log/munge/munged.log
+    # remember that this cluster started it, so that `stop` stops it
+    pidfile_pid /run/munge/munged.pid >"$RUN/munged.pid"
+}
+
+db_ping() { mariadb-admin --defaults-file="$MY_CNF" --connect-timeout=2 ping; }
+
+start_mariadb() {
+    if daemon_alive "$RUN/mariadbd.pid" mariadbd >/dev/null; then
+        if [ "$MY_CNF_CHANGED" = 1 ]; then
+            say "my.cnf changed: restarting mariadbd"
+            stop_daemon mariadbd "$RUN/mariadbd.pid" mariadbd
+        else
+            wait_until "$WAIT_S" db_ping ||
+                fail_with_logs "mariadbd is running but does not answer" "$LOG/mariadb.log"
+            chmod 644 "$RUN/mariadbd.pid" 2>/dev/null || true
+            return 0
+        fi
+    fi
+    port_in_use "$DB_PORT" && die "port $DB_PORT (MariaDB) is in use by another process"
+    if [ ! -d "$DB_DATA/mysql" ]; then
+        say "initialising MariaDB in $DB_DATA"
+        rm -rf "$DB_DATA"
+        mariadb-install-db --defaults-file="$MY_CNF" --user=root --skip-test-db \
+            </dev/null >>"$LOG/mariadb-install.log" 2>&1 9>&- ||
+            fail_with_logs "mariadb-install-db failed" "$LOG/mariadb-install.log"
+    fi
+    say "starting mariadbd on 127.0.0.1:$DB_PORT"
+    STARTED=$((STARTED + 1))
+    setsid -f mariadbd --defaults-file="$MY_CNF" </dev/null >>"$LOG/mariadb.out" 2>&1 9>&-
+    wait_until "$WAIT_S" db_ping ||
+        fail_with_logs "mariadbd did not answer within $WAIT_S s" "$LOG/mariadb.out" "$LOG/mariadb.log"
+    # mariadbd writes its pid file mode 660; `status` run by other users reads it
+    chmod 644 "$RUN/mariadbd.pid" 2>/dev/null || true
+}
+
+setup_database() {
+    local pass u
+    pass=$(db_password)
+    {
+        echo "CREATE DATABASE IF NOT EXISTS $DB_NAME;"
+        for u in "'$DB_USER'@'127.0.0.1'" "'$DB_USER'@'localhost'"; do
+            echo "CREATE USER IF NOT EXISTS $u IDENTIFIED BY '$pass';"
+            echo "ALTER USER $u IDENTIFIED BY '$pass';"
+            echo "GRANT ALL PRIVILEGES ON $DB_NAME.* TO $u;"
+        done
+        echo "FLUSH PRIVILEGES;"
+    } | mariadb --defaults-file="$MY_CNF" >>"$LOG/mariadb-setup.log" 2>&1 ||
+        fail_with_logs "could not create the accounting database" "$LOG/mariadb-setup.log" "$LOG/mariadb.log"
+}
+
+# stop_daemon NAME PIDFILE COMM
+stop_daemon() {
+    local name=$1 pidfile=$2 comm=$3 pid
+    if ! pid=$(daemon_alive "$pidfile" "$comm"); then
+        say "$name: not running"
+        rm -f "$pidfile"
+        return 0
+    fi
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_until 30 eval "! pid_alive $pid $comm"; then
+        say "$name (pid $pid) ignored SIGTERM for 30 s: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_until 10 eval "! pid_alive $pid $comm" || die "$name (pid $pid) survives SIGKILL"
+    fi
+    rm -f "$pidfile"
+    say "$name: stopped (pid $pid)"
+}
+
+dbd_ok() { timeout 15 sacctmgr -n -P list cluster format=cluster; }
+
+start_slurmdbd() {
+    if daemon_alive "$RUN/slurmdbd.pid" slurmdbd >/dev/null; then
+        if [ "$DBD_CONF_CHANGED" = 1 ]; then
+            say "slurmdbd.conf changed: restarting slurmdbd"
+            stop_daemon slurmdbd "$RUN/slurmdbd.pid" slurmdbd
+        else
+            return 0
+        fi
+    fi
+    port_in_use "$DBD_PORT" && die "port $DBD_PORT (slurmdbd) is in use by another process (another cluster? \`$0 status\`, \`ss -ltnp\`)"
+    say "starting slurmdbd"
+    STARTED=$((STARTED + 1))
+    slurmdbd </dev/null >>"$LOG/slurmdbd.out" 2>&1 9>&- ||
+        fail_with_logs "slurmdbd failed to start" "$LOG/slurmdbd.out" "$LOG/slurmdbd.log"
+    wait_until "$WAIT_S" dbd_ok ||
+        fail_with_logs "slurmdbd did not answer within $WAIT_S s" "$LOG/slurmdbd.out" "$LOG/slurmdbd.log" "$LOG/mariadb.log"
+}
+
+register_cluster() {
+    if ! dbd_ok 2>/dev/null | grep -qx "$CLUSTER_NAME"; then
+        say "registering cluster $CLUSTER_NAME in slurmdbd"
+        STARTED=$((STARTED + 1))
+        timeout 30 sacctmgr -i add cluster "$CLUSTER_NAME" >>"$LOG/sacctmgr.log" 2>&1 ||
+            fail_with_logs "sacctmgr add cluster failed" "$LOG/sacctmgr.log" "$LOG/slurmdbd.log"
+    fi
+}
+
+ctld_ok() { timeout 15 scontrol ping 2>/dev/null | grep -q 'is UP'; }
+
+start_slurmctld() {
+    if daemon_alive "$RUN/slurmctld.pid" slurmctld >/dev/null; then
+        if [ "$SLURM_CONF_CHANGED" = 1 ]; then
+            say "slurm.conf changed: restarting slurmctld"
+            stop_daemon slurmctld "$RUN/slurmctld.pid" slurmctld
+        else
+            return 0
+        fi
+    fi
+    port_in_use "$CTLD_PORT" && die "port $CTLD_PORT (slurmctld) is in use by another process (another cluster?)"
+    say "starting slurmctld"
+    STARTED=$((STARTED + 1))
+    slurmctld -f "$SLURM_CONF_FILE" </dev/null >>"$LOG/slurmctld.out" 2>&1 9>&- ||
+        fail_with_logs "slurmctld failed to start" "$LOG/slurmctld.out" "$LOG/slurmctld.log"
+    wait_until "$WAIT_S" ctld_ok ||
+        fail_with_logs "slurmctld did not answer within $WAIT_S s" "$LOG/slurmctld.out" "$LOG/slurmctld.log"
+}
+
+start_slurmd() {
+    if daemon_alive "$RUN/slurmd.pid" slurmd >/dev/null; then
+        if [ "$SLURM_CONF_CHANGED" = 1 ]; then
+            say "slurm.conf changed: restarting slurmd"
+            stop_daemon slurmd "$RUN/slurmd.pid" slurmd
+        else
+            return 0
+        fi
+    fi
+    port_in_use "$SLURMD_PORT" && die "port $SLURMD_PORT (slurmd) is in use by another process (another cluster?)"
+    say "starting slurmd (node $NODE, $ADVERTISED_CPUS CPUs advertised)"
+    STARTED=$((STARTED + 1))
+    slurmd -f "$SLURM_CONF_FILE" </dev/null >>"$LOG/slurmd.out" 2>&1 9>&- ||
+        fail_with_logs "slurmd failed to start" "$LOG/slurmd.out" "$LOG/slurmd.log"
+}
+
+node_state() { timeout 15 sinfo -h -N -n "$NODE" -p "$PARTITION" -o %t 2>/dev/null | head -n1; }
+
+node_ok() {
+    case "$(node_state)" in idle | mix | alloc | comp) return 0 ;; *) return 1 ;; esac
+}
+
+wait_node() {
+    local end=$((SECONDS + WAIT_S)) resumed=0 state
+    while ! node_ok; do
+        state=$(node_state)
+        if [ "$resumed" = 0 ] && [[ $state =~ ^(down|drain|drng|fail) ]]; then
+            say "node $NODE is '$state': resuming it"
+            timeout 15 scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
+            resumed=1
+        fi
+        [ "$SECONDS" -lt "$end" ] ||
+            fail_with_logs "node $NODE not idle after $WAIT_S s (state '${state:-?}')" \
+                "$LOG/slurmd.out" "$LOG/slurmd.log" "$LOG/slurmctld.log"
+        sleep 0.5
+    done
+}
+
+# Fail before starting anything when another process holds a SLURM port.
+preflight_ports() {
+    local spec name port
+    for spec in "slurmdbd:$DBD_PORT" "slurmctld:$CTLD_PORT" "slurmd:$SLURMD_PORT"; do
+        name=${spec%%:*}
+        port=${spec#*:}
+        daemon_alive "$RUN/$name.pid" "$name" >/dev/null && continue
+        if port_in_use "$port"; then
+            die "port $port ($name) is in use by another process (another cluster? see \`ss -ltnp\`)"
+        fi
+    done
+}
+
+# ----------------------------------------------------------------------------- health
+
+healthy() {
+    munge_ok || return 1
+    daemon_alive "$RUN/mariadbd.pid" mariadbd >/dev/null || return 1
+    daemon_alive "$RUN/slurmdbd.pid" slurmdbd >/dev/null || return 1
+    daemon_alive "$RUN/slurmctld.pid" slurmctld >/dev/null || return 1
+    daemon_alive "$RUN/slurmd.pid" slurmd >/dev/null || return 1
+    [ -f "$SLURM_CONF_FILE" ] || return 1
+    ctld_ok || return 1
+    node_ok || return 1
+    dbd_ok 2>/dev/null | grep -qx "$CLUSTER_NAME" || return 1
+}
+
+print_usage_hint() {
+    say "cluster '$CLUSTER_NAME' is up: node $NODE ($ADVERTISED_CPUS CPUs), partitions $PARTITION (default) and $URGENT_PARTITION"
+    say "state dir: $STATE_DIR"
+    say "env file:  $ENV_FILE  ->  source $ENV_FILE"
+}
+
+# ----------------------------------------------------------------------------- commands
+
+cmd_start() {
+    require_root
+    [[ $ADVERTISED_CPUS =~ ^[1-9][0-9]*$ ]] || die "SLURM_LOCAL_CPUS must be a positive integer"
+    [[ ${SLURM_LOCAL_MEM_MB:-1} =~ ^[1-9][0-9]*$ ]] || die "SLURM_LOCAL_MEM_MB must be a positive integer (MB)"
+    local missing
+    missing=$(missing_binaries)
+    [ -z "$missing" ] || die "missing $(echo $missing): run \`$0 install\` first"
+    set_paths "${1:-}"
+    local t0=$SECONDS
+    make_dirs
+    take_lock
+    # Each step below does nothing when its part is already up with the same config;
+    # a daemon whose config file changed (e.g. a newer version of this script) restarts.
+    STARTED=0
+    preflight_ports
+    ensure_hostname
+    start_munge
+    choose_db_port
+    write_my_cnf
+    start_mariadb
+    setup_database
+    write_slurmdbd_conf
+    write_slurm_conf
+    start_slurmdbd
+    register_cluster
+    start_slurmctld
+    start_slurmd
+    wait_node
+    write_env_file
+    if [ "$STARTED" = 0 ]; then
+        say "already up and healthy"
+    else
+        say "started in $((SECONDS - t0)) s"
+    fi
+    print_usage_hint
+}
+
+cmd_stop() {
+    require_root
+    set_paths "${1:-}"
+    if [ ! -d "$STATE_DIR" ]; then
+        say "nothing to stop: $STATE_DIR does not exist"
+        return 0
+    fi
+    take_lock
+    stop_daemon slurmd "$RUN/slurmd.pid" slurmd
+    stop_daemon slurmctld "$RUN/slurmctld.pid" slurmctld
+    stop_daemon slurmdbd "$RUN/slurmdbd.pid" slurmdbd
+    stop_daemon mariadbd "$RUN/mariadbd.pid" mariadbd
+    # munged is system-wide; stop it only if this cluster started it
+    if [ -f "$RUN/munged.pid" ]; then
+        stop_daemon munged "$RUN/munged.pid" munged
+    elif munge_ok; then
+        say "munged: not started by this cluster, left alone"
+    else
+        say "munged: not running"
+    fi
+}
+
+cmd_status() {
+    set_paths "${1:-}"
+    local name comm pid
+    say "state dir: $STATE_DIR"
+    if munge_ok; then say "munge:     ok"; else say "munge:     NOT working"; fi
+    for name in mariadbd slurmdbd slurmctld slurmd; do
+        comm=$name
+        if pid=$(daemon_alive "$RUN/$name.pid" "$comm"); then
+            say "$(printf '%-10s running (pid %s)' "$name:" "$pid")"
+        else
+            say "$(printf '%-10s stopped' "$name:")"
+        fi
+    done
+    if healthy; then
+        timeout 15 sinfo 2>/dev/null || true
+        say "healthy; source $ENV_FILE"
+        return 0
+    fi
+    say "NOT healthy (start it with: $0 start $STATE_DIR)"
+    return 1
+}
+
+main() {
+    local cmd=${1:-}
+    [ $# -gt 0 ] && shift
+    [ $# -le 1 ] || usage
+    case "$cmd" in
+        install) cmd_install ;;
+        start) cmd_start "$@" ;;
+        stop) cmd_stop "$@" ;;
+        status) cmd_status "$@" ;;
+        -h | --help | help) usage 0 ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"
