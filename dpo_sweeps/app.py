@@ -38,6 +38,7 @@ log = logging.getLogger("dpo_sweeps")
 # How long rank 0 waits for a failed peer to record why, and the launcher for ranks to exit after one fails.
 PEER_REPORT_WAIT_S = 5.0
 RANK_EXIT_GRACE_S = 15.0
+PEER_STOPPED = "a peer rank stopped"
 
 
 class RunFailed(CompactHydraException):
@@ -152,7 +153,7 @@ def _root_cause(run_dir: Path, own: dict, world_size: int) -> dict:
             break
         time.sleep(0.2)
     if not reports:
-        return {"kind": "crash", "message": f"a peer rank stopped: {own['message']}"}
+        return {"kind": "crash", "message": f"{PEER_STOPPED}: {own['message']}"}
     first = min(reports, key=lambda r: r["time"])
     return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
 
@@ -200,9 +201,15 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
             p.join()
 
     summary = read_summary(ctx.run_dir)
-    if summary is not None and summary.get("attempt") == ctx.attempt:
-        return summary
-    return _write_failed(ctx, _failure_from_exit_codes(ctx.run_dir, procs))
+    if summary is None or summary.get("attempt") != ctx.attempt:
+        return _write_failed(ctx, _failure_from_exit_codes(ctx.run_dir, procs))
+    killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
+    if summary["status"] == "failed" and killed and summary["failure"]["message"].startswith(PEER_STOPPED):
+        # Rank 0 only saw its peer vanish; the exit codes say how.
+        summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
+        summary = write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
+                                metrics=summary["metrics"], extra={"attempt": ctx.attempt, "data": summary.get("data")})
+    return summary
 
 
 def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:

@@ -82,8 +82,13 @@ def config_hash(config: dict) -> str:
 
 
 def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN or inf: they are written as null, at any depth."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
     return value
 
 
@@ -115,7 +120,7 @@ def write_summary(
 ) -> dict:
     config = scrub_secrets(config)
     all_metrics = {key: None for key in SUMMARY_METRIC_KEYS}
-    all_metrics.update({k: _finite_or_none(v) for k, v in metrics.items()})
+    all_metrics.update(metrics)
     summary = {
         "schema": SCHEMA,
         "status": status,
@@ -127,6 +132,7 @@ def write_summary(
     }
     if extra:
         summary.update(extra)
+    summary = _finite_or_none(summary)
     write_json_atomic(Path(run_dir) / SUMMARY, summary)
     return summary
 

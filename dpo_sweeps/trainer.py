@@ -232,17 +232,17 @@ class Trainer:
         if not fault or not fault.kind or step + 1 != fault.step or self.env.rank != fault.rank:
             return loss
         where = f"at step {step + 1} on rank {self.env.rank}"
-        if fault.kind == "nan":
+        if fault.kind == "nan_loss":
             return loss * float("nan")
         if fault.kind == "crash":
             raise RuntimeError(f"injected crash {where}")
         if fault.kind == "oom":
             raise torch.OutOfMemoryError(f"injected out of memory {where}")
-        if fault.kind == "kill":
+        if fault.kind == "sigkill":
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
-        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", "nan, crash, oom, kill")
+        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", "nan_loss, crash, oom, sigkill")
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
