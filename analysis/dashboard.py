@@ -142,9 +142,11 @@ def _cards(ranking: Ranking) -> str:
     for metric in CRITERIA:
         ranked = ranking.by[metric]
         if ranked:
-            best = ranked[0]
+            best, comparison = ranked[0], ranking.comparisons.get(metric)
+            tie = f" · tied with {comparison.tied - 1} other(s)" if comparison and comparison.tied > 1 else ""
             body = (f'<div class="config">{_escape(best.label)}</div><div class="value">'
-                    f'{_escape(format_stat(best.stats[metric]))}</div><div class="muted">n={best.stats[metric].n}</div>')
+                    f'{_escape(format_stat(best.stats[metric]))}</div>'
+                    f'<div class="muted">n={best.stats[metric].n}{tie}</div>')
         else:
             body = '<div class="muted">no completed run reports it yet</div>'
         cards.append(f'<div class="card" id="best-{metric.split("/")[-1]}"><h3>Best by {_escape(metric)}</h3>{body}</div>')

@@ -88,6 +88,8 @@ class Comparison:
     spread: float
     # True: within the spread (too close to call); False: clear lead; None: no spread to judge.
     close: bool | None
+    # How many configs share the leader's mean (1: no tie).
+    tied: int = 1
 
 
 @dataclass
@@ -196,7 +198,8 @@ def compare_top_two(ranked: list[ConfigResult], metric: str) -> Comparison | Non
         close = None
     else:
         close = difference < spread
-    return Comparison(metric, first, second, difference, spread, close)
+    tied = sum(1 for c in ranked if c.stats[metric].mean == a.mean)
+    return Comparison(metric, first, second, difference, spread, close, tied)
 
 
 def rank_sweep(runs: list[Run]) -> Ranking:

@@ -17,33 +17,18 @@ from typing import Any
 
 import yaml
 
+# summary.json's names come from its writer (a stdlib-only module): one source of truth.
+from dpo_sweeps.rundir import NON_DEFINING_KEYS
+from dpo_sweeps.rundir import SCHEMA as SUMMARY_SCHEMA
+from dpo_sweeps.rundir import SUMMARY_METRIC_KEYS as SUMMARY_METRICS
+
 SPEED_PER_MEMORY = "perf/speed_per_memory"
 PREFERENCE_ACCURACY = "eval/rewards/accuracies"
-
-# summary.json "metrics", in INTERFACE.md's order.
-SUMMARY_METRICS = (
-    "eval/rewards/accuracies",
-    "eval/rewards/margins",
-    "eval/loss",
-    "train/loss",
-    "perf/tokens_per_s",
-    "perf/tokens_per_s_per_device",
-    "perf/examples_per_s",
-    "perf/peak_memory_gib",
-    "perf/speed_per_memory",
-    "perf/step_time_s",
-    "perf/mfu",
-    "steps",
-    "world_size",
-)
-SUMMARY_SCHEMA = 1
 FINISHED_STATUSES = ("completed", "failed")
 
 # Config keys that only pick the replicate: runs that differ in these alone are one config
 # run with several seeds.
 SEED_KEYS = frozenset({"train.seed"})
-# Top-level config sections that say where a run logs and lands, not what it trains.
-NOT_DEFINING_SECTIONS = frozenset({"hydra", "wandb"})
 
 # A folder holding one of these is a sweep directory (Hydra multirun, Optuna sweeper).
 SWEEP_MARKERS = ("multirun.yaml", "optimization_results.yaml", "optuna.db")
@@ -95,13 +80,17 @@ class Run:
 
     @property
     def config_key(self) -> tuple:
-        """Equal for runs of the same config, whatever their seed."""
+        """Equal for runs of the same config, whatever their seed.
+
+        Like the trainer's config_hash, it leaves out the keys that do not change what a run
+        computes (`NON_DEFINING_KEYS`: wandb, ports, ...), and it leaves out the seed.
+        """
         if not self.config:
             return ("overrides", tuple(sorted(self.config_overrides)))
         defining = (
             (key, json.dumps(value, sort_keys=True, default=str))
             for key, value in self.config.items()
-            if key not in SEED_KEYS and key.split(".", 1)[0] not in NOT_DEFINING_SECTIONS
+            if key not in SEED_KEYS and not any(key == k or key.startswith(f"{k}.") for k in NON_DEFINING_KEYS)
         )
         return ("config", tuple(sorted(defining)))
 

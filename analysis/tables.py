@@ -61,6 +61,9 @@ def comparison_text(comparison: Comparison) -> str:
 
     pair = f"{described(first)} vs {described(second)}"
     difference = format_number(comparison.difference)
+    if comparison.tied > 1:
+        return (f"{metric}: {comparison.tied} configs tie for first at {format_number(first.stats[metric].mean)}, "
+                f"no single best: {pair}")
     if comparison.close is None:
         return f"{metric}: the top two differ by {difference} but ran one seed each, no spread to judge by: {pair}"
     if comparison.close:
@@ -68,6 +71,17 @@ def comparison_text(comparison: Comparison) -> str:
                 f"{format_number(comparison.spread)}), too close to call: {pair}")
     return (f"{metric}: the leader is ahead by {difference}, more than the spread "
             f"{format_number(comparison.spread)}: {pair}")
+
+
+def best_text(ranking: Ranking, metric: str) -> str:
+    """The leader by `metric` with its mean ± std and n, and how many configs tie with it."""
+    ranked = ranking.by[metric]
+    if not ranked:
+        return "no completed run reports it yet"
+    stat = ranked[0].stats[metric]
+    comparison = ranking.comparisons.get(metric)
+    tie = f", tied with {comparison.tied - 1} other(s)" if comparison and comparison.tied > 1 else ""
+    return f"'{ranked[0].label}' {format_stat(stat)} (n={stat.n}{tie})"
 
 
 def config_columns(ranking: Ranking) -> list[str]:
@@ -192,10 +206,7 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
     """The compact summary printed by `report.py`."""
     lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs), ""]
     for metric in CRITERIA:
-        ranked = ranking.by[metric]
-        best = f"'{ranked[0].label}' {format_stat(ranked[0].stats[metric])} (n={ranked[0].stats[metric].n})" \
-            if ranked else "no completed run reports it yet"
-        lines.append(f"Best by {metric}: {best}")
+        lines.append(f"Best by {metric}: {best_text(ranking, metric)}")
     lines.append(f"Pareto set ({len(ranking.pareto)}): " + "; ".join(f"'{c.label}'" for c in ranking.pareto))
     lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]
     if ranking.configs:
