@@ -119,12 +119,14 @@ def _cell(value: Any, display: str | None = None, css: str = "") -> str:
         value, is_number = None, False
     shown = display if display is not None else (format_number(value) if is_number else _escape(value))
     data = f' data-value="{value!r}"' if is_number else ""
-    css = css or ("" if is_number else "text")
+    css = css or ("" if is_number or value is None else "text")
     return f'<td class="{css}"{data}>{shown}</td>'
 
 
 def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]], placeholder: str) -> str:
-    head = "".join(f'<th scope="col" class="{"" if i else "text"}">{_escape(h)}</th>' for i, h in enumerate(header))
+    # Numbers align right, text left: a column holding any number is a number column.
+    numeric = [any('data-value="' in cells[i] for _, cells in rows) for i in range(len(header))]
+    head = "".join(f'<th scope="col" class="{"" if n else "text"}">{_escape(h)}</th>' for h, n in zip(header, numeric))
     body = "".join(f'<tr class="{css}">{"".join(cells)}</tr>' for css, cells in rows)
     return (f'<input class="filter" type="search" data-table="{table_id}" placeholder="{placeholder}">'
             f'<div class="scroll"><table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator
 
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Ranking
@@ -103,6 +104,13 @@ def _padded(positions: list[float], log: bool) -> tuple[float, float]:
     return low - pad, high + pad
 
 
+def _ticks_fit(positions: list[float], log: bool) -> bool:
+    """Whether a tick at every value stays readable (few values, none crowding the next)."""
+    scaled = sorted(math.log(p) if log else p for p in positions)
+    span = scaled[-1] - scaled[0]
+    return len(scaled) <= 6 and all(b - a >= 0.07 * span for a, b in zip(scaled, scaled[1:]))
+
+
 def effects_figure(ranking: Ranking) -> Figure | None:
     """For each swept setting, both criteria against its values: runs as dots, means as a line."""
     if not ranking.axes:
@@ -135,7 +143,11 @@ def effects_figure(ranking: Ranking) -> Figure | None:
                                   color=FAILED_COLOR)
             if log:
                 axes.set_xscale("log")
-            axes.set_xticks(list(positions.values()), [str(v) for v in positions])
+            if not numeric or _ticks_fit(list(positions.values()), log):
+                axes.set_xticks(list(positions.values()), [str(v) for v in positions])
+            elif log:  # 0.05, 0.1, 0.2, 0.5 rather than 10^-1
+                axes.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                axes.xaxis.set_major_formatter(FormatStrFormatter("%g"))
             axes.set_xlim(*_padded(list(positions.values()), log))
             axes.minorticks_off()
             axes.set_xlabel(axis_name)

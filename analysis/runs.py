@@ -266,7 +266,10 @@ def load_runs(roots: list[Path]) -> tuple[list[Run], list[Path]]:
             if run_dir.resolve() in seen:  # given twice, or under two of the given directories
                 continue
             seen.add(run_dir.resolve())
-            relative = run_dir.relative_to(root) if run_dir != root else Path(root.resolve().name)
+            if run_dir != root:
+                relative = run_dir.relative_to(root)
+            else:  # a run directory given itself: named by its folder, once
+                relative = Path() if prefix.parts else Path(root.resolve().name)
             name = (prefix / relative).as_posix()
             runs.append(read_run(run_dir, name, _nearest_sweep(run_dir, sweep_dirs, root)))
         all_sweeps.extend(s for s in sweep_dirs if s not in all_sweeps)

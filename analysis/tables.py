@@ -154,7 +154,7 @@ def status_line(runs: list[Run]) -> str:
         parts.append(f"{counts['pending']} pending (still running, or stopped before writing summary.json)")
     if counts["unreadable"]:
         parts.append(f"{counts['unreadable']} unreadable (see runs.csv 'problems')")
-    return f"{len(runs)} runs: " + ", ".join(parts)
+    return f"{len(runs)} run{'s' if len(runs) != 1 else ''}: " + ", ".join(parts)
 
 
 def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -207,7 +207,8 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
     lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs), ""]
     for metric in CRITERIA:
         lines.append(f"Best by {metric}: {best_text(ranking, metric)}")
-    lines.append(f"Pareto set ({len(ranking.pareto)}): " + "; ".join(f"'{c.label}'" for c in ranking.pareto))
+    pareto = "; ".join(f"'{c.label}'" for c in ranking.pareto) or "none yet (no completed run has both criteria)"
+    lines.append(f"Pareto set ({len(ranking.pareto)}): {pareto}")
     lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]
     if ranking.configs:
         lines += ["", *terminal_table(ranking)]
