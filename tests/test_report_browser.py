@@ -74,12 +74,17 @@ class DevToolsPipe:
                                         stdout=self._log, stderr=subprocess.STDOUT)
         os.close(commands_read)
         os.close(replies_write)
-        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.call(f"{domain}.enable", session=self.session)
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=self.session)
+        try:
+            target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.call(f"{domain}.enable", session=self.session)
+            self.call("Emulation.setDeviceMetricsOverride",
+                      {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                      session=self.session)
+        except BaseException:
+            self.close()  # never leave a browser behind
+            raise
 
     def _receive(self, wanted: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
