@@ -20,7 +20,7 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator
 
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Ranking
-from analysis.runs import PREFERENCE_ACCURACY, SPEED_PER_MEMORY, Run
+from analysis.runs import FINISHED_STATUSES, PREFERENCE_ACCURACY, SPEED_PER_MEMORY, Run
 from analysis.tables import format_failures, format_number
 
 PARETO_COLOR = "#d1495b"
@@ -160,7 +160,7 @@ def effects_figure(ranking: Ranking) -> Figure | None:
 
 def heatmap_figure(runs: list[Run]) -> Figure | None:
     """Mean speed per memory and accuracy per fsdp.sharding_strategy x precision.name cell."""
-    finished = [r for r in runs if r.status in ("completed", "failed")]
+    finished = [r for r in runs if r.status in FINISHED_STATUSES]
     shardings = sorted({str(r.config.get("fsdp.sharding_strategy")) for r in finished if "fsdp.sharding_strategy" in r.config})
     precisions = sorted({str(r.config.get("precision.name")) for r in finished if "precision.name" in r.config})
     if not shardings or not precisions or len(shardings) * len(precisions) < 2:

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from analysis.runs import SUMMARY_METRICS, Run, override_key, override_value
+from analysis.ranking import dominates
+from analysis.runs import SUMMARY_METRICS, Run
 
 
 @dataclass
@@ -53,14 +54,9 @@ class Study:
         return [t for t in self.trials if t.best]
 
 
-def _dominates(a: tuple[float, ...], b: tuple[float, ...], signs: list[int]) -> bool:
-    better_or_equal = all(s * x >= s * y for x, y, s in zip(a, b, signs))
-    return better_or_equal and any(s * x > s * y for x, y, s in zip(a, b, signs))
-
-
 def mark_best(trials: list[Trial], directions: list[str]) -> None:
     """Flag the best complete trial, or the Pareto front of the complete trials."""
-    signs = [1 if d == "maximize" else -1 for d in directions]
+    signs = tuple(1 if d == "maximize" else -1 for d in directions)
     complete = [t for t in trials if t.state == "COMPLETE" and t.values and all(map(math.isfinite, t.values))]
     if not complete:
         return
@@ -68,7 +64,7 @@ def mark_best(trials: list[Trial], directions: list[str]) -> None:
         max(complete, key=lambda t: signs[0] * t.values[0]).best = True
         return
     for trial in complete:
-        trial.best = not any(_dominates(o.values, trial.values, signs) for o in complete if o is not trial)
+        trial.best = not any(dominates(o.values, trial.values, signs) for o in complete)
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -85,13 +81,8 @@ def match_runs(trials: list[Trial], runs: list[Run]) -> None:
     """
     taken: set[str] = set()
     for trial in trials:
-        candidates = []
-        for run in runs:
-            settings = {override_key(o): override_value(o) for o in run.overrides}
-            if run.name not in taken and trial.params and all(
-                k in settings and _same_value(settings[k], v) for k, v in trial.params.items()
-            ):
-                candidates.append(run)
+        candidates = [run for run in runs if run.name not in taken and trial.params and all(
+            k in run.settings and _same_value(run.settings[k], v) for k, v in trial.params.items())]
         if candidates:
             chosen = next((r for r in candidates if r.path.name == str(trial.number)), candidates[0])
             trial.run = chosen.name

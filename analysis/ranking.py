@@ -12,9 +12,10 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from analysis.runs import PREFERENCE_ACCURACY, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, override_key, override_value
+from analysis.runs import FINISHED_STATUSES, PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run
 
 CRITERIA = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY)
 
@@ -44,8 +45,6 @@ class ConfigResult:
     runs: list[Run]
     # The overrides that set this config apart from the others in the report.
     label: str = ""
-    # Swept setting -> value ("loss.beta" -> 0.1), from the config's overrides.
-    settings: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Stat] = field(default_factory=dict)
     # Metric -> 1-based rank (equal means share a rank); absent where the config has no value.
     ranks: dict[str, int] = field(default_factory=dict)
@@ -54,6 +53,11 @@ class ConfigResult:
     @property
     def overrides(self) -> tuple[str, ...]:
         return self.runs[0].config_overrides
+
+    @cached_property
+    def settings(self) -> dict[str, Any]:
+        """Override key -> value, seed left out: {"fsdp": "full_shard", "loss.beta": 0.1}."""
+        return {k: v for k, v in self.runs[0].settings.items() if k not in SEED_KEYS}
 
     @property
     def completed(self) -> list[Run]:
@@ -107,6 +111,10 @@ class Ranking:
     # Swept setting -> its values, sorted.
     axes: dict[str, list[Any]]
 
+    def labels(self) -> dict[str, str]:
+        """Run name -> the label of its config, for the completed and failed runs."""
+        return {run.name: config.label for config in self.configs for run in config.runs}
+
 
 def _sort_key(value: Any) -> tuple:
     # Numbers in numeric order before text; None last.
@@ -119,7 +127,7 @@ def group_configs(runs: list[Run]) -> list[ConfigResult]:
     """Completed and failed runs grouped by config, in the order first met."""
     groups: dict[tuple, ConfigResult] = {}
     for run in runs:
-        if run.status in ("completed", "failed"):
+        if run.status in FINISHED_STATUSES:
             groups.setdefault(run.config_key, ConfigResult(run.config_key, [])).runs.append(run)
     configs = list(groups.values())
     for config in configs:
@@ -132,12 +140,10 @@ def group_configs(runs: list[Run]) -> list[ConfigResult]:
 
 def swept_axes(configs: list[ConfigResult]) -> dict[str, list[Any]]:
     """Override keys whose value differs between configs, with their sorted values."""
-    for config in configs:
-        config.settings = {override_key(o): override_value(o) for o in config.overrides}
-    keys = sorted({k for c in configs for k in c.settings})
+    settings = [c.settings for c in configs]
     axes = {}
-    for key in keys:
-        values = [c.settings.get(key) for c in configs]
+    for key in sorted({k for s in settings for k in s}):
+        values = [s.get(key) for s in settings]
         distinct = {repr(v): v for v in values}
         if len(distinct) > 1:
             axes[key] = sorted(distinct.values(), key=_sort_key)
@@ -172,15 +178,21 @@ def rank_by(configs: list[ConfigResult], metric: str) -> list[ConfigResult]:
     return ranked
 
 
+def dominates(a: tuple[float, ...], b: tuple[float, ...], signs: tuple[int, ...] | None = None) -> bool:
+    """Whether point `a` is at least as good as `b` everywhere and better somewhere.
+
+    `signs`: +1 where higher is better (the default), -1 where lower is.
+    """
+    signs = signs or (1,) * len(a)
+    at_least = all(s * p >= s * q for p, q, s in zip(a, b, signs))
+    return at_least and any(s * p > s * q for p, q, s in zip(a, b, signs))
+
+
 def pareto_front(configs: list[ConfigResult], x: str, y: str) -> list[ConfigResult]:
-    """Configs that no other config matches or beats on both `x` and `y` (higher is better)."""
-    points = [c for c in configs if x in c.stats and y in c.stats]
-
-    def dominates(a: ConfigResult, b: ConfigResult) -> bool:
-        ax, ay, bx, by = a.mean(x), a.mean(y), b.mean(x), b.mean(y)
-        return ax >= bx and ay >= by and (ax > bx or ay > by)
-
-    front = [c for c in points if not any(dominates(o, c) for o in points if o is not c)]
+    """Configs that no other config dominates on (`x`, `y`), higher being better on both."""
+    points = {id(c): (c.mean(x), c.mean(y)) for c in configs if x in c.stats and y in c.stats}
+    front = [c for c in configs if id(c) in points
+             and not any(dominates(other, points[id(c)]) for other in points.values())]
     return sorted(front, key=lambda c: (-c.mean(x), -c.mean(y)))
 
 

@@ -63,12 +63,11 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     out = out or default_out_dir(sources)
     out.mkdir(parents=True, exist_ok=True)
 
-    labels = {run.name: config.label for config in ranking.configs for run in config.runs}
     built = {
         "pareto": figures.pareto_figure(ranking),
         "heatmap": figures.heatmap_figure(runs),
         "effects": figures.effects_figure(ranking),
-        "curves": figures.curves_figure(runs, labels),
+        "curves": figures.curves_figure(runs, ranking.labels()),
         **{f"optuna-{i}": figures.optuna_figure(study) for i, study in enumerate(studies)},
     }
     pngs: dict[str, bytes | None] = {}

@@ -12,6 +12,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,11 @@ class Run:
     def last_logged_step(self) -> int | None:
         steps = [r["step"] for r in self.log if isinstance(r.get("step"), int)]
         return max(steps) if steps else None
+
+    @cached_property
+    def settings(self) -> dict[str, Any]:
+        """Override key -> value as YAML reads it: {"fsdp": "full_shard", "loss.beta": 0.1}."""
+        return {override_key(o): override_value(o) for o in self.overrides}
 
     @property
     def config_overrides(self) -> tuple[str, ...]:

@@ -114,12 +114,12 @@ def run_columns() -> list[str]:
 
 def run_rows(runs: list[Run], ranking: Ranking) -> list[dict[str, Any]]:
     """One row per run directory: completed, failed, pending and unreadable alike."""
-    labels = {id(run): config.label for config in ranking.configs for run in config.runs}
+    labels = ranking.labels()
     rows = []
     for run in runs:
         row: dict[str, Any] = {
             "run": run.name, "status": run.status, "failure.kind": run.failure_kind,
-            "failure.message": run.failure_message, "config": labels.get(id(run), " ".join(run.config_overrides)),
+            "failure.message": run.failure_message, "config": labels.get(run.name, " ".join(run.config_overrides)),
             "last_step": run.last_logged_step,
         }
         row.update({key: run.config.get(key) for key in SEED_KEYS})
