@@ -213,7 +213,7 @@ def _study_section(study: Study, png: bytes | None, index: int) -> str:
 
 
 def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[Study],
-           figures: dict[str, bytes | None], generated: str) -> str:
+           figures: dict[str, bytes | None], generated: str, not_started: int | None = None) -> str:
     """The whole dashboard page. `figures`: pareto, heatmap, effects, curves, optuna-<i> PNGs."""
     notes = "".join(
         f'<p class="note{" close" if c.close else ""}">{_escape(comparison_text(c))}</p>'
@@ -227,7 +227,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>DPO sweep report</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body><header><h1>DPO sweep report</h1><p>{_escape(" · ".join(sources))}</p>
-<p id="status-line">{_escape(status_line(runs))}</p><p>Generated {_escape(generated)}</p></header>
+<p id="status-line">{_escape(status_line(runs, not_started))}</p><p>Generated {_escape(generated)}</p></header>
 <main>{_cards(ranking)}{notes}
 <section id="pareto"><h2>Pareto front: speed per memory vs preference accuracy</h2>{_image(figures.get("pareto"), "Pareto scatter")}</section>
 <section id="configs"><h2>Configs ({len(ranking.configs)})</h2><p class="muted">Click a column to sort; values are

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from analysis import plan
 from analysis.ranking import dominates
 from analysis.runs import SUMMARY_METRICS, Run
 
@@ -155,6 +156,10 @@ def load_studies(sweep_dirs: list[Path], runs: list[Run]) -> list[Study]:
             study.results = results if isinstance(results, dict) else None
             mark_best(study.trials, study.directions)
             match_runs(study.trials, sweep_runs)
-            study.objectives = name_objectives(study, sweep_runs)
+            configured = plan.sweeper_config(sweep).get("objectives")
+            if isinstance(configured, list) and len(configured) == len(study.directions):
+                study.objectives = [str(o) for o in configured]  # the sweeper's own names
+            else:
+                study.objectives = name_objectives(study, sweep_runs)
         studies.extend(found)
     return studies

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -26,7 +27,7 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from analysis import dashboard, figures, tables  # noqa: E402
+from analysis import dashboard, figures, plan, tables  # noqa: E402
 from analysis.optuna_study import load_studies  # noqa: E402
 from analysis.ranking import rank_sweep  # noqa: E402
 from analysis.runs import NoRunsError, load_runs  # noqa: E402
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, list[Path]]:
     """Read, rank and write everything; returns the terminal text and the files written."""
     runs, sweep_dirs = load_runs(sources)
+    not_started = plan.not_started(sweep_dirs, Counter(run.sweep for run in runs))
     ranking = rank_sweep(runs)
     studies = load_studies(sweep_dirs, runs)
     out = out or default_out_dir(sources)
@@ -84,11 +86,11 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     written.append(tables.write_csv(out / "ranking.csv", tables.config_columns(ranking), tables.config_rows(ranking)))
     written.append(tables.write_csv(out / "runs.csv", tables.run_columns(), tables.run_rows(runs, ranking)))
     generated = datetime.now().astimezone().isoformat(timespec="seconds")
-    page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated)
+    page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated, not_started)
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
     written.append(html_path)
-    return tables.terminal_report(sources, runs, ranking, studies), written
+    return tables.terminal_report(sources, runs, ranking, studies, not_started), written
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,8 +144,9 @@ def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> Pat
     return path
 
 
-def status_line(runs: list[Run]) -> str:
-    """'11 runs: 9 completed, 1 failed (oom ×1), 1 pending (still running)'."""
+def status_line(runs: list[Run], not_started: int | None = None) -> str:
+    """'11 runs: 9 completed, 1 failed (oom ×1), 1 pending (...)'; `not_started`: jobs planned
+    by the sweep that have no run directory yet."""
     counts = Counter(r.status for r in runs)
     parts = [f"{counts['completed']} completed"]
     failures = Counter(r.failure_kind for r in runs if r.status == "failed")
@@ -154,6 +155,8 @@ def status_line(runs: list[Run]) -> str:
         parts.append(f"{counts['pending']} pending (still running, or stopped before writing summary.json)")
     if counts["unreadable"]:
         parts.append(f"{counts['unreadable']} unreadable (see runs.csv 'problems')")
+    if not_started:
+        parts.append(f"{not_started} more planned by the sweep, not started yet")
     return f"{len(runs)} run{'s' if len(runs) != 1 else ''}: " + ", ".join(parts)
 
 
@@ -202,9 +205,10 @@ def study_lines(study: Study) -> list[str]:
     return lines
 
 
-def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study]) -> str:
+def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study],
+                    not_started: int | None = None) -> str:
     """The compact summary printed by `report.py`."""
-    lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs), ""]
+    lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started), ""]
     for metric in CRITERIA:
         lines.append(f"Best by {metric}: {best_text(ranking, metric)}")
     pareto = "; ".join(f"'{c.label}'" for c in ranking.pareto) or "none yet (no completed run has both criteria)"

@@ -16,6 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis.report import main
 from report_fixtures import grid_sweep, optuna_sweep, resolved_config, write_completed, write_run
@@ -206,6 +207,19 @@ def test_a_sweep_still_running_reports_what_is_complete_and_counts_the_pending(g
     assert all("10" not in r["runs"].split() for r in read_csv(grid / "report" / "ranking.csv"))
 
 
+def test_jobs_a_grid_sweep_has_not_started_yet_are_counted_from_its_multirun_yaml(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    write_completed(sweep / "0", 0, "full_shard", "bf16", 0.1)
+    write_completed(sweep / "1", 1, "shard_grad_op", "bf16", 0.1)
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "params": {"fsdp": "full_shard,shard_grad_op", "loss.beta": "0.1,0.5"}},
+        # The command line wins over the config for the same key: 3 betas, not 2.
+        "overrides": {"task": ["loss.beta=0.1,0.5,1.0", "train.max_steps=30"]}}}))
+    assert main([str(sweep)]) == 0
+    assert "2 runs: 2 completed, 0 failed, 4 more planned by the sweep, not started yet" in capsys.readouterr().out
+
+
 def test_an_unreadable_summary_is_listed_and_does_not_stop_the_report(grid):
     (grid / "3" / "summary.json").write_text('{"schema": 1, "status": "compl')
     assert main([str(grid)]) == 0
@@ -266,6 +280,7 @@ def test_optuna_sweep_shows_every_trial_and_the_studys_own_pareto_trials(tmp_pat
     study = optuna.load_study(study_name="dpo-pareto", storage=f"sqlite:///{sweep}/optuna.db")
     pareto_numbers = {t.number for t in study.best_trials}
     assert "Optuna study 'dpo-pareto'" in out and "6 trials (5 complete, 1 fail)" in out
+    assert "2 more planned by the sweep, not started yet" in out  # n_trials: 8
     assert "objectives: perf/speed_per_memory (maximize), eval/rewards/accuracies (maximize)" in out
     assert {int(l.split("#")[1].split()[0]) for l in out.splitlines() if "Pareto trials: #" in l} == pareto_numbers
 
