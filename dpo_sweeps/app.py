@@ -97,7 +97,9 @@ def _write_failed(ctx: RunContext, failure: dict) -> dict:
 def run_rank(ctx: RunContext, env: RankEnv) -> dict | None:
     """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None."""
     cfg = OmegaConf.create(ctx.config)
-    threads = cfg.resources.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
+    # The cores this process may run on (a launcher may pin each job to its own), not the machine's.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = cfg.resources.threads_per_rank or max(1, cores // env.local_world_size)
     torch.set_num_threads(threads)
     trainer: Trainer | None = None
     metrics: dict[str, Any] = {}

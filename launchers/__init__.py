@@ -1,0 +1,14 @@
+"""How a sweep's runs get onto devices: Hydra launchers and sweepers for dpo-sweeps.
+
+- `launchers.local.LocalLauncher` (`hydra/launcher=local`): jobs on this machine, as many at
+  once as its CPU cores or GPUs hold, each on its own cores / GPUs, one process per rank.
+- `launchers.slurm.SlurmLauncher` (`hydra/launcher=slurm`): one SLURM job per run, one task
+  per rank, on `resources.nodes` nodes.
+- `launchers.grid_sweeper.GridSweeper` (`hydra/sweeper=grid`, the default): the grid,
+  checked whole before launch, resumed by config hash, summed up at the end.
+- `launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): hydra-optuna-sweeper
+  with the study in the sweep directory, trials checked before launch, objectives read
+  from each run's metrics.
+
+`launchers/slurm/local_cluster.sh` brings up a one-node SLURM cluster for tests.
+"""

@@ -1,0 +1,203 @@
+"""What the local and SLURM launchers share: per-job submission, the job side, and collecting results.
+
+Both launchers submit one submitit job per run with `resources.nodes` x `resources.nproc_per_node`
+tasks, one task per rank, taken from that run's own config (a sweep may vary them). Every task
+runs the Hydra job (hydra-submitit-launcher's design); tasks other than rank 0 write nothing into
+the run directory (no `.hydra/`, no log file), and `dpo_sweeps.app` lets only rank 0 write outputs.
+
+When a job ends without rank 0 having written summary.json (a rank killed, a timeout, a
+preemption, a node failure), the launcher writes a failed one, so every launched run has one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import OmegaConf, open_dict, read_write
+
+from dpo_sweeps.rundir import SUMMARY, read_rank_failures, read_summary, write_summary
+from launchers.jobs import JobCompositionError, SweepJob, compose_job
+from launchers.placement import Placement
+
+log = logging.getLogger("launchers")
+
+# SLURM job states (sacct) and the summary.json failure.kind each means.
+STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout"}
+
+
+class JobNotRun(Exception):
+    """Why a job was not started (its config could not be composed, or it cannot be placed)."""
+
+
+class SweepLauncher(BaseSubmititLauncher):
+    """Base of the dpo-sweeps launchers: `launch_jobs` places already-composed jobs."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Hydra's Launcher API: compose each job, then `launch_jobs`."""
+        assert self.config is not None and self.hydra_context is not None
+        jobs: list[SweepJob | JobReturn] = []
+        for i, overrides in enumerate(job_overrides):
+            try:
+                jobs.append(compose_job(self.hydra_context, self.config, overrides, initial_job_idx + i))
+            except JobCompositionError as exc:
+                jobs.append(_failed_return(list(overrides), JobNotRun(f"cannot compose this config: {exc}")))
+        composed = [j for j in jobs if isinstance(j, SweepJob)]
+        returns = iter(self.launch_jobs(composed) if composed else [])
+        return [next(returns) if isinstance(j, SweepJob) else j for j in jobs]
+
+    def launch_jobs(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
+        """Run the jobs (each under its own number and run directory); one JobReturn per job, in order."""
+        raise NotImplementedError
+
+    def check_job(self, job: SweepJob) -> str | None:
+        """Why this launcher cannot run the job (checked before a sweep launches anything), or None."""
+        return None
+
+    # ------------------------------------------------------------------ the job side
+    def __call__(  # type: ignore[override]
+        self,
+        sweep_overrides: List[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: Dict[type, Singleton],
+        placement: Optional[Placement] = None,
+    ) -> JobReturn:
+        """Runs in each task (rank) of the submitted job."""
+        import submitit
+
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        if placement is not None:
+            placement.apply()
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        env = submitit.JobEnvironment()
+        with open_dict(sweep_config.hydra.job) as job:
+            job.id = env.job_id
+            job.num = job_num
+        if env.global_rank != 0:
+            _quiet_hydra_outputs(sweep_config)
+        return run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=sweep_config,
+            job_dir_key=job_dir_key,
+            job_subdir_key="hydra.sweep.subdir",
+        )
+
+    def _submit_args(self, job: SweepJob, placement: Placement | None = None) -> tuple:
+        return (list(job.overrides), "hydra.sweep.dir", job.num, f"job_id_for_{job.num}", Singleton.get_state(), placement)
+
+    # ------------------------------------------------------------------ collecting results
+    def _collect(self, job: SweepJob, submitted: Any, started: float, earlier_summary: int | None,
+                 timeout_min: float) -> JobReturn:
+        """Rank 0's JobReturn; when rank 0 wrote no summary.json for this attempt, write a failed one."""
+        ret: JobReturn | None = None
+        error: BaseException | None = None
+        try:
+            ret = submitted.task(0).result()
+        except Exception as exc:  # submitit's UncompletedJobError / FailedJobError, or a lost job
+            error = exc
+        summary = read_summary(job.run_dir)
+        fresh = summary is not None and summary_stamp(job.run_dir) != earlier_summary
+        if fresh and ret is not None:
+            return ret
+        if fresh and summary.get("status") == "completed":
+            done = JobReturn(overrides=list(job.overrides), status=JobStatus.COMPLETED, task_name="dpo_sweeps",
+                             working_dir=str(job.run_dir))
+            done.return_value = summary.get("metrics") or {}
+            return done
+        if fresh:
+            failure = summary.get("failure") or {"kind": "crash", "message": "job ended abnormally"}
+            return _failed_return(job.overrides, JobNotRun(f"{failure['kind']}: {failure['message']}"), job)
+        state = _state_of(submitted)
+        elapsed = time.monotonic() - started
+        kind = STATE_KINDS.get(state.split()[0] if state else "", "crash")
+        if kind == "crash" and timeout_min and elapsed >= 60 * timeout_min - 5:
+            kind = "timeout"
+        message = _failure_message(job.run_dir, state, error, submitted)
+        write_summary(job.run_dir, status="failed", failure={"kind": kind, "message": message},
+                      overrides=_task_overrides(job), config=job.task_config, metrics={},
+                      extra={"attempt": f"launcher-{job.num}-{int(time.time())}", "written_by": "launcher"})
+        return _failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
+
+
+def _state_of(submitted: Any) -> str:
+    try:
+        return str(submitted.state)
+    except Exception:
+        return "UNKNOWN"
+
+
+def _failure_message(run_dir: Path, state: str, error: BaseException | None, submitted: Any) -> str:
+    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
+    if reports:
+        first = min(reports, key=lambda r: r["time"])
+        return f"rank {first['rank']}: {first['message']}"
+    detail = ""
+    if error is not None:
+        lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not set(ln.strip()) <= {"-"}]
+        # submitit's message opens with "Job X (task: 0) with path ..."; the cause is further down.
+        causes = [ln for ln in lines if "Error" in ln or "error" in ln or "Killed" in ln]
+        detail = (causes[-1] if causes else lines[0] if lines else type(error).__name__)[:300]
+    logs = ""
+    try:
+        logs = f"; logs: {submitted.paths.folder}"
+    except Exception:
+        pass
+    return f"job ended without rank 0 writing summary.json (state {state or 'UNKNOWN'})" + (f": {detail}" if detail else "") + logs
+
+
+def _task_overrides(job: SweepJob) -> list[str]:
+    overrides = OmegaConf.to_container(job.config.hydra.overrides.task, resolve=False)
+    return list(overrides) if isinstance(overrides, list) else list(job.overrides)
+
+
+def _failed_return(overrides: list[str], error: BaseException, job: SweepJob | None = None) -> JobReturn:
+    ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED, task_name="dpo_sweeps")
+    ret.return_value = error
+    if job is not None:
+        ret.working_dir = str(job.run_dir)
+    return ret
+
+
+def _quiet_hydra_outputs(config: Any) -> None:
+    """For ranks other than 0: no `.hydra/` copy and no log file in the run directory."""
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.output_subdir = None
+        logging_cfg = config.hydra.job_logging
+        handlers = logging_cfg.get("handlers") or {}
+        to_files = [name for name, handler in handlers.items() if handler is not None and "filename" in handler]
+        sections = [logging_cfg.get("root"), *((logging_cfg.get("loggers") or {}).values())]
+        for section in sections:
+            if section is not None and section.get("handlers"):
+                section.handlers = [h for h in section.handlers if h not in to_files]
+        for name in to_files:
+            del handlers[name]
+
+
+def progress_line(job: SweepJob, ret: JobReturn, elapsed: float, done: int, total: int) -> str:
+    summary = read_summary(job.run_dir) or {}
+    if ret.status == JobStatus.COMPLETED and summary.get("status", "completed") == "completed":
+        acc = (summary.get("metrics") or {}).get("eval/rewards/accuracies")
+        extra = f", accuracy {acc:.3f}" if isinstance(acc, (int, float)) else ""
+        return f"[{done}/{total}] #{job.num} completed in {elapsed:.0f} s{extra}"
+    failure = summary.get("failure") or {}
+    reason = failure.get("kind") or "crash"
+    message = failure.get("message") or str(ret._return_value)
+    return f"[{done}/{total}] #{job.num} FAILED ({reason}) in {elapsed:.0f} s: {message}"
+
+
+def summary_stamp(run_dir: Path) -> int | None:
+    """When run_dir's summary.json was last written (None: there is none), to tell a new one from an old."""
+    try:
+        return (Path(run_dir) / SUMMARY).stat().st_mtime_ns
+    except OSError:
+        return None

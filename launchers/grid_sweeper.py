@@ -1,0 +1,119 @@
+"""`hydra/sweeper=grid` (the default): Hydra's grid, checked whole, resumable, summed up at the end.
+
+The grid is Hydra's basic sweep (every combination of the comma-separated values and of
+`hydra.sweeper.params`). Before any job starts:
+1. every point is composed and validated; if any is invalid, the sweep is refused with all
+   invalid points listed beside their overrides (`launchers.preflight`);
+2. points whose run already completed in this sweep directory (same `config_hash`) are skipped
+   (`launchers.resume`; `hydra.sweeper.resume=false` runs them again);
+3. with `hydra.sweeper.dry_run=true`, the jobs that would run are listed and nothing starts.
+Then the launcher runs the rest. A failed run never stops the others; at the end one screen
+gives the counts, where the results are and which runs failed and why, and the command exits
+nonzero if any failed (`launchers.outcome`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn
+from omegaconf import OmegaConf
+
+from launchers.jobs import SweepJob
+from launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
+from launchers.preflight import InvalidSweep, compose_and_check, refusal_message
+from launchers.resume import ResumePlan, plan_resume
+
+log = logging.getLogger("launchers")
+
+
+class GridSweeper(BasicSweeper):
+    def __init__(
+        self,
+        max_batch_size: Optional[int] = None,
+        params: Optional[Dict[str, str]] = None,
+        dry_run: bool = False,
+        resume: bool = True,
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.dry_run = dry_run
+        self.resume = resume
+
+    def grid(self, arguments: List[str]) -> list[list[str]]:
+        """Every point of the sweep, in Hydra's order: one override list per job."""
+        assert self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides(self._parse_config() + list(arguments))
+        return [point for batch in self.split_arguments(overrides, None) for point in batch]
+
+    def sweep(self, arguments: List[str]) -> Any:
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        points = self.grid(arguments)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        jobs, invalid = compose_and_check(self.hydra_context, self.config, points, 0, self.launcher)
+        if invalid:
+            raise InvalidSweep(refusal_message(invalid, len(points)))
+        plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
+        if self.dry_run:
+            print(dry_run_listing(sweep_dir, plan, len(points)))
+            return []
+
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        if plan.skipped:
+            log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
+        returns = self._launch(plan.to_run)
+
+        outcomes = [Outcome(job, "skipped", where) for job, where in plan.skipped]
+        outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
+        outcomes.sort(key=lambda o: o.job.num)
+        print(sweep_screen(sweep_dir, outcomes), flush=True)
+        raise_if_failed(outcomes)
+        return [returns]
+
+    def _launch(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
+        """Hand the jobs to the launcher, `max_batch_size` at a time (default: all at once)."""
+        returns: list[JobReturn] = []
+        size = self.max_batch_size or len(jobs) or 1
+        for start in range(0, len(jobs), size):
+            returns += launch_numbered(self.launcher, list(jobs[start:start + size]))
+        return returns
+
+
+def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
+    """Run jobs under their own numbers: our launchers take them as they are; any other Hydra
+    launcher gets one `launch` call per run of consecutive numbers."""
+    if not jobs:
+        return []
+    if hasattr(launcher, "launch_jobs"):
+        return list(launcher.launch_jobs(jobs))
+    returns: list[JobReturn] = []
+    start = 0
+    for end in range(1, len(jobs) + 1):
+        if end == len(jobs) or jobs[end].num != jobs[end - 1].num + 1:
+            segment = jobs[start:end]
+            returns += list(launcher.launch([j.overrides for j in segment], initial_job_idx=segment[0].num))
+            start = end
+    return returns
+
+
+def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int) -> str:
+    lines = [f"dry run: {len(plan.to_run)} of {total} jobs would be launched into {sweep_dir} (none was started)"]
+    for job in plan.to_run:
+        lines.append(f"  #{job.num}  {job.label}   [{job.world_size} rank{'s' if job.world_size > 1 else ''}"
+                     f" -> {job.run_dir}]")
+    if plan.skipped:
+        lines.append(f"{len(plan.skipped)} already completed (skipped):")
+        for job, where in plan.skipped:
+            lines.append(f"  #{job.num}  {job.label}   [completed in {where}]")
+    hashes: dict[str, list[int]] = {}
+    for job in plan.to_run:
+        hashes.setdefault(job.config_hash, []).append(job.num)
+    for nums in hashes.values():
+        if len(nums) > 1:
+            lines.append(f"note: points {', '.join(f'#{n}' for n in nums)} define the same run (same config_hash)")
+    return "\n".join(lines)

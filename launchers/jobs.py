@@ -1,0 +1,108 @@
+"""One job of a sweep, composed before launch exactly as the job itself will compose it.
+
+A sweeper or launcher calls `compose_job` for each point of a sweep. The job's resolved task
+config and its `config_hash` are computed the way `dpo_sweeps.app.run` computes them inside the
+job (resolve, scrub secrets, hash), so a finished run's summary.json can be matched to a point of
+a later sweep. Values that depend on Hydra's job runtime (`${hydra:job.id}`, the output dir) are
+not known here: a task config key that interpolates them cannot be matched on resume.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import filter_overrides
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from dpo_sweeps.rundir import config_hash, scrub_secrets
+
+
+@dataclass
+class SweepJob:
+    """A point of a sweep: its number, overrides, composed config, identity and run directory."""
+
+    num: int
+    overrides: list[str]
+    # The composed job config, `hydra` node included (what the launcher's job process composes).
+    config: DictConfig
+    # The resolved task config, as `run(cfg)` sees it (before secrets are scrubbed).
+    task_config: dict[str, Any]
+    config_hash: str
+    run_dir: Path
+
+    @property
+    def label(self) -> str:
+        """The overrides a reader tells this job by (Hydra's own keys left out)."""
+        return " ".join(filter_overrides(self.overrides)) or "(no overrides)"
+
+    @property
+    def world_size(self) -> int:
+        res = self.task_config.get("resources", {})
+        return int(res.get("nodes", 1)) * int(res.get("nproc_per_node", 1))
+
+    def renumbered(self, num: int) -> "SweepJob":
+        """The same job under another number, hence (usually) another run directory."""
+        config = copy.deepcopy(self.config)
+        _set_job_num(config, num)
+        return SweepJob(num=num, overrides=self.overrides, config=config, task_config=self.task_config,
+                        config_hash=self.config_hash, run_dir=_run_dir(config))
+
+
+class JobCompositionError(Exception):
+    """A point whose config cannot be composed or resolved (unknown group option, bad interpolation)."""
+
+
+def compose_job(hydra_context: HydraContext, master_config: DictConfig, overrides: Sequence[str], num: int) -> SweepJob:
+    """Compose, resolve and hash one point of a sweep; raises JobCompositionError with a one-line reason."""
+    try:
+        config = hydra_context.config_loader.load_sweep_config(master_config, list(overrides))
+        _set_job_num(config, num)
+        task_config = _resolved_task_config(config)
+        run_dir = _run_dir(config)
+    except Exception as exc:  # Hydra raises several exception types here; all mean "this point is broken".
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise JobCompositionError(message) from exc
+    return SweepJob(num=num, overrides=list(overrides), config=config, task_config=task_config,
+                    config_hash=config_hash(scrub_secrets(task_config)), run_dir=run_dir)
+
+
+def _set_job_num(config: DictConfig, num: int) -> None:
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.job.num = num
+
+
+class _HydraConfigAs:
+    """Make `${hydra:...}` resolve against one job's config for a moment (the job process does the same)."""
+
+    def __init__(self, config: DictConfig):
+        self.config = config
+
+    def __enter__(self) -> None:
+        self.saved = HydraConfig.instance().cfg
+        HydraConfig.instance().set_config(self.config)
+
+    def __exit__(self, *exc: object) -> None:
+        HydraConfig.instance().cfg = self.saved
+
+
+def _resolved_task_config(config: DictConfig) -> dict[str, Any]:
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    with _HydraConfigAs(config):
+        container = OmegaConf.to_container(task, resolve=True)
+    assert isinstance(container, dict)
+    return container
+
+
+def _run_dir(config: DictConfig) -> Path:
+    """`hydra.sweep.dir`/`hydra.sweep.subdir`, as hydra.core.utils.run_job joins them."""
+    with _HydraConfigAs(config):
+        sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
+        subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
+    return Path(sweep_dir) / subdir

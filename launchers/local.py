@@ -1,0 +1,130 @@
+"""`hydra/launcher=local`: a sweep's jobs on this machine, as many at once as it holds.
+
+Each job is a submitit local job with one process per rank (`resources.nproc_per_node`; one
+node only). Jobs start as soon as their devices are free (`launchers.placement`): on GPUs, one
+GPU per rank with a per-job `CUDA_VISIBLE_DEVICES`, so concurrent jobs never share a GPU
+(submitit's local executor alone gives every job the same GPUs); on a CPU-only machine,
+`cpus_per_rank` cores per rank, pinned. `max_concurrent_jobs` caps the count further: set it to
+1 when runs must not compete for memory bandwidth (fair speed measurements on CPU).
+
+A job that fails does not stop the others; a job that dies without a summary.json gets one.
+Ctrl-C cancels the running jobs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Sequence
+
+from hydra.core.utils import JobReturn
+
+from launchers.base import JobNotRun, SweepLauncher, _failed_return, log, progress_line, summary_stamp
+from launchers.jobs import SweepJob
+from launchers.placement import DevicePool, usable_cpus, visible_gpus
+
+
+class LocalLauncher(SweepLauncher):
+    _EXECUTOR = "local"
+
+    def __init__(
+        self,
+        submitit_folder: str,
+        timeout_min: float = 720,
+        cpus_per_rank: int = 1,
+        max_concurrent_jobs: int | None = None,
+        cpus: Sequence[int] | None = None,
+        gpus: Sequence[str | int] | None = None,
+        stderr_to_stdout: bool = False,
+        poll_interval_s: float = 0.5,
+        **ignored: Any,
+    ) -> None:
+        super().__init__(submitit_folder=submitit_folder, timeout_min=timeout_min)
+        if not isinstance(cpus_per_rank, int) or cpus_per_rank < 1:
+            raise ValueError(f"hydra.launcher.cpus_per_rank: got {cpus_per_rank!r} (accepted: an integer >= 1)")
+        if max_concurrent_jobs is not None and (not isinstance(max_concurrent_jobs, int) or max_concurrent_jobs < 1):
+            raise ValueError(f"hydra.launcher.max_concurrent_jobs: got {max_concurrent_jobs!r} "
+                             "(accepted: null for as many as the machine holds, or an integer >= 1)")
+        self.submitit_folder = submitit_folder
+        self.timeout_min = timeout_min
+        self.cpus_per_rank = cpus_per_rank
+        self.max_concurrent_jobs = max_concurrent_jobs
+        self.cpus = list(cpus) if cpus is not None else None
+        self.gpus = [str(g) for g in gpus] if gpus is not None else None
+        self.stderr_to_stdout = stderr_to_stdout
+        self.poll_interval_s = poll_interval_s
+
+    def _pool(self) -> DevicePool:
+        return DevicePool(cpus=self.cpus if self.cpus is not None else usable_cpus(),
+                          gpus=self.gpus if self.gpus is not None else visible_gpus(),
+                          cpus_per_rank=self.cpus_per_rank)
+
+    @staticmethod
+    def _uses_gpus(job: SweepJob, pool: DevicePool) -> bool:
+        device = job.task_config.get("resources", {}).get("device", "auto")
+        return device == "cuda" or (device == "auto" and bool(pool.gpus))
+
+    def check_job(self, job: SweepJob) -> str | None:
+        res = job.task_config.get("resources", {})
+        if res.get("nodes", 1) != 1:
+            return (f"resources.nodes: got {res.get('nodes')!r}; the local launcher runs a job on this machine only "
+                    "(accepted: 1; for several nodes use hydra/launcher=slurm)")
+        pool = self._pool()
+        if res.get("device") == "cuda" and not pool.gpus:
+            return "resources.device: cuda, but this machine has no visible GPU (accepted here: cpu or auto)"
+        return pool.cannot_hold(job.world_size, self._uses_gpus(job, pool))
+
+    def launch_jobs(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
+        import submitit
+
+        assert self.config is not None
+        pool = self._pool()
+        executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
+        results: dict[int, JobReturn] = {}
+        pending = deque(range(len(jobs)))
+        running: dict[int, tuple[Any, Any, float, int | None]] = {}
+        log.info("local launcher: %d jobs on %d CPU cores%s%s, into %s", len(jobs), len(pool.cpus),
+                 f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
+                 f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
+                 self.config.hydra.sweep.dir)
+        try:
+            while pending or running:
+                self._start_what_fits(executor, jobs, pool, pending, running, results)
+                for i in [i for i, (submitted, *_rest) in running.items() if submitted.done()]:
+                    submitted, placement, started, earlier = running.pop(i)
+                    pool.give_back(placement)
+                    results[i] = self._collect(jobs[i], submitted, started, earlier, self.timeout_min)
+                    log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
+                time.sleep(self.poll_interval_s)
+        except BaseException:
+            for submitted, *_rest in running.values():
+                submitted.cancel()
+            log.warning("cancelled %d running local jobs", len(running))
+            raise
+        return [results[i] for i in range(len(jobs))]
+
+    def _start_what_fits(self, executor: Any, jobs: Sequence[SweepJob], pool: DevicePool, pending: deque,
+                         running: dict, results: dict[int, JobReturn]) -> None:
+        """Start pending jobs, in order, while devices are free (a later, smaller job may go first)."""
+        for i in list(pending):
+            if self.max_concurrent_jobs and len(running) >= self.max_concurrent_jobs:
+                return
+            job = jobs[i]
+            use_gpus = self._uses_gpus(job, pool)
+            impossible = pool.cannot_hold(job.world_size, use_gpus)
+            if impossible:
+                pending.remove(i)
+                results[i] = _failed_return(job.overrides, JobNotRun(impossible), job)
+                continue
+            placement = pool.take(job.world_size, use_gpus)
+            if placement is None:
+                continue
+            pending.remove(i)
+            executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
+                                       timeout_min=self.timeout_min, stderr_to_stdout=self.stderr_to_stdout)
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            earlier = summary_stamp(job.run_dir)
+            submitted = executor.submit(self, *self._submit_args(job, placement))
+            running[i] = (submitted, placement, time.monotonic(), earlier)
+            log.info("#%d started: %s  (%d ranks; %s; job %s)", job.num, job.label, job.world_size,
+                     placement.describe(), submitted.job_id)

@@ -1,0 +1,154 @@
+"""`hydra/sweeper=optuna`: hydra-optuna-sweeper, kept in the sweep directory and checked before launch.
+
+What this adds to the plugin's sweeper (`conf/hydra/sweeper/optuna.yaml` sets the defaults):
+- the study lives in `sqlite:///<sweep dir>/optuna.db` under a fixed name, so running the same
+  command again (same `hydra.sweep.dir`) continues the same study; run directories are numbered
+  after the study's existing trials, so a second invocation never overwrites the first's runs;
+- `objectives` names the summary metrics each trial returns (one per `direction`), read from the
+  run's metrics; `dpo_sweeps.app.run` itself stays objective-free;
+- each batch of trials is validated before launch: an invalid trial (say, a batch size the ranks
+  do not divide) is not run; it gets a failed summary.json (`invalid_config`) and is told to the
+  study as FAIL, like a run that fails. Optuna's samplers ignore failed trials, and
+  `max_failure_rate: 1.0` keeps the study going;
+- the end-of-sweep screen and a nonzero exit when any trial of this invocation failed.
+Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, List, Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
+from omegaconf import DictConfig, OmegaConf
+
+from dpo_sweeps.rundir import write_summary
+from launchers.base import JobNotRun, _failed_return, _task_overrides, log
+from launchers.grid_sweeper import launch_numbered
+from launchers.jobs import SweepJob
+from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
+from launchers.preflight import InvalidSweep, compose_and_check
+
+
+class ObjectiveUnavailable(Exception):
+    """A completed run whose metrics lack a finite value for an objective."""
+
+
+def objective_values(metrics: Any, objectives: Sequence[str]) -> float | list[float]:
+    """The value(s) Optuna records for a trial: one float, or a list for several objectives."""
+    if not isinstance(metrics, dict):
+        raise ObjectiveUnavailable(f"the run returned {type(metrics).__name__}, not its metrics")
+    values = []
+    for name in objectives:
+        value = metrics.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            available = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
+            raise ObjectiveUnavailable(f"hydra.sweeper.objectives: '{name}' is {value!r} in this run's metrics "
+                                       f"(accepted: a metric with a finite value: {available})")
+        values.append(float(value))
+    return values[0] if len(values) == 1 else values
+
+
+class TrialLauncher(Launcher):
+    """Wraps the real launcher: validates each batch of trials, runs the valid ones, returns objectives."""
+
+    def __init__(self, inner: Launcher, hydra_context: HydraContext, config: DictConfig, objectives: Sequence[str]):
+        self.inner = inner
+        self.hydra_context = hydra_context
+        self.config = config
+        self.objectives = list(objectives)
+        # (job, JobReturn) of every trial launched (or refused) by this invocation.
+        self.history: list[tuple[SweepJob, JobReturn]] = []
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        points = [list(o) for o in job_overrides]
+        jobs, invalid = compose_and_check(self.hydra_context, self.config, points, initial_job_idx, self.inner)
+        refused: dict[int, JobReturn] = {}
+        for point in invalid:
+            log.warning("trial #%d not run: %s: %s", point.num, point.kind, point.message)
+            refused[point.num] = _failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
+            if point.job is not None:
+                write_summary(point.job.run_dir, status="failed", failure={"kind": point.kind, "message": point.message},
+                              overrides=_task_overrides(point.job), config=point.job.task_config, metrics={},
+                              extra={"written_by": "optuna sweeper: not run"})
+                self.history.append((point.job, refused[point.num]))
+        launched = dict(zip([j.num for j in jobs], launch_numbered(self.inner, jobs)))
+        for job in jobs:
+            self.history.append((job, launched[job.num]))
+        return [self._with_objectives(launched[n]) if n in launched else refused[n]
+                for n in range(initial_job_idx, initial_job_idx + len(points))]
+
+    def _with_objectives(self, ret: JobReturn) -> JobReturn:
+        if ret.status != JobStatus.COMPLETED:
+            return ret
+        out = JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, working_dir=ret.working_dir,
+                        task_name=ret.task_name, status=JobStatus.COMPLETED)
+        try:
+            out.return_value = objective_values(ret.return_value, self.objectives)
+        except ObjectiveUnavailable as exc:
+            out.status = JobStatus.FAILED
+            out.return_value = exc
+        return out
+
+
+class OptunaSweeper(PluginOptunaSweeper):
+    def __init__(self, objectives: Sequence[str] | str = ("eval/rewards/accuracies",), dry_run: bool = False,
+                 **plugin_params: Any) -> None:
+        super().__init__(**plugin_params)
+        self.objectives = [objectives] if isinstance(objectives, str) else list(objectives)
+        self.dry_run = dry_run
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.config = config
+        self.trials = TrialLauncher(self.sweeper.launcher, hydra_context, config, self.objectives)
+        self.sweeper.launcher = self.trials
+
+    def sweep(self, arguments: List[str]) -> None:
+        impl = self.sweeper
+        directions = impl._get_directions()
+        if len(directions) != len(self.objectives):
+            raise InvalidSweep(
+                f"hydra.sweeper.objectives: {len(self.objectives)} ({', '.join(self.objectives)}) but "
+                f"hydra.sweeper.direction has {len(directions)} ({', '.join(map(str, directions))}) "
+                "(accepted: one direction, maximize or minimize, per objective)")
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        existing = existing_trials(impl.storage, impl.study_name)
+        impl.job_idx = max([existing] + [int(p.name) + 1 for p in sweep_dir.iterdir() if p.name.isdigit()])
+        if self.dry_run:
+            print(f"dry run: study '{impl.study_name}' in {impl.storage} has {existing} trials; this would run "
+                  f"{impl.n_trials} more ({impl.n_jobs} at a time) into {sweep_dir}/<trial>, searching:\n"
+                  + "\n".join(f"  {k}: {v}" for k, v in (impl.params or {}).items())
+                  + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, directions))}")
+            return
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        log.info("optuna study '%s' (%s): %d earlier trials; running %d more", impl.study_name, impl.storage,
+                 existing, impl.n_trials)
+        try:
+            impl.sweep(arguments)
+        finally:
+            outcomes = [outcome_of(job, ret) for job, ret in self.trials.history]
+            if outcomes:
+                print(sweep_screen(sweep_dir, outcomes, title="optuna sweep"), flush=True)
+        raise_if_failed(outcomes)
+
+
+def existing_trials(storage: Any, study_name: str | None) -> int:
+    """How many trials the study already holds (0 when it does not exist yet)."""
+    if storage is None or study_name is None:
+        return 0
+    import optuna
+
+    try:
+        summaries = optuna.study.get_all_study_summaries(storage=storage)
+    except Exception:  # an unreadable database: let the plugin's create_study report it
+        return 0
+    return next((s.n_trials for s in summaries if s.study_name == study_name), 0)

@@ -1,0 +1,90 @@
+"""The end of a sweep: what each point came to, on one screen, and the exit status.
+
+Each point's outcome is read from its run's summary.json (the contract every launcher honours);
+a job that died without one is reported from what its launcher saw. `SweepFailed` makes
+`python -m dpo_sweeps -m ...` exit nonzero after the screen is printed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
+
+from dpo_sweeps.rundir import read_summary
+from launchers.jobs import SweepJob
+
+MAX_FAILED_LISTED = 20
+
+
+class SweepFailed(CompactHydraException):
+    """Raised after the end-of-sweep screen when any run failed."""
+
+
+@dataclass
+class Outcome:
+    job: SweepJob
+    # completed | failed | skipped (completed by an earlier invocation)
+    status: str
+    run_dir: Path
+    kind: str | None = None
+    message: str | None = None
+
+
+def outcome_of(job: SweepJob, job_return: JobReturn | None) -> Outcome:
+    """What a launched job came to, from its summary.json, else from its JobReturn."""
+    summary = read_summary(job.run_dir)
+    if summary is not None and summary.get("status") in ("completed", "failed"):
+        failure = summary.get("failure") or {}
+        return Outcome(job, summary["status"], job.run_dir, failure.get("kind"), failure.get("message"))
+    if job_return is not None and job_return.status == JobStatus.COMPLETED:
+        # A launcher whose task function wrote no summary (not dpo_sweeps.app.run): trust the return.
+        return Outcome(job, "completed", job.run_dir)
+    reason = job_return._return_value if job_return is not None else None
+    message = str(reason).strip().splitlines()[0] if reason is not None and str(reason).strip() else "ended without summary.json"
+    return Outcome(job, "failed", job.run_dir, "crash", message)
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "sweep") -> str:
+    """Counts, where the results are, which runs failed and why."""
+    counts = Counter(o.status for o in outcomes)
+    failed = [o for o in outcomes if o.status == "failed"]
+    kinds = Counter(o.kind or "crash" for o in failed)
+    where = _relative(sweep_dir)
+    lines = [
+        "",
+        f"===== {title} {where}: {len(outcomes)} runs =====",
+        f"completed  {counts['completed'] + counts['skipped']}"
+        + (f"  ({counts['skipped']} skipped: completed by an earlier invocation)" if counts["skipped"] else ""),
+        f"failed     {len(failed)}" + (f"  ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})" if failed else ""),
+        f"results    {where}/<run>/summary.json, metrics.jsonl",
+        f"report     python analysis/report.py {where}",
+    ]
+    if failed:
+        lines.append("failed runs:")
+        for o in failed[:MAX_FAILED_LISTED]:
+            lines.append(f"  #{o.job.num}  {o.job.label}")
+            lines.append(f"        {o.kind or 'crash'}: {o.message or '(no message)'}")
+            lines.append(f"        {_relative(o.run_dir)}")
+        if len(failed) > MAX_FAILED_LISTED:
+            lines.append(f"  ... and {len(failed) - MAX_FAILED_LISTED} more (see the report)")
+        lines.append("Run the same command again to retry the failed runs; completed runs are skipped.")
+    lines.append("=" * len(lines[1]))
+    return "\n".join(lines)
+
+
+def raise_if_failed(outcomes: Sequence[Outcome]) -> None:
+    failed = sum(o.status == "failed" for o in outcomes)
+    if failed:
+        raise SweepFailed(f"{failed} of {len(outcomes)} runs failed (listed above)")

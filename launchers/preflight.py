@@ -1,0 +1,95 @@
+"""Check every point of a sweep before any job starts.
+
+Each point is composed (`launchers.jobs.compose_job`), checked by `dpo_sweeps.validate.validate_config`
+(cheap: no data or model is loaded) and by the launcher (`check_job`: what this launcher can place,
+e.g. a 2-node job on the local launcher). A sweep with any invalid point is refused as a whole,
+with every invalid point listed beside its overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from hydra.errors import CompactHydraException
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
+
+from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.validate import validate_config
+from launchers.jobs import JobCompositionError, SweepJob, compose_job
+
+# How many invalid points the refusal lists before it says "and N more".
+MAX_LISTED = 50
+
+
+@dataclass
+class InvalidPoint:
+    num: int
+    overrides: list[str]
+    # The failure.kind a run would end with: invalid_config or data_error.
+    kind: str
+    message: str
+    # The composed job, when composition itself worked.
+    job: SweepJob | None = None
+
+    @property
+    def label(self) -> str:
+        return " ".join(o for o in self.overrides if not o.startswith("hydra.")) or "(no overrides)"
+
+
+class InvalidSweep(CompactHydraException):
+    """Raised before launch when points of a sweep cannot run; the message lists them all."""
+
+
+def check_job(job: SweepJob, base_dir: Path, launcher_check: Callable[[SweepJob], str | None] | None) -> InvalidPoint | None:
+    """The reason this composed job cannot run, or None."""
+    try:
+        validate_config(OmegaConf.create(job.task_config), base_dir)
+    except RunFailure as exc:
+        return InvalidPoint(job.num, job.overrides, exc.kind, str(exc), job)
+    if launcher_check is not None:
+        problem = launcher_check(job)
+        if problem:
+            return InvalidPoint(job.num, job.overrides, "invalid_config", problem, job)
+    return None
+
+
+def compose_and_check(
+    hydra_context: HydraContext,
+    master_config: DictConfig,
+    points: Sequence[Sequence[str]],
+    first_num: int,
+    launcher: Any,
+    base_dir: Path | None = None,
+) -> tuple[list[SweepJob], list[InvalidPoint]]:
+    """Compose and check every point; returns the good jobs and the invalid points (numbered from first_num)."""
+    base_dir = base_dir or Path.cwd()
+    launcher_check = getattr(launcher, "check_job", None)
+    jobs: list[SweepJob] = []
+    invalid: list[InvalidPoint] = []
+    for offset, overrides in enumerate(points):
+        num = first_num + offset
+        try:
+            job = compose_job(hydra_context, master_config, overrides, num)
+        except JobCompositionError as exc:
+            invalid.append(InvalidPoint(num, list(overrides), "invalid_config", f"cannot compose this config: {exc}"))
+            continue
+        problem = check_job(job, base_dir, launcher_check)
+        if problem is not None:
+            invalid.append(problem)
+        else:
+            jobs.append(job)
+    return jobs, invalid
+
+
+def refusal_message(invalid: Sequence[InvalidPoint], total: int) -> str:
+    """The one screen that says which points are invalid and why; nothing was launched."""
+    lines = [f"{len(invalid)} of {total} points of this sweep are invalid; no job was started. Fix or leave out:"]
+    for point in invalid[:MAX_LISTED]:
+        lines.append(f"  #{point.num}  {point.label}")
+        lines.append(f"        {point.kind}: {point.message}")
+    if len(invalid) > MAX_LISTED:
+        lines.append(f"  ... and {len(invalid) - MAX_LISTED} more")
+    return "\n".join(lines)

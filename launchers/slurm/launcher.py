@@ -1,0 +1,124 @@
+"""`hydra/launcher=slurm`: one SLURM job per run, one task per rank.
+
+A run with `resources.nodes` = N and `resources.nproc_per_node` = P becomes a job of N nodes x
+P tasks per node (P GPUs per node when `resources.device=cuda`, unless `gpus_per_node` says
+otherwise); hybrid_shard then shards within a node and replicates across nodes. Runs of the same
+shape go in one job array, at most `array_parallelism` at once. Everything else (partition,
+account, qos, time limit, CPUs and memory, extra sbatch and srun arguments, a setup block)
+comes from `conf/hydra/launcher/slurm.yaml` and can be overridden on the command line as
+`hydra.launcher.<key>=...`.
+
+srun runs with `--kill-on-bad-exit=1` by default: a rank that dies takes its job down instead of
+leaving the others waiting on a collective. A job that ends without rank 0 writing summary.json
+(time limit, preemption, out-of-memory kill, node failure) gets a failed one from the launcher,
+with the failure kind read from SLURM's job state. Ctrl-C cancels the sweep's jobs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Mapping, Sequence
+
+from hydra.core.utils import JobReturn
+
+from launchers.base import SweepLauncher, log, progress_line, summary_stamp
+from launchers.jobs import SweepJob
+
+# Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
+GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")
+# Per-run keys: they come from each run's resources.*, never from the launcher config.
+PER_RUN_KEYS = {"nodes": "resources.nodes", "tasks_per_node": "resources.nproc_per_node"}
+
+
+class SlurmLauncher(SweepLauncher):
+    _EXECUTOR = "slurm"
+
+    def __init__(
+        self,
+        submitit_folder: str,
+        gpus_per_node: int | None = None,
+        array_parallelism: int = 256,
+        max_num_timeout: int = 0,
+        poll_interval_s: float = 5.0,
+        **params: Any,
+    ) -> None:
+        for key, where in PER_RUN_KEYS.items():
+            if params.pop(key, None) is not None:
+                raise ValueError(f"hydra.launcher.{key}: set by each run's {where}, not by the launcher "
+                                 f"(accepted: null; override {where} instead)")
+        if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 0):
+            raise ValueError(f"hydra.launcher.gpus_per_node: got {gpus_per_node!r} "
+                             "(accepted: null for one GPU per rank when resources.device=cuda, or an integer >= 0)")
+        super().__init__(submitit_folder=submitit_folder, **params)
+        self.submitit_folder = submitit_folder
+        self.gpus_per_node = gpus_per_node
+        self.array_parallelism = array_parallelism
+        self.max_num_timeout = max_num_timeout
+        self.poll_interval_s = poll_interval_s
+        self.sbatch_params = {k: v for k, v in self.params.items() if k != "submitit_folder"}
+
+    def _gpus_per_node(self, job: SweepJob) -> int:
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        res = job.task_config.get("resources", {})
+        return int(res.get("nproc_per_node", 1)) if res.get("device") == "cuda" else 0
+
+    def _shape(self, job: SweepJob) -> tuple[int, int, int]:
+        res = job.task_config.get("resources", {})
+        return int(res.get("nodes", 1)), int(res.get("nproc_per_node", 1)), self._gpus_per_node(job)
+
+    def executor_parameters(self, shape: tuple[int, int, int]) -> dict[str, Any]:
+        """submitit parameters for jobs of one shape (nodes, tasks per node, GPUs per node)."""
+        nodes, tasks, gpus = shape
+        params: dict[str, Any] = {
+            (k if k in GENERIC_KEYS else f"slurm_{k}"): v for k, v in self.sbatch_params.items() if v is not None
+        }
+        params.update(nodes=nodes, tasks_per_node=tasks, slurm_array_parallelism=self.array_parallelism)
+        if gpus:
+            params["gpus_per_node"] = gpus
+        return params
+
+    def launch_jobs(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
+        import submitit
+
+        assert self.config is not None
+        executor = submitit.AutoExecutor(cluster="slurm", folder=self.submitit_folder,
+                                         slurm_max_num_timeout=self.max_num_timeout)
+        by_shape: Mapping[tuple[int, int, int], list[int]] = defaultdict(list)
+        for i, job in enumerate(jobs):
+            by_shape[self._shape(job)].append(i)
+        running: dict[int, tuple[Any, float, int | None]] = {}
+        results: dict[int, JobReturn] = {}
+        try:
+            for shape, indices in by_shape.items():
+                executor.update_parameters(**self.executor_parameters(shape))
+                earlier = {}
+                for i in indices:
+                    jobs[i].run_dir.mkdir(parents=True, exist_ok=True)
+                    earlier[i] = summary_stamp(jobs[i].run_dir)
+                args = [self._submit_args(jobs[i]) for i in indices]
+                submitted = executor.map_array(self, *zip(*args))
+                now = time.monotonic()
+                for i, sj in zip(indices, submitted):
+                    running[i] = (sj, now, earlier[i])
+                    log.info("#%d submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)", jobs[i].num, jobs[i].label,
+                             shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)
+            while running:
+                for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:
+                    sj, started, earlier_stamp = running.pop(i)
+                    # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
+                    results[i] = self._collect(jobs[i], sj, started, earlier_stamp, timeout_min=0)
+                    log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
+                if running:
+                    time.sleep(self.poll_interval_s)
+        except BaseException:
+            for sj, *_rest in running.values():
+                try:
+                    sj.cancel(check=False)
+                except Exception:
+                    pass
+            if running:
+                log.warning("cancelled %d SLURM jobs of this sweep", len(running))
+            raise
+        return [results[i] for i in range(len(jobs))]
