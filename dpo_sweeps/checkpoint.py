@@ -1,0 +1,275 @@
+"""Sharded training checkpoints in the run directory, with torch.distributed.checkpoint (DCP).
+
+A checkpoint is the whole training state after optimizer step N:
+
+    <run dir>/checkpoints/step_<N>/
+        .metadata, __<rank>_0.distcp    policy and optimizer, sharded as FSDP holds them (DCP)
+        train_state_rank<r>.pt          step, data position, LR scheduler, loss scaler, RNG states
+                                        (torch CPU/CUDA, Python, NumPy) and the last logged metrics
+        COMPLETE                        JSON marker, written last
+
+Atomic: every rank writes into `step_<N>.tmp/`; after a barrier rank 0 writes the marker, fsyncs and
+renames the folder to `step_<N>`. Only folders named `step_<N>` holding the marker count, so a run
+killed mid-save (SIGKILL, node loss) still has its previous checkpoint, and the next attempt removes
+the half-written `.tmp` folder. Old checkpoints are renamed away before they are deleted.
+
+The reference model is not saved: it is rebuilt from the same seed or pretrained weights. The data
+position is the step itself (GlobalBatchSampler is a pure function of the step), so a resumed run
+reads exactly the batches the uninterrupted run would have read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.rundir import config_hash, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+MARKER = "COMPLETE"
+_COMPLETE_NAME = re.compile(r"^step_(\d+)$")
+_LEFTOVER_SUFFIXES = (".tmp", ".deleting")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+    marker: dict
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def complete_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
+    """The run's complete checkpoints, oldest first (what a reader may trust)."""
+    folder = checkpoints_dir(run_dir)
+    found = []
+    for path in folder.iterdir() if folder.is_dir() else []:
+        match = _COMPLETE_NAME.match(path.name)
+        if not match:
+            continue
+        try:
+            marker = json.loads((path / MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        found.append(CheckpointInfo(int(match.group(1)), path, marker))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def remove_partial_checkpoints(run_dir: Path) -> None:
+    """Drop the half-written or half-deleted folders an interrupted attempt left (not collective)."""
+    folder = checkpoints_dir(run_dir)
+    for path in folder.iterdir() if folder.is_dir() else []:
+        if path.name.endswith(_LEFTOVER_SUFFIXES):
+            log.info("removing %s, left by an interrupted attempt", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_checkpoints(run_dir: Path, reason: str) -> None:
+    """Delete every checkpoint of the run directory (not collective)."""
+    folder = checkpoints_dir(run_dir)
+    if folder.is_dir():
+        log.info("removing %s (%s)", folder, reason)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- RNG states
+def capture_rng_state(device: torch.device) -> dict[str, Any]:
+    """This rank's random number generators, in types torch.load(weights_only=True) accepts."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# ---------------------------------------------------------------------- helpers
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _from_rank0(value: Any) -> Any:
+    """Rank 0's value of `value` on every rank (ranks on different nodes may list files differently)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _config_difference(saved: dict, current: dict, limit: int = 4) -> str:
+    before, after = _flat(saved), _flat(current)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+# ---------------------------------------------------------------------- the checkpointer
+def check_checkpoint_config(checkpoint_cfg) -> None:
+    every = checkpoint_cfg.get("every_steps")
+    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
+        raise InvalidConfig("checkpoint.every_steps", f"got {every!r}", "an integer >= 0 (0: no periodic checkpoints)")
+    keep = checkpoint_cfg.get("keep_last")
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+        raise InvalidConfig("checkpoint.keep_last", f"got {keep!r}", "an integer >= 1, or null to keep all")
+
+
+class Checkpointer:
+    """Saves and restores the run's training state; every method is collective unless it says not."""
+
+    def __init__(self, run_dir: Path, checkpoint_cfg, *, rank: int, world_size: int, config: dict,
+                 device: torch.device):
+        check_checkpoint_config(checkpoint_cfg)
+        self.folder = checkpoints_dir(run_dir)
+        self.every_steps = int(checkpoint_cfg.get("every_steps") or 0)
+        self.keep_last = checkpoint_cfg.get("keep_last")
+        self.resume = bool(checkpoint_cfg.get("resume", True))
+        self.keep_when_completed = bool(checkpoint_cfg.get("keep_when_completed", False))
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.config = config
+        self.config_hash = config_hash(config)
+        self.last_saved_step: int | None = None
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0 and step != self.last_saved_step
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             train_state: dict[str, Any]) -> Path:
+        """Write checkpoint `step` (collective); returns its folder."""
+        final = self.folder / f"step_{step}"
+        tmp = self.folder / f"step_{step}.tmp"
+        started = time.monotonic()
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
+        rank_file = tmp / f"train_state_rank{self.rank}.pt"
+        torch.save({**train_state, "step": step, "rng": capture_rng_state(self.device)}, rank_file)
+        with open(rank_file, "rb+") as f:
+            os.fsync(f.fileno())
+        _barrier()
+
+        if self.rank == 0:
+            marker = {"step": step, "world_size": self.world_size, "config_hash": self.config_hash,
+                      "time": time.time(), "config": self.config}
+            write_json_atomic(tmp / MARKER, marker)
+            _fsync_dir(tmp)
+            if final.exists():  # a checkpoint of this step from an earlier attempt: same state, replace it
+                self._delete(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.folder)
+            self._prune()
+            log.info("checkpoint step %d saved to %s in %.2f s", step, final, time.monotonic() - started)
+        _barrier()
+        self.last_saved_step = step
+        return final
+
+    def _delete(self, path: Path) -> None:
+        doomed = path.with_name(path.name + ".deleting")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _prune(self) -> None:
+        if not self.keep_last:
+            return
+        for old in complete_checkpoints(self.folder.parent)[: -int(self.keep_last)]:
+            self._delete(old.path)
+
+    # ------------------------------------------------------------------ restore
+    def find_resumable(self) -> CheckpointInfo | None:
+        """The latest complete checkpoint to resume from, the same on every rank (collective).
+
+        Raises InvalidConfig when the run directory holds checkpoints of a different config.
+        """
+        choice: tuple[CheckpointInfo | None, str | None] = (None, None)
+        if self.rank == 0 and self.resume:
+            info = latest_checkpoint(self.folder.parent)
+            problem = None
+            if info is not None and info.marker.get("config_hash") != self.config_hash:
+                problem = (f"{self.folder} holds checkpoints of a different config "
+                           f"({_config_difference(info.marker.get('config', {}), self.config)})")
+            choice = (info, problem)
+        info, problem = _from_rank0(choice)
+        if problem:
+            raise InvalidConfig("checkpoint.resume", problem,
+                                "the same command in the same hydra.run.dir, another hydra.run.dir, "
+                                "or checkpoint.resume=false to start this directory over")
+        return info
+
+    def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Restore policy, optimizer and this rank's RNG states (collective); returns the saved train state."""
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=str(info.path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+        rank_file = info.path / f"train_state_rank{self.rank}.pt"
+        same_layout = info.marker.get("world_size") == self.world_size and rank_file.exists()
+        if not same_layout:
+            log.warning("checkpoint %s was saved by %s ranks: RNG states come from rank 0's",
+                        info.path, info.marker.get("world_size"))
+            rank_file = info.path / "train_state_rank0.pt"
+        train_state = torch.load(rank_file, map_location="cpu", weights_only=True)
+        restore_rng_state(train_state["rng"], self.device)
+        self.last_saved_step = info.step
+        return train_state
