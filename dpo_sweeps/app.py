@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import time
@@ -26,10 +27,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.distributed import (
-    RankEnv, free_port, from_submitit_env, from_torchrun_env, init_process_group, select_device,
+    RankEnv, all_reduce, free_port, from_submitit_env, from_torchrun_env, init_process_group, select_device,
 )
+from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import RunFailure, failure_of
-from dpo_sweeps.rundir import read_rank_failures, read_summary, write_rank_failure, write_summary
+from dpo_sweeps.rundir import (
+    RANK_FAILURES, read_rank_failures, read_summary, write_rank_failure, write_summary,
+)
+from dpo_sweeps.runlock import RunDirInUse, RunDirLock
+from dpo_sweeps.signals import (
+    STOP_PREEMPT_SIGNAL, RunInterrupted, StopWatch, die_with_parent, forwarding_stop_signals, preemption_signal,
+)
 from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
 from dpo_sweeps.validate import validate_config, world_size_of
 
@@ -62,7 +70,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = run_config(ctx)
     if summary["status"] != "completed":
         failure = summary["failure"]
-        message = f"run failed ({failure['kind']}): {failure['message']}  [{run_dir / 'summary.json'}]"
+        where = "" if summary.get("refused") else f"  [{run_dir / 'summary.json'}]"
+        message = f"run failed ({failure['kind']}): {failure['message']}{where}"
         if multirun:
             raise RunFailed(message)
         print(f"error: {message}", file=sys.stderr)
@@ -75,7 +84,15 @@ def run_config(ctx: RunContext) -> dict:
     cfg = OmegaConf.create(ctx.config)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     rank_env = from_torchrun_env() or from_submitit_env()
-    if rank_env is None:
+    if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock
+        summary = run_rank(ctx, rank_env, claim_run_dir=True)
+        return summary if summary is not None else {"status": "completed", "metrics": {}}
+    try:
+        lock = RunDirLock(ctx.run_dir).acquire()
+    except RunDirInUse as exc:
+        return _refused(exc)
+    try:
+        _prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)
         except RunFailure as exc:
@@ -85,8 +102,45 @@ def run_config(ctx: RunContext) -> dict:
         port = cfg.resources.master_port or free_port()
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)
-    summary = run_rank(ctx, rank_env)
-    return summary if summary is not None else {"status": "completed", "metrics": {}}
+        return run_rank(ctx, rank_env)
+    finally:
+        lock.release()
+
+
+def _refused(exc: RunDirInUse) -> dict:
+    """Another job owns the run directory: report it, and write nothing there."""
+    return {"status": "failed", "failure": failure_of(exc), "metrics": {}, "refused": True}
+
+
+def _prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
+    """What the owner of a run directory does before any rank starts: forget the previous attempt's
+    rank failures, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
+    shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
+    remove_partial_checkpoints(run_dir)
+    if not (cfg.get("checkpoint") or {}).get("resume", True):
+        remove_checkpoints(run_dir, "checkpoint.resume=false")
+
+
+def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock | None:
+    """Rank 0 takes the run directory's lock; every rank raises RunDirInUse when it cannot (collective)."""
+    lock, refusal = None, None
+    if env.is_main:
+        try:
+            lock = RunDirLock(ctx.run_dir).acquire()
+            _prepare_run_dir(ctx.run_dir, cfg)
+        except RunDirInUse as exc:
+            refusal = exc
+    if all_reduce([1.0 if refusal else 0.0], "max")[0]:
+        raise refusal or RunDirInUse(ctx.run_dir, {})
+    return lock
+
+
+def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
+    """The settings that decide memory, for an out-of-memory message."""
+    return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name}, "
+            f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
+            f"data.max_length={cfg.data.max_length}, "
+            f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")
 
 
 def _write_failed(ctx: RunContext, failure: dict) -> dict:
@@ -94,48 +148,74 @@ def _write_failed(ctx: RunContext, failure: dict) -> dict:
                          config=ctx.config, metrics={}, extra={"attempt": ctx.attempt})
 
 
-def run_rank(ctx: RunContext, env: RankEnv) -> dict | None:
-    """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None."""
+def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False) -> dict | None:
+    """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None.
+
+    `claim_run_dir`: rank 0 takes the run directory's lock here (torchrun, multi-task submitit jobs);
+    otherwise the caller holds it.
+    """
     cfg = OmegaConf.create(ctx.config)
     # The cores this process may run on (a launcher may pin each job to its own), not the machine's.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.resources.threads_per_rank or max(1, cores // env.local_world_size)
     torch.set_num_threads(threads)
+    watch = StopWatch(cfg.train.get("time_limit_min")).install()
     trainer: Trainer | None = None
+    lock: RunDirLock | None = None
     metrics: dict[str, Any] = {}
     failure = None
+    interrupted: RunInterrupted | None = None
     try:
-        device = select_device(cfg.resources.device, env.local_rank)
-        if env.world_size > 1:
-            validate_config(cfg, ctx.base_dir)
-        init_process_group(env, device, cfg.resources.collective_timeout_s)
-        trainer = Trainer(ctx, cfg, env, device)
-        trainer.setup()
-        metrics = trainer.fit()
-        if cfg.train.save_model:
-            trainer.save_model()
-    except Exception as exc:
-        failure = failure_of(exc)
-        collective = is_collective_error(exc)
-        if env.world_size > 1:
-            write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
-        if env.is_main and collective:
-            failure = _root_cause(ctx.run_dir, failure, env.world_size)
-        if trainer is not None and trainer.state.step:
-            metrics = _partial_metrics(trainer)
-        log.error("rank %d failed: %s", env.rank, failure["message"])
-    finally:
+        try:
+            device = select_device(cfg.resources.device, env.local_rank)
+            init_process_group(env, device, cfg.resources.collective_timeout_s)
+            if claim_run_dir:
+                lock = _claim_run_dir(ctx, env, cfg)
+            if env.world_size > 1:
+                validate_config(cfg, ctx.base_dir)
+            trainer = Trainer(ctx, cfg, env, device, stop_watch=watch)
+            trainer.setup()
+            metrics = trainer.fit()
+            if cfg.train.save_model:
+                trainer.save_model()
+            if env.is_main and not trainer.checkpointer.keep_when_completed:
+                remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
+        except RunDirInUse as exc:
+            return _refused(exc) if env.is_main else None
+        except Exception as exc:
+            failure = failure_of(exc)
+            interrupted = exc if isinstance(exc, RunInterrupted) else None
+            if failure["kind"] == "oom":
+                failure["message"] += f" [{_oom_context(cfg, env)}]"
+            collective = is_collective_error(exc)
+            if env.world_size > 1:
+                write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
+            if env.is_main and collective:
+                failure = _root_cause(ctx.run_dir, failure, env.world_size)
+            if trainer is not None and trainer.state.step:
+                metrics = _partial_metrics(trainer)
+            log.error("rank %d failed: %s", env.rank, failure["message"])
+        finally:
+            if trainer is not None:
+                trainer.close(metrics, failure is not None)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if not env.is_main:
+            return None
+        extra: dict[str, Any] = {"attempt": ctx.attempt}
         if trainer is not None:
-            trainer.close(metrics, failure is not None)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if not env.is_main:
-        return None
-    extra = {"attempt": ctx.attempt}
-    if trainer is not None and hasattr(trainer, "data_counts"):
-        extra["data"] = trainer.data_counts
-    return write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
-                         overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+            extra["resumed_from_step"] = trainer.resumed_from
+            if hasattr(trainer, "data_counts"):
+                extra["data"] = trainer.data_counts
+        summary = write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
+                                overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+        if interrupted is not None:
+            watch.hand_over_to_submitit(interrupted.reason)  # exits here when submitit requeues the job
+        return summary
+    finally:
+        watch.uninstall()
+        if lock is not None:
+            lock.release()
 
 
 def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
@@ -162,6 +242,7 @@ def _root_cause(run_dir: Path, own: dict, world_size: int) -> dict:
 
 # ---------------------------------------------------------------------- local rank processes
 def _rank_process(ctx: RunContext, env: RankEnv) -> None:
+    die_with_parent()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
     summary = run_rank(ctx, env)
@@ -175,14 +256,50 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
     if cfg.resources.master_port is None:
         log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)
     mp = multiprocessing.get_context("spawn")
-    procs = []
-    for rank in range(world_size):
-        env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
-                      master_addr="127.0.0.1", master_port=port)
-        proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
-        proc.start()
-        procs.append(proc)
+    procs: list = []
+    # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together.
+    with forwarding_stop_signals(procs) as watch:
+        for rank in range(world_size):
+            env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                          master_addr="127.0.0.1", master_port=port)
+            proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
+            proc.start()
+            procs.append(proc)
+        _wait_for_ranks(procs)
 
+    summary = read_summary(ctx.run_dir)
+    if summary is None or summary.get("attempt") != ctx.attempt:
+        failure = _failure_from_exit_codes(ctx.run_dir, procs)
+        if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
+            failure = {"kind": "preempted", "message": f"{signal.Signals(watch.signum).name} received; {failure['message']}"}
+        return _write_failed(ctx, failure)
+    extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
+    killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
+    if summary["status"] == "failed" and killed and summary["failure"]["message"].startswith(PEER_STOPPED):
+        # Rank 0 only saw its peer vanish; the exit codes say how.
+        summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
+        summary = _rewrite_summary(ctx, summary, extra)
+    failure = summary.get("failure") or {}
+    if watch.signum == preemption_signal() and failure.get("kind") in ("preempted", "timeout") and watch.submitit_handler:
+        # This launcher is a submitit task: submitit judges time-out or preemption, and requeues.
+        kind = watch.failure_kind(STOP_PREEMPT_SIGNAL)
+        if kind != failure["kind"]:
+            summary["failure"] = {**failure, "kind": kind}
+            summary = _rewrite_summary(ctx, summary, extra)
+        watch.hand_over_to_submitit(STOP_PREEMPT_SIGNAL)  # exits here when submitit requeues the job
+    return summary
+
+
+_SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
+
+
+def _rewrite_summary(ctx: RunContext, summary: dict, extra: dict) -> dict:
+    return write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
+                         metrics=summary["metrics"], extra=extra)
+
+
+def _wait_for_ranks(procs: list) -> None:
+    """Until every rank has exited; once one fails, the others get RANK_EXIT_GRACE_S to follow."""
     first_failure_at = None
     try:
         while any(p.is_alive() for p in procs):
@@ -201,17 +318,6 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
     finally:
         for p in procs:
             p.join()
-
-    summary = read_summary(ctx.run_dir)
-    if summary is None or summary.get("attempt") != ctx.attempt:
-        return _write_failed(ctx, _failure_from_exit_codes(ctx.run_dir, procs))
-    killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
-    if summary["status"] == "failed" and killed and summary["failure"]["message"].startswith(PEER_STOPPED):
-        # Rank 0 only saw its peer vanish; the exit codes say how.
-        summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
-        summary = write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
-                                metrics=summary["metrics"], extra={"attempt": ctx.attempt, "data": summary.get("data")})
-    return summary
 
 
 def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:

@@ -26,7 +26,8 @@ NON_DEFINING_KEYS = (
     "train.progress_bar",
     "resources.master_port",
     "resources.collective_timeout_s",
-    "checkpoint.keep_last",
+    "train.time_limit_min",
+    "checkpoint",  # when and how many checkpoints are kept does not change the results (exact resume)
 )
 SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
 REDACTED = "<redacted>"

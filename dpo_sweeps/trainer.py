@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tqdm import tqdm
 
+from dpo_sweeps.checkpoint import Checkpointer
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, collate, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
@@ -30,6 +31,7 @@ from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, sa
 from dpo_sweeps.perf import PerfMeter, device_peak_flops, flops_per_token
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
 from dpo_sweeps.rundir import MetricsLog
+from dpo_sweeps.signals import RunInterrupted, StopWatch
 from dpo_sweeps.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -60,9 +62,11 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device):
+    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None):
         self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
         self.state = TrainState()
+        self.stop_watch = stop_watch or StopWatch()
+        self.resumed_from: int | None = None  # the checkpoint step this attempt started from
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
         self.perf = PerfMeter(device, cfg.perf.warmup_steps)
         self.tracker: Tracker | None = None
@@ -99,6 +103,7 @@ class Trainer:
         )
         self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
+        self._resume_from_checkpoint()
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
                      self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
@@ -194,8 +199,9 @@ class Trainer:
             batch = collate(pairs, pad_id)
             tokens += int(batch["attention_mask"].sum())
             losses, stats = self._pair_losses(batch)
+            losses = self._inject_fault(step, losses)
+            stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
             loss = losses.sum() / per_rank_pairs  # FSDP averages over ranks: the global-batch mean
-            loss = self._inject_fault(step, loss)
             self.scaler.scale_loss(loss).backward()
             sums += torch.stack([stats[k].double().sum().cpu() for k in PAIR_STATS])
 
@@ -230,6 +236,8 @@ class Trainer:
         """Test hook: `faults.kind` at `faults.step` on `faults.rank` (see conf/config.yaml)."""
         fault = self.cfg.get("faults")
         if not fault or not fault.kind or step + 1 != fault.step or self.env.rank != fault.rank:
+            return loss
+        if self.resumed_from is not None:  # faults hit the first attempt only: a rerun shows the recovery
             return loss
         where = f"at step {step + 1} on rank {self.env.rank}"
         if fault.kind == "nan_loss":
@@ -287,6 +295,7 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['train/loss']:.4f}",
                                 acc=f"{record['train/rewards/accuracies']:.2f}")
+                self._checkpoint_or_stop()
         finally:
             bar.close()
         return self.final_metrics()
@@ -313,6 +322,49 @@ class Trainer:
         if self.scaler.enabled:
             metrics["train/skipped_steps"] = self.scaler.skipped_steps
         return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def _resume_from_checkpoint(self) -> None:
+        """Continue from the run directory's latest complete checkpoint, if any (see checkpoint.py).
+
+        metrics.jsonl keeps the records up to that step; the ones after it are logged again.
+        """
+        self.checkpointer = Checkpointer(self.ctx.run_dir, self.cfg.get("checkpoint") or {}, rank=self.env.rank,
+                                         world_size=self.env.world_size, config=self.ctx.config, device=self.device)
+        info = self.checkpointer.find_resumable()
+        if info is not None:
+            saved = self.checkpointer.load(info, self.policy, self.optimizer)
+            self.scheduler.load_state_dict(saved["scheduler"])
+            self.scaler.load_state_dict(saved["scaler"])
+            self.state = TrainState(step=saved["step"], last_train=saved["last_train"], last_eval=saved["last_eval"])
+            self.resumed_from = info.step
+            if self.env.is_main:
+                log.info("resumed from %s at step %d of %d", info.path, info.step, self.cfg.train.max_steps)
+        if self.metrics_log is not None:
+            self.metrics_log.truncate_after(self.state.step)
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint the training state after the current step (collective)."""
+        step = self.state.step
+        return self.checkpointer.save(step, self.policy, self.optimizer, {
+            "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "last_train": self.state.last_train,
+            "last_eval": self.state.last_eval,
+        })
+
+    def _checkpoint_or_stop(self) -> None:
+        """Between steps: the periodic checkpoint; on a stop signal or the time limit, a checkpoint and a stop."""
+        step, max_steps = self.state.step, self.cfg.train.max_steps
+        reason = self.stop_watch.agreed_reason(self.env.world_size) if step < max_steps else 0
+        if self.checkpointer.due(step) or (reason and step != self.checkpointer.last_saved_step):
+            self.save_checkpoint()
+        if reason:
+            raise RunInterrupted(
+                f"{self.stop_watch.describe(reason)}: stopped after step {step} of {max_steps} with a checkpoint "
+                f"in {self.checkpointer.folder}/step_{step}; the same command in the same run directory resumes it",
+                kind=self.stop_watch.failure_kind(reason), step=step, reason=reason)
 
     # ------------------------------------------------------------------ save
     def save_model(self) -> Path | None:
