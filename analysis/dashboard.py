@@ -12,6 +12,8 @@ import html
 import math
 from typing import Any
 
+import yaml
+
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Ranking
 from analysis.runs import SUMMARY_METRICS, Run
@@ -164,15 +166,14 @@ def _configs_table(ranking: Ranking) -> str:
               *SUMMARY_METRICS, "runs"]
     rows = []
     for config, row in zip(ranking.configs, config_rows(ranking)):
-        cells = [_cell(config.label, css="config")]
+        cells = [_cell(row["config"], css="config")]
         cells += [_cell(row[f"rank({m})"]) for m in CRITERIA]
-        cells.append(f'<td data-value="{int(config.pareto)}">{"★" if config.pareto else ""}</td>')
-        cells += [_cell(config.status, css="text status"), _cell(row["n"]), _cell(row["failures"])]
+        cells.append(f'<td data-value="{int(row["pareto"])}">{"★" if row["pareto"] else ""}</td>')
+        cells += [_cell(row["status"], css="text status"), _cell(row["n"]), _cell(row["failures"])]
         # Settings read as typed in the overrides (0.1, not 0.1000).
-        cells += [_cell(v, _escape(v)) for v in (config.settings.get(axis) for axis in ranking.axes)]
-        for metric in SUMMARY_METRICS:
-            stat = config.stats.get(metric)
-            cells.append(_cell(stat.mean if stat else None, _escape(format_stat(stat)) if stat else ""))
+        cells += [_cell(row[axis], _escape(row[axis])) for axis in ranking.axes]
+        # Sorted by the mean (data-value), shown as mean ± std.
+        cells += [_cell(row[m], _escape(format_stat(config.stats.get(m)))) for m in SUMMARY_METRICS]
         cells.append(_cell(row["runs"]))
         css = " ".join(filter(None, ["pareto" if config.pareto else "", "failed" if not config.completed else ""]))
         rows.append((css, cells))
@@ -203,9 +204,11 @@ def _study_section(study: Study, png: bytes | None, index: int) -> str:
         cells += [_cell(" ".join(f"{k}={v}" for k, v in trial.params.items()), css="config"), _cell(trial.run)]
         css = "pareto" if trial.best else ("failed" if trial.state == "FAIL" else "")
         rows.append((css, cells))
-    results = ""
     if study.results is None:
         results = '<p class="muted">No optimization_results.yaml yet: the sweep is still running.</p>'
+    else:
+        results = (f'<details><summary>optimization_results.yaml (the sweeper\'s verdict)</summary><pre>'
+                   f'{_escape(yaml.safe_dump(study.results, sort_keys=False))}</pre></details>')
     return (f'<section id="optuna-{index}"><h2>Optuna study “{_escape(study.name)}”</h2>'
             f'<p class="muted">{_escape(study.sweep)} · {len(study.trials)} trials · objectives: '
             f'{_escape(", ".join(objectives) or "?")}</p>{results}{_image(png, "Optuna trials")}'

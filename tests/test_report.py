@@ -6,7 +6,9 @@ analysis package: the report must agree with the runs it reads.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import math
 import statistics
@@ -116,10 +118,20 @@ def grid(tmp_path) -> Path:
     return grid_sweep(tmp_path / "multirun" / "2026-11-30" / "12-00-00")
 
 
+@pytest.fixture(scope="module")
+def reported_grid(tmp_path_factory) -> tuple[Path, str]:
+    """The grid sweep reported once, and what the report printed, for tests that only read."""
+    sweep = grid_sweep(tmp_path_factory.mktemp("reported") / "multirun" / "2026-11-30" / "12-00-00")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([str(sweep)]) == 0
+    return sweep, printed.getvalue()
+
+
 # ---- rankings, aggregates, Pareto --------------------------------------------------------
 
-def test_ranking_csv_means_stds_and_counts_match_the_summary_files(grid):
-    assert main([str(grid)]) == 0
+def test_ranking_csv_means_stds_and_counts_match_the_summary_files(reported_grid):
+    grid, _ = reported_grid
     expected = expected_configs(grid)
     rows = read_csv(grid / "report" / "ranking.csv")
     assert len(rows) == len(expected)
@@ -135,8 +147,8 @@ def test_ranking_csv_means_stds_and_counts_match_the_summary_files(grid):
             assert (row[f"std({metric})"] == "") if std is None else float(row[f"std({metric})"]) == pytest.approx(std)
 
 
-def test_two_seeds_of_one_config_are_one_row_with_mean_std_and_n(grid):
-    assert main([str(grid)]) == 0
+def test_two_seeds_of_one_config_are_one_row_with_mean_std_and_n(reported_grid):
+    grid, _ = reported_grid
     seed_runs = [json.loads((grid / job / "summary.json").read_text())["metrics"][SPM] for job in ("0", "8")]
     row = next(r for r in read_csv(grid / "report" / "ranking.csv") if r["runs"].split() == ["0", "8"])
     assert row["n"] == "2"
@@ -144,8 +156,8 @@ def test_two_seeds_of_one_config_are_one_row_with_mean_std_and_n(grid):
     assert float(row[f"std({SPM})"]) == pytest.approx(statistics.stdev(seed_runs))
 
 
-def test_ranks_follow_the_means_and_the_pareto_set_is_the_non_dominated_configs(grid):
-    assert main([str(grid)]) == 0
+def test_ranks_follow_the_means_and_the_pareto_set_is_the_non_dominated_configs(reported_grid):
+    grid, _ = reported_grid
     expected = expected_configs(grid)
     rows = read_csv(grid / "report" / "ranking.csv")
     for metric in (SPM, ACCURACY):
@@ -156,9 +168,8 @@ def test_ranks_follow_the_means_and_the_pareto_set_is_the_non_dominated_configs(
     assert pareto == brute_force_pareto(expected)
 
 
-def test_terminal_names_the_best_config_by_each_criterion_and_the_pareto_set(grid, capsys):
-    assert main([str(grid)]) == 0
-    out = capsys.readouterr().out
+def test_terminal_names_the_best_config_by_each_criterion_and_the_pareto_set(reported_grid):
+    grid, out = reported_grid
     expected = expected_configs(grid)
     for metric in (SPM, ACCURACY):
         best = max((c for c in expected if expected[c]["n"]), key=lambda c: expected[c][f"mean {metric}"])
@@ -171,8 +182,8 @@ def test_terminal_names_the_best_config_by_each_criterion_and_the_pareto_set(gri
     assert "11 runs: 9 completed, 1 failed (oom ×1), 1 pending" in out
 
 
-def test_dashboard_table_holds_the_same_numbers_as_the_summary_files(grid):
-    assert main([str(grid)]) == 0
+def test_dashboard_table_holds_the_same_numbers_as_the_summary_files(reported_grid):
+    grid, _ = reported_grid
     expected = expected_configs(grid)
     rows = html_table(grid / "report" / "report.html", "configs-table")
     assert len(rows) == len(expected)
@@ -186,8 +197,8 @@ def test_dashboard_table_holds_the_same_numbers_as_the_summary_files(grid):
 
 # ---- failed, pending and odd runs --------------------------------------------------------
 
-def test_an_oom_run_is_a_row_with_its_failure_kind_in_every_table(grid):
-    assert main([str(grid)]) == 0
+def test_an_oom_run_is_a_row_with_its_failure_kind_in_every_table(reported_grid):
+    grid, _ = reported_grid
     runs = {r["run"]: r for r in read_csv(grid / "report" / "runs.csv")}
     assert runs["9"]["status"] == "failed" and runs["9"]["failure.kind"] == "oom"
     assert "out of memory" in runs["9"]["failure.message"]
@@ -198,9 +209,9 @@ def test_an_oom_run_is_a_row_with_its_failure_kind_in_every_table(grid):
     assert html_runs["9"]["failure.kind"] == "oom"
 
 
-def test_a_sweep_still_running_reports_what_is_complete_and_counts_the_pending(grid, capsys):
-    assert main([str(grid)]) == 0
-    assert "1 pending" in capsys.readouterr().out
+def test_a_sweep_still_running_reports_what_is_complete_and_counts_the_pending(reported_grid):
+    grid, out = reported_grid
+    assert "1 pending" in out
     pending = next(r for r in read_csv(grid / "report" / "runs.csv") if r["run"] == "10")
     # The half-written last line of metrics.jsonl is ignored, not reported as a problem.
     assert pending["status"] == "pending" and pending["last_step"] == "6" and pending["problems"] == ""
@@ -309,8 +320,8 @@ def test_single_objective_study_marks_optunas_best_trial(tmp_path):
 
 # ---- outputs, layouts, command line ------------------------------------------------------
 
-def test_dashboard_is_one_self_contained_file_and_figures_are_pngs(grid):
-    assert main([str(grid)]) == 0
+def test_dashboard_is_one_self_contained_file_and_figures_are_pngs(reported_grid):
+    grid, _ = reported_grid
     out = grid / "report"
     page = (out / "report.html").read_text()
     for external in ("<script src", "<link rel=\"stylesheet\"", "src=\"http", "href=\"http", "@import", "url("):
