@@ -2,7 +2,7 @@
 
     python analysis/report.py multirun/2026-11-30/12-00-00
 
-`runs` reads run directories, `ranking` aggregates seeds and ranks configs, `optuna_study`
-reads an Optuna sweep's study, `tables`, `figures` and `dashboard` write the outputs and
-`report` is the command line that ties them together.
+`runs` reads run directories, `plan` what a sweep set out to run, `optuna_study` an Optuna
+sweep's study; `ranking` aggregates seeds and ranks configs; `tables`, `figures` and
+`dashboard` write the outputs; `report` is the command line that ties them together.
 """
