@@ -120,9 +120,7 @@ class Trainer:
             truncation_mode=cfg.data.truncation_mode,
         )
         self.train_pairs, train_truncated = encode(rows.train)
-        self.eval_pairs, eval_truncated = encode(rows.eval)
-        if cfg.train.eval_max_pairs:
-            self.eval_pairs = self.eval_pairs[: cfg.train.eval_max_pairs]
+        self.eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
         self.data_counts = {
             "train_pairs": len(self.train_pairs), "eval_pairs": len(self.eval_pairs),
             "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
