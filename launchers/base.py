@@ -21,12 +21,14 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf, open_dict, read_write
 
+from dpo_sweeps.app import PEER_STOPPED
 from dpo_sweeps.rundir import SUMMARY, read_rank_failures, read_summary, write_summary
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement
 
 log = logging.getLogger("launchers")
 
+SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout"}
 
@@ -58,6 +60,14 @@ class SweepLauncher(BaseSubmititLauncher):
     def check_job(self, job: SweepJob) -> str | None:
         """Why this launcher cannot run the job (checked before a sweep launches anything), or None."""
         return None
+
+    def describe(self) -> str:
+        """Where jobs go, in one line (for dry runs)."""
+        return f"{self._EXECUTOR} launcher"
+
+    def describe_job(self, job: SweepJob) -> str:
+        """What one job asks for, in a few words (for dry runs)."""
+        return f"{job.world_size} rank{'s' if job.world_size > 1 else ''}"
 
     # ------------------------------------------------------------------ the job side
     def __call__(  # type: ignore[override]
@@ -107,6 +117,8 @@ class SweepLauncher(BaseSubmititLauncher):
             error = exc
         summary = read_summary(job.run_dir)
         fresh = summary is not None and summary_stamp(job.run_dir) != earlier_summary
+        if fresh and summary.get("status") == "failed":
+            _name_the_dead_rank(job.run_dir, summary, submitted)
         if fresh and ret is not None:
             return ret
         if fresh and summary.get("status") == "completed":
@@ -127,6 +139,27 @@ class SweepLauncher(BaseSubmititLauncher):
                       overrides=_task_overrides(job), config=job.task_config, metrics={},
                       extra={"attempt": f"launcher-{job.num}-{int(time.time())}", "written_by": "launcher"})
         return _failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
+
+
+def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
+    """Rank 0 saw only that a peer went away; say which task of the job ended without a result, and
+    what SLURM says of the job (an out-of-memory kill, the time limit)."""
+    failure = summary.get("failure") or {}
+    if not str(failure.get("message", "")).startswith(PEER_STOPPED):
+        return
+    dead = []
+    for i in range(1, getattr(submitted, "num_tasks", 1)):
+        task = submitted.task(i)
+        if not task.paths.result_pickle.exists():
+            dead.append(f"rank {i} ended abruptly (log: {task.paths.stderr})")
+    if not dead:
+        return
+    state = _state_of(submitted)
+    kind = STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash"))
+    rewritten = {"kind": kind, "message": f"{'; '.join(dead)}; rank 0 saw: {failure.get('message')}"}
+    extra = {k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}
+    write_summary(run_dir, status="failed", failure=rewritten, overrides=summary.get("overrides") or [],
+                  config=summary.get("config") or {}, metrics=summary.get("metrics") or {}, extra=extra)
 
 
 def _state_of(submitted: Any) -> str:

@@ -38,7 +38,13 @@ class GridSweeper(BasicSweeper):
         params: Optional[Dict[str, str]] = None,
         dry_run: bool = False,
         resume: bool = True,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise ValueError(
+                f"hydra.sweeper.{', hydra.sweeper.'.join(sorted(unknown))}: not settings of the grid sweeper "
+                "(accepted: params, dry_run, resume, max_batch_size). A preset for another sweeper needs it "
+                "on the command line, e.g. hydra/sweeper=optuna +sweep=optuna_dpo")
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.dry_run = dry_run
         self.resume = resume
@@ -59,7 +65,7 @@ class GridSweeper(BasicSweeper):
             raise InvalidSweep(refusal_message(invalid, len(points)))
         plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
         if self.dry_run:
-            print(dry_run_listing(sweep_dir, plan, len(points)))
+            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher))
             return []
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -101,11 +107,13 @@ def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
     return returns
 
 
-def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int) -> str:
+def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None) -> str:
+    describe_job = getattr(launcher, "describe_job", None) or (lambda job: f"{job.world_size} ranks")
     lines = [f"dry run: {len(plan.to_run)} of {total} jobs would be launched into {sweep_dir} (none was started)"]
+    if hasattr(launcher, "describe"):
+        lines.append(f"launcher: {launcher.describe()}")
     for job in plan.to_run:
-        lines.append(f"  #{job.num}  {job.label}   [{job.world_size} rank{'s' if job.world_size > 1 else ''}"
-                     f" -> {job.run_dir}]")
+        lines.append(f"  #{job.num}  {job.label}   [{describe_job(job)} -> {job.run_dir}]")
     if plan.skipped:
         lines.append(f"{len(plan.skipped)} already completed (skipped):")
         for job, where in plan.skipped:

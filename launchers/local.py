@@ -37,8 +37,13 @@ class LocalLauncher(SweepLauncher):
         gpus: Sequence[str | int] | None = None,
         stderr_to_stdout: bool = False,
         poll_interval_s: float = 0.5,
-        **ignored: Any,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise ValueError(
+                f"hydra.launcher.{', hydra.launcher.'.join(sorted(unknown))}: not settings of the local launcher "
+                "(accepted: timeout_min, cpus_per_rank, max_concurrent_jobs, cpus, gpus, stderr_to_stdout, "
+                "poll_interval_s). For SLURM settings add hydra/launcher=slurm to the command line")
         super().__init__(submitit_folder=submitit_folder, timeout_min=timeout_min)
         if not isinstance(cpus_per_rank, int) or cpus_per_rank < 1:
             raise ValueError(f"hydra.launcher.cpus_per_rank: got {cpus_per_rank!r} (accepted: an integer >= 1)")
@@ -63,6 +68,12 @@ class LocalLauncher(SweepLauncher):
     def _uses_gpus(job: SweepJob, pool: DevicePool) -> bool:
         device = job.task_config.get("resources", {}).get("device", "auto")
         return device == "cuda" or (device == "auto" and bool(pool.gpus))
+
+    def describe(self) -> str:
+        pool = self._pool()
+        cap = f", at most {self.max_concurrent_jobs} jobs at once" if self.max_concurrent_jobs else ""
+        return (f"local: {len(pool.cpus)} CPU cores ({self.cpus_per_rank} per rank on CPU)"
+                + (f", GPUs {','.join(pool.gpus)} (one per rank)" if pool.gpus else "") + cap)
 
     def check_job(self, job: SweepJob) -> str | None:
         res = job.task_config.get("resources", {})

@@ -1,6 +1,8 @@
 """`hydra/sweeper=optuna`: hydra-optuna-sweeper, kept in the sweep directory and checked before launch.
 
-What this adds to the plugin's sweeper (`conf/hydra/sweeper/optuna.yaml` sets the defaults):
+`OptunaSweeperConf` below replaces the plugin's own `hydra/sweeper=optuna` config (same keys, plus
+`objectives` and `dry_run`, and defaults that suit this project; registered by
+hydra_plugins/dpo_sweeps_launchers). What this adds to the plugin's sweeper:
 - the study lives in `sqlite:///<sweep dir>/optuna.db` under a fixed name, so running the same
   command again (same `hydra.sweep.dir`) continues the same study; run directories are numbered
   after the study's existing trials, so a second invocation never overwrites the first's runs;
@@ -17,12 +19,15 @@ Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
+from hydra.core.config_store import ConfigStore
+from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf as PluginOptunaSweeperConf
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
 from omegaconf import DictConfig, OmegaConf
 
@@ -137,7 +142,8 @@ class OptunaSweeper(PluginOptunaSweeper):
         finally:
             outcomes = [outcome_of(job, ret) for job, ret in self.trials.history]
             if outcomes:
-                print(sweep_screen(sweep_dir, outcomes, title="optuna sweep"), flush=True)
+                hint = "Run the same command again to continue the study with n_trials new trials."
+                print(sweep_screen(sweep_dir, outcomes, title="optuna sweep", retry_hint=hint), flush=True)
         raise_if_failed(outcomes)
 
 
@@ -152,3 +158,35 @@ def existing_trials(storage: Any, study_name: str | None) -> int:
     except Exception:  # an unreadable database: let the plugin's create_study report it
         return 0
     return next((s.n_trials for s in summaries if s.study_name == study_name), 0)
+
+
+@dataclass
+class OptunaSweeperConf(PluginOptunaSweeperConf):
+    """hydra-optuna-sweeper's settings (sampler, n_trials, params, ...) with this project's defaults.
+
+        python -m dpo_sweeps -m hydra/sweeper=optuna hydra.sweep.dir=multirun/study \\
+            'loss.beta=tag(log, interval(0.02, 1.0))' 'train.batch_size=choice(16,32,64)'
+    Keep hydra.sweep.dir stable (name it, or use a preset such as conf/sweep/optuna_dpo.yaml):
+    the study lives there.
+    """
+
+    _target_: str = "hydra_plugins.dpo_sweeps_launchers.OptunaSweeper"
+    # The summary.json metrics each trial returns, one per direction (INTERFACE.md names), e.g.
+    # [eval/rewards/accuracies, perf/speed_per_memory] with direction [maximize, maximize].
+    objectives: List[str] = field(default_factory=lambda: ["eval/rewards/accuracies"])
+    # maximize or minimize, one per objective.
+    direction: Any = field(default_factory=lambda: ["maximize"])
+    # The study, in the sweep directory: the same command again continues it.
+    storage: Optional[Any] = "sqlite:///${hydra.sweep.dir}/optuna.db"
+    study_name: Optional[str] = "dpo_sweeps"
+    # Trials launched together (the launcher runs them as devices allow; a batch waits for its slowest).
+    n_jobs: int = 1
+    # Failed trials are told to the study as FAIL and the search goes on (1.0); 0.0 stops at the first.
+    max_failure_rate: float = 1.0
+    # Print the study's state and search space, and launch nothing.
+    dry_run: bool = False
+
+
+def register_optuna_config() -> None:
+    """Make `hydra/sweeper=optuna` mean OptunaSweeperConf (replacing the plugin's entry of that name)."""
+    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="dpo_sweeps")

@@ -56,7 +56,10 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "sweep") -> str:
+RETRY_HINT = "Run the same command again to retry the failed runs; completed runs are skipped."
+
+
+def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "sweep", retry_hint: str = RETRY_HINT) -> str:
     """Counts, where the results are, which runs failed and why."""
     counts = Counter(o.status for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
@@ -79,7 +82,7 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
             lines.append(f"        {_relative(o.run_dir)}")
         if len(failed) > MAX_FAILED_LISTED:
             lines.append(f"  ... and {len(failed) - MAX_FAILED_LISTED} more (see the report)")
-        lines.append("Run the same command again to retry the failed runs; completed runs are skipped.")
+        lines.append(retry_hint)
     lines.append("=" * len(lines[1]))
     return "\n".join(lines)
 

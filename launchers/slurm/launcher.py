@@ -79,6 +79,15 @@ class SlurmLauncher(SweepLauncher):
             params["gpus_per_node"] = gpus
         return params
 
+    def describe(self) -> str:
+        shown = {k: v for k, v in self.sbatch_params.items() if v not in (None, [], {}) and v is not False and k != "name"}
+        shown["array_parallelism"] = self.array_parallelism
+        return "SLURM: " + " ".join(f"{k}={v}" for k, v in shown.items())
+
+    def describe_job(self, job: SweepJob) -> str:
+        nodes, tasks, gpus = self._shape(job)
+        return f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} tasks" + (f", {gpus} GPUs/node" if gpus else "")
+
     def launch_jobs(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
         import submitit
 
