@@ -42,7 +42,8 @@ class Tracker:
             dir=str(run_dir),
             config=scrub_secrets(config),
             reinit="finish_previous",
-            settings=wandb.Settings(console="off", x_disable_stats=True),
+            # No system metadata: it would record the command line, which may carry secrets.
+            settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, save_code=False),
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# System packages the test suite needs, on Debian/Ubuntu as root: Chromium (the dashboard test) and a
+# one-node SLURM cluster (launchers/slurm/local_cluster.sh). Quick when everything is installed.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+if ! command -v chromium >/dev/null 2>&1 || ! fc-list 2>/dev/null | grep -qi dejavu; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+fi
+bash "$here/../launchers/slurm/local_cluster.sh" install
