@@ -36,7 +36,8 @@ from dpo_sweeps.rundir import (
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
-    STOP_PREEMPT_SIGNAL, RunInterrupted, StopWatch, die_with_parent, forwarding_stop_signals, preemption_signal,
+    STOP_PREEMPT_SIGNAL, STOP_SIGTERM, RunInterrupted, StopWatch, die_with_parent, forwarding_stop_signals,
+    preemption_signal,
 )
 from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
 from dpo_sweeps.validate import validate_config, world_size_of
@@ -201,6 +202,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False) -> dict
             if dist.is_initialized():
                 dist.destroy_process_group()
         if not env.is_main:
+            if interrupted is not None:
+                watch.leave(interrupted.reason, is_main=False)
             return None
         extra: dict[str, Any] = {"attempt": ctx.attempt}
         if trainer is not None:
@@ -210,7 +213,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False) -> dict
         summary = write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
                                 overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
         if interrupted is not None:
-            watch.hand_over_to_submitit(interrupted.reason)  # exits here when submitit requeues the job
+            watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
     finally:
         watch.uninstall()
@@ -271,7 +274,8 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
     if summary is None or summary.get("attempt") != ctx.attempt:
         failure = _failure_from_exit_codes(ctx.run_dir, procs)
         if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
-            failure = {"kind": "preempted", "message": f"{signal.Signals(watch.signum).name} received; {failure['message']}"}
+            name = signal.Signals(watch.signum).name
+            failure = {"kind": "preempted", "message": f"{name} received; {failure['message']}"}
         return _write_failed(ctx, failure)
     extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
     killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
@@ -280,13 +284,14 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
         summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
         summary = _rewrite_summary(ctx, summary, extra)
     failure = summary.get("failure") or {}
-    if watch.signum == preemption_signal() and failure.get("kind") in ("preempted", "timeout") and watch.submitit_handler:
-        # This launcher is a submitit task: submitit judges time-out or preemption, and requeues.
-        kind = watch.failure_kind(STOP_PREEMPT_SIGNAL)
+    if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
+        # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
+        reason = STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal() else STOP_SIGTERM
+        kind = watch.failure_kind(reason)
         if kind != failure["kind"]:
             summary["failure"] = {**failure, "kind": kind}
             summary = _rewrite_summary(ctx, summary, extra)
-        watch.hand_over_to_submitit(STOP_PREEMPT_SIGNAL)  # exits here when submitit requeues the job
+        watch.leave(reason, is_main=True)  # exits here when the job is requeued
     return summary
 
 

@@ -26,6 +26,9 @@ from dpo_sweeps.errors import RunFailure
 
 log = logging.getLogger(__name__)
 
+# How long a stopped rank of a SLURM job waits for SLURM to end or requeue it (KillWait is 30 s by default).
+SLURM_END_WAIT_S = 90.0
+
 # What stopped the run, by priority when ranks saw different things (the largest wins).
 NO_STOP, STOP_SIGTERM, STOP_PREEMPT_SIGNAL, STOP_TIME_LIMIT = 0, 1, 2, 3
 
@@ -134,6 +137,29 @@ class StopWatch:
             log.warning("submitit did not requeue the job: %s", exc)
             return False
         return True
+
+
+    def leave(self, reason: int, *, is_main: bool) -> None:
+        """After a stop and its summary: hand the job over to submitit (rank 0), then leave the way a
+        SLURM job that is being requeued or ended must leave.
+
+        submitit takes a task that returns as finished (its result file), and a job whose tasks all
+        finished as done even when SLURM requeues it. So under SLURM, after a SIGTERM (SLURM is
+        cancelling, requeueing or preempting the job) every rank waits for SLURM to end it and never
+        returns; after the preemption signal the other ranks wait while rank 0 lets submitit requeue.
+        """
+        if is_main and self.hand_over_to_submitit(reason):
+            return
+        if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or reason not in (STOP_SIGTERM, STOP_PREEMPT_SIGNAL):
+            return
+        if reason == STOP_PREEMPT_SIGNAL and is_main:
+            return  # submitit declined to requeue: the job is over, report it
+        log.info("waiting up to %.0f s for SLURM to end or requeue the job", SLURM_END_WAIT_S)
+        deadline = time.monotonic() + SLURM_END_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+        if reason == STOP_SIGTERM:
+            raise SystemExit(1)
 
 
 @contextmanager
