@@ -23,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
-from launchers.jobs import SweepJob
+from launchers.jobs import PointLabels, SweepJob
 from launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from launchers.preflight import InvalidSweep, compose_and_check, refusal_message
 from launchers.resume import ResumePlan, plan_resume
@@ -62,7 +62,7 @@ class GridSweeper(BasicSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         jobs, invalid = compose_and_check(self.hydra_context, self.config, points, 0, self.launcher)
         if invalid:
-            raise InvalidSweep(refusal_message(invalid, len(points)))
+            raise InvalidSweep(refusal_message(invalid, points))
         plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
         if self.dry_run:
             print(dry_run_listing(sweep_dir, plan, len(points), self.launcher))
@@ -109,15 +109,18 @@ def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
 
 def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None) -> str:
     describe_job = getattr(launcher, "describe_job", None) or (lambda job: f"{job.world_size} ranks")
+    label = PointLabels([j.overrides for j in plan.to_run] + [j.overrides for j, _ in plan.skipped])
     lines = [f"dry run: {len(plan.to_run)} of {total} jobs would be launched into {sweep_dir} (none was started)"]
     if hasattr(launcher, "describe"):
         lines.append(f"launcher: {launcher.describe()}")
+    if label.shared:
+        lines.append(f"every job: {' '.join(label.shared)}")
     for job in plan.to_run:
-        lines.append(f"  #{job.num}  {job.label}   [{describe_job(job)} -> {job.run_dir}]")
+        lines.append(f"  #{job.num}  {label(job.overrides)}   [{describe_job(job)} -> {job.run_dir}]")
     if plan.skipped:
         lines.append(f"{len(plan.skipped)} already completed (skipped):")
         for job, where in plan.skipped:
-            lines.append(f"  #{job.num}  {job.label}   [completed in {where}]")
+            lines.append(f"  #{job.num}  {label(job.overrides)}   [completed in {where}]")
     hashes: dict[str, list[int]] = {}
     for job in plan.to_run:
         hashes.setdefault(job.config_hash, []).append(job.num)

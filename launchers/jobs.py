@@ -53,6 +53,34 @@ class SweepJob:
                         config_hash=self.config_hash, run_dir=_run_dir(config))
 
 
+def override_key(override: str) -> str:
+    """`+sweep=quickstart` -> `sweep`; `fsdp=full_shard` -> `fsdp`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+class PointLabels:
+    """Names the points of a sweep by what sets each apart (`fsdp=shard_grad_op precision=bf16`);
+    the overrides every point shares are listed once (`shared`). Hydra's own `hydra.*` are left out."""
+
+    def __init__(self, points: Sequence[Sequence[str]]):
+        points = [[o for o in p if not o.startswith("hydra.")] for p in points]
+        self.varying: set[str] | None = None  # None: name every override (a single point)
+        self.shared: list[str] = []
+        if len(points) > 1:
+            values: dict[str, set[str]] = {}
+            for point in points:
+                for o in point:
+                    values.setdefault(override_key(o), set()).add(o)
+            everywhere = {k for k in values if all(any(override_key(o) == k for o in p) for p in points)}
+            self.varying = {k for k, v in values.items() if len(v) > 1 or k not in everywhere}
+            self.shared = [o for o in points[0] if override_key(o) not in self.varying]
+
+    def __call__(self, overrides: Sequence[str]) -> str:
+        shown = [o for o in overrides if not o.startswith("hydra.")
+                 and (self.varying is None or override_key(o) in self.varying)]
+        return " ".join(shown) or "(no overrides)"
+
+
 class JobCompositionError(Exception):
     """A point whose config cannot be composed or resolved (unknown group option, bad interpolation)."""
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from hydra.core.utils import JobReturn
 
 from launchers.base import JobNotRun, SweepLauncher, _failed_return, log, progress_line, summary_stamp
-from launchers.jobs import SweepJob
+from launchers.jobs import PointLabels, SweepJob
 from launchers.placement import DevicePool, usable_cpus, visible_gpus
 
 
@@ -93,6 +93,7 @@ class LocalLauncher(SweepLauncher):
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
         results: dict[int, JobReturn] = {}
         pending = deque(range(len(jobs)))
+        label = PointLabels([job.overrides for job in jobs])
         running: dict[int, tuple[Any, Any, float, int | None]] = {}
         log.info("local launcher: %d jobs on %d CPU cores%s%s, into %s", len(jobs), len(pool.cpus),
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
@@ -100,7 +101,7 @@ class LocalLauncher(SweepLauncher):
                  self.config.hydra.sweep.dir)
         try:
             while pending or running:
-                self._start_what_fits(executor, jobs, pool, pending, running, results)
+                self._start_what_fits(executor, jobs, pool, pending, running, results, label)
                 for i in [i for i, (submitted, *_rest) in running.items() if submitted.done()]:
                     submitted, placement, started, earlier = running.pop(i)
                     pool.give_back(placement)
@@ -115,7 +116,7 @@ class LocalLauncher(SweepLauncher):
         return [results[i] for i in range(len(jobs))]
 
     def _start_what_fits(self, executor: Any, jobs: Sequence[SweepJob], pool: DevicePool, pending: deque,
-                         running: dict, results: dict[int, JobReturn]) -> None:
+                         running: dict, results: dict[int, JobReturn], label: PointLabels) -> None:
         """Start pending jobs, in order, while devices are free (a later, smaller job may go first)."""
         for i in list(pending):
             if self.max_concurrent_jobs and len(running) >= self.max_concurrent_jobs:
@@ -137,5 +138,5 @@ class LocalLauncher(SweepLauncher):
             earlier = summary_stamp(job.run_dir)
             submitted = executor.submit(self, *self._submit_args(job, placement))
             running[i] = (submitted, placement, time.monotonic(), earlier)
-            log.info("#%d started: %s  (%d ranks; %s; job %s)", job.num, job.label, job.world_size,
+            log.info("#%d started: %s  (%d ranks; %s; job %s)", job.num, label(job.overrides), job.world_size,
                      placement.describe(), submitted.job_id)

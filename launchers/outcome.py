@@ -16,7 +16,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 
 from dpo_sweeps.rundir import read_summary
-from launchers.jobs import SweepJob
+from launchers.jobs import PointLabels, SweepJob
 
 MAX_FAILED_LISTED = 20
 
@@ -75,9 +75,10 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
         f"report     python analysis/report.py {where}",
     ]
     if failed:
+        label = PointLabels([o.job.overrides for o in outcomes])
         lines.append("failed runs:")
         for o in failed[:MAX_FAILED_LISTED]:
-            lines.append(f"  #{o.job.num}  {o.job.label}")
+            lines.append(f"  #{o.job.num}  {label(o.job.overrides)}")
             lines.append(f"        {o.kind or 'crash'}: {o.message or '(no message)'}")
             lines.append(f"        {_relative(o.run_dir)}")
         if len(failed) > MAX_FAILED_LISTED:

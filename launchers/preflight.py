@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
 from dpo_sweeps.validate import validate_config
-from launchers.jobs import JobCompositionError, SweepJob, compose_job
+from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 
 # How many invalid points the refusal lists before it says "and N more".
 MAX_LISTED = 50
@@ -33,10 +33,6 @@ class InvalidPoint:
     message: str
     # The composed job, when composition itself worked.
     job: SweepJob | None = None
-
-    @property
-    def label(self) -> str:
-        return " ".join(o for o in self.overrides if not o.startswith("hydra.")) or "(no overrides)"
 
 
 class InvalidSweep(CompactHydraException):
@@ -84,12 +80,15 @@ def compose_and_check(
     return jobs, invalid
 
 
-def refusal_message(invalid: Sequence[InvalidPoint], total: int) -> str:
+def refusal_message(invalid: Sequence[InvalidPoint], points: Sequence[Sequence[str]]) -> str:
     """The one screen that says which points are invalid and why; nothing was launched."""
-    lines = [f"{len(invalid)} of {total} points of this sweep are invalid; no job was started. Fix or leave out:"]
+    label = PointLabels(points)
+    lines = [f"{len(invalid)} of {len(points)} points of this sweep are invalid; no job was started. Fix or leave out:"]
     for point in invalid[:MAX_LISTED]:
-        lines.append(f"  #{point.num}  {point.label}")
+        lines.append(f"  #{point.num}  {label(point.overrides)}")
         lines.append(f"        {point.kind}: {point.message}")
     if len(invalid) > MAX_LISTED:
         lines.append(f"  ... and {len(invalid) - MAX_LISTED} more")
+    if label.shared:
+        lines.append(f"(every point also has: {' '.join(label.shared)})")
     return "\n".join(lines)

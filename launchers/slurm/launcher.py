@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from hydra.core.utils import JobReturn
 
 from launchers.base import SweepLauncher, log, progress_line, summary_stamp
-from launchers.jobs import SweepJob
+from launchers.jobs import PointLabels, SweepJob
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
 GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")
@@ -98,6 +98,7 @@ class SlurmLauncher(SweepLauncher):
         for i, job in enumerate(jobs):
             by_shape[self._shape(job)].append(i)
         running: dict[int, tuple[Any, float, int | None]] = {}
+        label = PointLabels([job.overrides for job in jobs])
         results: dict[int, JobReturn] = {}
         try:
             for shape, indices in by_shape.items():
@@ -111,7 +112,7 @@ class SlurmLauncher(SweepLauncher):
                 now = time.monotonic()
                 for i, sj in zip(indices, submitted):
                     running[i] = (sj, now, earlier[i])
-                    log.info("#%d submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)", jobs[i].num, jobs[i].label,
+                    log.info("#%d submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)", jobs[i].num, label(jobs[i].overrides),
                              shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)
             while running:
                 for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:

@@ -1,0 +1,65 @@
+"""Sweeps on the local one-node SLURM cluster (launchers/slurm/local_cluster.sh): `hydra/launcher=slurm`."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_fixture import ensure_slurm_cluster  # noqa: E402
+from sweep_helpers import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+
+ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
+            "hydra.launcher.poll_interval_s=1"]
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return ensure_slurm_cluster()
+
+
+def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    grid = ["fsdp=full_shard,shard_grad_op", "precision=fp32,bf16", "resources.nproc_per_node=2", "train.max_steps=4"]
+    result = run_sweep(sweep_dir, *ON_SLURM, *grid, env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    slurm_jobs = re.findall(r"#(\d) submitted: .*\(1 node\(s\) x 2 tasks; SLURM job (\d+_\d)\)", result.output)
+    assert sorted(n for n, _ in slurm_jobs) == ["0", "1", "2", "3"]
+    for n in range(4):
+        summary = result.summary(n)
+        assert summary["status"] == "completed" and summary["metrics"]["world_size"] == 2
+        assert run_dir_form(sweep_dir / str(n)) == COMPLETED_RUN_FORM  # as a local sweep's runs
+    # Each task (rank) of a job logged to its own submitit file; rank 1 wrote nothing in the run dir.
+    job_id = slurm_jobs[0][1]
+    assert (sweep_dir / ".submitit" / job_id / f"{job_id}_1_log.out").exists()
+
+    again = run_sweep(sweep_dir, *ON_SLURM, *grid, env=slurm_env)
+    assert again.returncode == 0, again.output[-3000:]
+    assert "4 of 4 runs already completed" in again.output and "submitted" not in again.output
+
+
+def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp_path):
+    result = run_sweep(tmp_path / "sweep", *ON_SLURM, "resources.nproc_per_node=2", "train.max_steps=4",
+                       "faults.kind=sigkill", "faults.step=2", "faults.rank=1", env=slurm_env)
+    assert result.returncode != 0
+    failure = result.summary(0)["failure"]
+    assert failure["kind"] == "crash"
+    assert failure["message"].startswith("rank 1 ended abruptly"), failure
+    assert "failed     1  (crash: 1)" in result.stdout
+
+
+def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
+    optuna = pytest.importorskip("optuna")
+    sweep_dir = tmp_path / "study"
+    result = run_sweep(sweep_dir, *ON_SLURM, "hydra/sweeper=optuna", "+sweep=optuna_dpo", "hydra.sweeper.n_trials=2",
+                       "hydra.sweeper.n_jobs=2", "train.max_steps=4", env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    assert len(re.findall(r"#\d submitted: .*2 tasks; SLURM job", result.output)) == 2
+    study = optuna.load_study(study_name="dpo_sweeps", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert [result.summary(n)["metrics"]["world_size"] for n in range(2)] == [2, 2]
