@@ -23,6 +23,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 from dpo_sweeps.app import PEER_STOPPED
 from dpo_sweeps.rundir import SUMMARY, read_rank_failures, read_summary, write_summary
+from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement
 
@@ -135,9 +136,16 @@ class SweepLauncher(BaseSubmititLauncher):
         if kind == "crash" and timeout_min and elapsed >= 60 * timeout_min - 5:
             kind = "timeout"
         message = _failure_message(job.run_dir, state, error, submitted)
-        write_summary(job.run_dir, status="failed", failure={"kind": kind, "message": message},
-                      overrides=_task_overrides(job), config=job.task_config, metrics={},
-                      extra={"attempt": f"launcher-{job.num}-{int(time.time())}", "written_by": "launcher"})
+        try:
+            lock = RunDirLock(job.run_dir).acquire()
+        except RunDirInUse as exc:  # another live job owns the directory (the run refused to start): leave it be
+            return _failed_return(job.overrides, JobNotRun(str(exc)), job)
+        try:
+            write_summary(job.run_dir, status="failed", failure={"kind": kind, "message": message},
+                          overrides=_task_overrides(job), config=job.task_config, metrics={},
+                          extra={"attempt": f"launcher-{job.num}-{int(time.time())}", "written_by": "launcher"})
+        finally:
+            lock.release()
         return _failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
 
 

@@ -63,3 +63,13 @@ def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
     study = optuna.load_study(study_name="dpo_sweeps", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert [result.summary(n)["metrics"]["world_size"] for n in range(2)] == [2, 2]
+
+
+def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_path):
+    result = run_sweep(tmp_path / "sweep", *ON_SLURM, "hydra.launcher.partition=no_such_partition",
+                       "train.max_steps=2", env=slurm_env)
+    assert result.returncode != 0
+    failure = result.summary(0)["failure"]
+    assert failure["kind"] == "crash" and failure["message"].startswith("sbatch refused the job:")
+    assert "invalid partition" in failure["message"].lower(), failure
+    assert "failed     1  (crash: 1)" in result.stdout

@@ -22,13 +22,25 @@ from typing import Any, Mapping, Sequence
 
 from hydra.core.utils import JobReturn
 
-from launchers.base import SweepLauncher, log, progress_line, summary_stamp
+from dpo_sweeps.rundir import write_summary
+from launchers.base import JobNotRun, SweepLauncher, _failed_return, _task_overrides, log, progress_line, summary_stamp
 from launchers.jobs import PointLabels, SweepJob
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
 GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")
 # Per-run keys: they come from each run's resources.*, never from the launcher config.
 PER_RUN_KEYS = {"nodes": "resources.nodes", "tasks_per_node": "resources.nproc_per_node"}
+
+
+def refused(job: SweepJob, error: BaseException) -> JobReturn:
+    """A job sbatch would not take: its summary.json says failed (crash), with sbatch's reason."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else type(error).__name__)
+    message = f"sbatch refused the job: {reason}"
+    write_summary(job.run_dir, status="failed", failure={"kind": "crash", "message": message},
+                  overrides=_task_overrides(job), config=job.task_config, metrics={},
+                  extra={"written_by": "launcher: not submitted"})
+    return _failed_return(job.overrides, JobNotRun(message), job)
 
 
 class SlurmLauncher(SweepLauncher):
@@ -108,7 +120,13 @@ class SlurmLauncher(SweepLauncher):
                     jobs[i].run_dir.mkdir(parents=True, exist_ok=True)
                     earlier[i] = summary_stamp(jobs[i].run_dir)
                 args = [self._submit_args(jobs[i]) for i in indices]
-                submitted = executor.map_array(self, *zip(*args))
+                try:
+                    submitted = executor.map_array(self, *zip(*args))
+                except Exception as exc:  # sbatch refused (unknown partition, over a limit) or SLURM is down
+                    for i in indices:
+                        results[i] = refused(jobs[i], exc)
+                        log.error("#%d not submitted: %s", jobs[i].num, results[i]._return_value)
+                    continue
                 now = time.monotonic()
                 for i, sj in zip(indices, submitted):
                     running[i] = (sj, now, earlier[i])
