@@ -138,7 +138,6 @@ class StopWatch:
             return False
         return True
 
-
     def leave(self, reason: int, *, is_main: bool) -> None:
         """After a stop and its summary: hand the job over to submitit (rank 0), then leave the way a
         SLURM job that is being requeued or ended must leave.
