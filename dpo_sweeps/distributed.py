@@ -93,7 +93,8 @@ def init_process_group(env: RankEnv, device: torch.device, timeout_s: float) -> 
         RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
     )
     dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
+        # NCCL for the GPU collectives of FSDP; gloo beside it for the small CPU reductions of metrics.
+        backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
