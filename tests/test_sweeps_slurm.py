@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_fixture import ensure_slurm_cluster  # noqa: E402
 from sweep_helpers import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
-pytestmark = pytest.mark.slurm
+from launchers.jobs import SweepJob  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
             "hydra.launcher.poll_interval_s=1"]
@@ -23,6 +23,7 @@ def slurm_env() -> dict[str, str]:
     return ensure_slurm_cluster()
 
 
+@pytest.mark.slurm
 def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
     sweep_dir = tmp_path / "sweep"
     grid = ["fsdp=full_shard,shard_grad_op", "precision=fp32,bf16", "resources.nproc_per_node=2", "train.max_steps=4"]
@@ -43,6 +44,7 @@ def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
     assert "4 of 4 runs already completed" in again.output and "submitted" not in again.output
 
 
+@pytest.mark.slurm
 def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp_path):
     result = run_sweep(tmp_path / "sweep", *ON_SLURM, "resources.nproc_per_node=2", "train.max_steps=4",
                        "faults.kind=sigkill", "faults.step=2", "faults.rank=1", env=slurm_env)
@@ -53,6 +55,7 @@ def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp
     assert "failed     1  (crash: 1)" in result.stdout
 
 
+@pytest.mark.slurm
 def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
     optuna = pytest.importorskip("optuna")
     sweep_dir = tmp_path / "study"
@@ -65,6 +68,7 @@ def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
     assert [result.summary(n)["metrics"]["world_size"] for n in range(2)] == [2, 2]
 
 
+@pytest.mark.slurm
 def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_path):
     result = run_sweep(tmp_path / "sweep", *ON_SLURM, "hydra.launcher.partition=no_such_partition",
                        "train.max_steps=2", env=slurm_env)
@@ -73,3 +77,37 @@ def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_
     assert failure["kind"] == "crash" and failure["message"].startswith("sbatch refused the job:")
     assert "invalid partition" in failure["message"].lower(), failure
     assert "failed     1  (crash: 1)" in result.stdout
+
+
+def test_sbatch_script_takes_each_runs_shape_and_the_launcher_settings(tmp_path):
+    """No cluster needed: the batch script submitit would hand to sbatch for a 2-node GPU run."""
+    submitit = pytest.importorskip("submitit")
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from conftest import REPO
+
+    overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.launcher.partition=gpu",
+                 "hydra.launcher.account=dpo", "hydra.launcher.qos=high", "hydra.launcher.timeout_min=90",
+                 "hydra.launcher.cpus_per_task=10", "+hydra.launcher.additional_parameters.reservation=dpo-week",
+                 "hydra.launcher.setup=[module load cuda/12.4]",
+                 "hydra.launcher.srun_args=['--kill-on-bad-exit=1','--cpu-bind=cores']",
+                 "resources.device=cuda", "resources.nodes=2", "resources.nproc_per_node=8", "fsdp=hybrid_shard"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    launcher = instantiate(cfg.hydra.launcher)
+    task_config = OmegaConf.to_container(cfg, resolve=False)
+    task_config.pop("hydra")
+    job = SweepJob(num=0, overrides=overrides, config=cfg, task_config=task_config, config_hash="", run_dir=tmp_path / "0")
+    assert launcher.describe_job(job) == "2 nodes x 8 tasks, 8 GPUs/node"
+
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / ".submitit" / "%j")
+    executor.update_parameters(**launcher.executor_parameters(launcher._shape(job)))
+    script = executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
+    for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--partition=gpu", "--account=dpo",
+                 "--qos=high", "--time=90", "--cpus-per-task=10", "--reservation=dpo-week", "--job-name=dpo_sweeps"):
+        assert f"#SBATCH {line}" in script, line
+    assert "module load cuda/12.4" in script
+    assert re.search(r"^srun .* --kill-on-bad-exit=1 --cpu-bind=cores ", script, flags=re.M)
+
