@@ -1,14 +1,18 @@
 """How a sweep's runs get onto devices: Hydra launchers and sweepers for dpo-sweeps.
 
-- `launchers.local.LocalLauncher` (`hydra/launcher=local`): jobs on this machine, as many at
-  once as its CPU cores or GPUs hold, each on its own cores / GPUs, one process per rank.
+- `launchers.local.LocalLauncher` (`hydra/launcher=local`, the default): jobs on this machine,
+  as many at once as its CPU cores or GPUs hold, each on its own cores / GPUs, one process per rank.
 - `launchers.slurm.SlurmLauncher` (`hydra/launcher=slurm`): one SLURM job per run, one task
   per rank, on `resources.nodes` nodes.
-- `launchers.grid_sweeper.GridSweeper` (`hydra/sweeper=grid`, the default): the grid,
-  checked whole before launch, resumed by config hash, summed up at the end.
-- `launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): hydra-optuna-sweeper
-  with the study in the sweep directory, trials checked before launch, objectives read
-  from each run's metrics.
+- `launchers.grid_sweeper.GridSweeper` (`hydra/sweeper=grid`, the default): the grid, checked
+  whole before launch (`preflight`), resumed by config hash (`resume`), summed up at the end
+  (`outcome`).
+- `launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): hydra-optuna-sweeper with
+  the study in the sweep directory, trials checked before launch, objectives read from each
+  run's metrics.
+`jobs` composes one point of a sweep as its job will; `placement` gives local jobs their devices.
 
-`launchers/slurm/local_cluster.sh` brings up a one-node SLURM cluster for tests.
+Hydra loads plugins only from the `hydra_plugins` namespace: hydra_plugins/dpo_sweeps_launchers
+registers these classes there. `launchers/slurm/local_cluster.sh` brings up a one-node SLURM
+cluster for tests and contributors.
 """
