@@ -104,7 +104,8 @@ class SweepLauncher(BaseSubmititLauncher):
         )
 
     def _submit_args(self, job: SweepJob, placement: Placement | None = None) -> tuple:
-        return (list(job.overrides), "hydra.sweep.dir", job.num, f"job_id_for_{job.num}", Singleton.get_state(), placement)
+        return (list(job.overrides), "hydra.sweep.dir", job.num, f"job_id_for_{job.num}", Singleton.get_state(),
+                placement)
 
     # ------------------------------------------------------------------ collecting results
     def _collect(self, job: SweepJob, submitted: Any, started: float, earlier_summary: int | None,
@@ -193,7 +194,8 @@ def _failure_message(run_dir: Path, state: str, error: BaseException | None, sub
         logs = f"; logs: {submitted.paths.folder}"
     except Exception:
         pass
-    return f"job ended without rank 0 writing summary.json (state {state or 'UNKNOWN'})" + (f": {detail}" if detail else "") + logs
+    what = f"job ended without rank 0 writing summary.json (state {state or 'UNKNOWN'})"
+    return what + (f": {detail}" if detail else "") + logs
 
 
 def _task_overrides(job: SweepJob) -> list[str]:

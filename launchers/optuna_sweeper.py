@@ -80,7 +80,8 @@ class TrialLauncher(Launcher):
             log.warning("trial #%d not run: %s: %s", point.num, point.kind, point.message)
             refused[point.num] = _failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
             if point.job is not None:
-                write_summary(point.job.run_dir, status="failed", failure={"kind": point.kind, "message": point.message},
+                failure = {"kind": point.kind, "message": point.message}
+                write_summary(point.job.run_dir, status="failed", failure=failure,
                               overrides=_task_overrides(point.job), config=point.job.task_config, metrics={},
                               extra={"written_by": "optuna sweeper: not run"})
                 self.history.append((point.job, refused[point.num]))

@@ -45,7 +45,8 @@ def outcome_of(job: SweepJob, job_return: JobReturn | None) -> Outcome:
         # A launcher whose task function wrote no summary (not dpo_sweeps.app.run): trust the return.
         return Outcome(job, "completed", job.run_dir)
     reason = job_return._return_value if job_return is not None else None
-    message = str(reason).strip().splitlines()[0] if reason is not None and str(reason).strip() else "ended without summary.json"
+    text = str(reason).strip() if reason is not None else ""
+    message = text.splitlines()[0] if text else "ended without summary.json"
     return Outcome(job, "failed", job.run_dir, "crash", message)
 
 
@@ -59,7 +60,8 @@ def _relative(path: Path) -> str:
 RETRY_HINT = "Run the same command again to retry the failed runs; completed runs are skipped."
 
 
-def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "sweep", retry_hint: str = RETRY_HINT) -> str:
+def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "sweep",
+                 retry_hint: str = RETRY_HINT) -> str:
     """Counts, where the results are, which runs failed and why."""
     counts = Counter(o.status for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
@@ -70,7 +72,8 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
         f"===== {title} {where}: {len(outcomes)} runs =====",
         f"completed  {counts['completed'] + counts['skipped']}"
         + (f"  ({counts['skipped']} skipped: completed by an earlier invocation)" if counts["skipped"] else ""),
-        f"failed     {len(failed)}" + (f"  ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})" if failed else ""),
+        f"failed     {len(failed)}" + (f"  ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})"
+                                       if failed else ""),
         f"results    {where}/<run>/summary.json, metrics.jsonl",
         f"report     python analysis/report.py {where}",
     ]

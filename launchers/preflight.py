@@ -39,7 +39,8 @@ class InvalidSweep(CompactHydraException):
     """Raised before launch when points of a sweep cannot run; the message lists them all."""
 
 
-def check_job(job: SweepJob, base_dir: Path, launcher_check: Callable[[SweepJob], str | None] | None) -> InvalidPoint | None:
+def check_job(job: SweepJob, base_dir: Path,
+              launcher_check: Callable[[SweepJob], str | None] | None) -> InvalidPoint | None:
     """The reason this composed job cannot run, or None."""
     try:
         validate_config(OmegaConf.create(job.task_config), base_dir)

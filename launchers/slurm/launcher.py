@@ -92,7 +92,8 @@ class SlurmLauncher(SweepLauncher):
         return params
 
     def describe(self) -> str:
-        shown = {k: v for k, v in self.sbatch_params.items() if v not in (None, [], {}) and v is not False and k != "name"}
+        shown = {k: v for k, v in self.sbatch_params.items()
+                 if v not in (None, [], {}) and v is not False and k != "name"}
         shown["array_parallelism"] = self.array_parallelism
         return "SLURM: " + " ".join(f"{k}={v}" for k, v in shown.items())
 
@@ -130,7 +131,8 @@ class SlurmLauncher(SweepLauncher):
                 now = time.monotonic()
                 for i, sj in zip(indices, submitted):
                     running[i] = (sj, now, earlier[i])
-                    log.info("#%d submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)", jobs[i].num, label(jobs[i].overrides),
+                    log.info("#%d submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)",
+                             jobs[i].num, label(jobs[i].overrides),
                              shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)
             while running:
                 for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:
