@@ -72,7 +72,10 @@ class GridSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         if plan.skipped:
             log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
-        returns = self._launch(plan.to_run)
+        try:
+            returns = self._launch(plan.to_run)
+        except KeyboardInterrupt:
+            raise SystemExit(interrupted_message(sweep_dir)) from None
 
         outcomes = [Outcome(job, "skipped", where) for job, where in plan.skipped]
         outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
@@ -88,6 +91,11 @@ class GridSweeper(BasicSweeper):
         for start in range(0, len(jobs), size):
             returns += launch_numbered(self.launcher, list(jobs[start:start + size]))
         return returns
+
+
+def interrupted_message(sweep_dir: Path) -> str:
+    return (f"\nInterrupted: the sweep's running jobs were stopped. Run the same command again to go on "
+            f"(completed runs in {sweep_dir} are skipped; stopped runs resume from their last checkpoint).")
 
 
 def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:

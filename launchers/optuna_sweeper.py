@@ -140,6 +140,9 @@ class OptunaSweeper(PluginOptunaSweeper):
                  existing, impl.n_trials)
         try:
             impl.sweep(arguments)
+        except KeyboardInterrupt:
+            raise SystemExit(f"\nInterrupted: the running trials were stopped; {sweep_dir}/optuna.db keeps the "
+                             "study (their trials stay RUNNING in it). Run the same command again to go on.") from None
         finally:
             outcomes = [outcome_of(job, ret) for job, ret in self.trials.history]
             if outcomes:
