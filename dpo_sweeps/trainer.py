@@ -1,9 +1,10 @@
 """DPO training on one rank: setup, the training step, evaluation, saving.
 
 Every rank runs this. The step reads top to bottom: a global batch of pairs is split across ranks
-and micro-batches; chosen and rejected go through one concatenated forward pass; the frozen
-reference scores the same batch without grad; gradients accumulate to the global batch; fp16 steps
-go through the rank-consistent loss scaler; the optimizer steps.
+and micro-batches; chosen and rejected go through one concatenated forward pass (or one prefix-shared
+row per pair); the frozen reference's log-probs come precomputed with the pairs, or from a reference
+pass over the same batch without grad; gradients accumulate to the global batch; fp16 steps go
+through the rank-consistent loss scaler; the optimizer steps.
 """
 
 from __future__ import annotations
@@ -21,15 +22,22 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from tqdm import tqdm
 
 from dpo_sweeps.checkpoint import Checkpointer
-from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, collate, encode_pairs, render_pair
+from dpo_sweeps import reference_logps
+from dpo_sweeps.data.encoding import (
+    EncodedPair, GlobalBatchSampler, collate, encode_pairs, eval_micro_batch_indices, rank_micro_batch_indices,
+    render_pair,
+)
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
 from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure
 from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
-from dpo_sweeps.losses import preference_loss, sequence_logps, sft_loss
+from dpo_sweeps.losses import preference_loss, sft_loss
+from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
-from dpo_sweeps.perf import PerfMeter, device_peak_flops, flops_per_token
+from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token
+from dpo_sweeps.probe import apply_probe
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
+from dpo_sweeps.response_logps import batch_logps
 from dpo_sweeps.rundir import MetricsLog
 from dpo_sweeps.signals import RunInterrupted, StopWatch
 from dpo_sweeps.tracking import Tracker
@@ -64,6 +72,7 @@ class TrainState:
 class Trainer:
     def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None):
         self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
+        self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
         self.stop_watch = stop_watch or StopWatch()
         self.resumed_from: int | None = None  # the checkpoint step this attempt started from
@@ -90,6 +99,9 @@ class Trainer:
             reference.to(dtype_of(cfg.precision.param_dtype, "precision.param_dtype"))
             self.reference = shard_model(reference, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
                                          mesh=mesh, mp_policy=type(mp_policy)(), trainable=False)
+        self.reference_precompute_s = None
+        if self.reference is not None and self.cfg.train.get("precompute_reference_logps", False):
+            self._precompute_reference_logps()
 
         self.optimizer = self._build_optimizer()
         warmup = cfg.train.warmup_steps
@@ -132,7 +144,26 @@ class Trainer:
         if len(self.train_pairs) < cfg.train.batch_size:
             raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(self.train_pairs)} "
                             f"training pairs of data.path (use a batch size <= {len(self.train_pairs)})")
-        self.sampler = GlobalBatchSampler(len(self.train_pairs), cfg.train.batch_size, cfg.train.seed)
+        chunk = cfg.train.get("logps_chunk_size", 0)
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+            raise InvalidConfig("train.logps_chunk_size", f"got {chunk!r}", "an integer >= 1, or 0 for full logits")
+        if self.share_prompt and chunk == 0:
+            raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
+                                "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
+        # Length-grouped sampling (data.length_grouped): batches of pairs of similar length, so little padding.
+        window = cfg.data.get("length_group_window", 0) if cfg.data.get("length_grouped", False) else 0
+        if not isinstance(window, int) or window < 0:
+            raise InvalidConfig("data.length_group_window", f"got {window!r}",
+                                "an integer >= 1 (global batches per window)")
+        lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) if self.share_prompt else p.length
+                   for p in self.train_pairs]
+        self.sampler = GlobalBatchSampler(len(self.train_pairs), cfg.train.batch_size, cfg.train.seed,
+                                          lengths=lengths, group_window=window)
+        # For the memory estimate: the widest row, the scored share of tokens, what the process holds already.
+        self.longest_row = max(lengths)
+        tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in self.train_pairs)
+        self.response_fraction = sum(len(p.chosen) + len(p.rejected) for p in self.train_pairs) / max(1, tokens)
+        self.rss_before_model = _resident_bytes() if self.device.type == "cpu" else 0
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         train = self.cfg.train
@@ -144,10 +175,46 @@ class Trainer:
         raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
 
     # ------------------------------------------------------------------ forward
+    @property
+    def share_prompt(self) -> bool:
+        return bool(self.cfg.train.get("share_prompt", False))
+
+    def _collate(self, pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
+        return collate(pairs, self.tokenizer.pad_token_id, share_prompt=self.share_prompt)
+
     def _batch_logps(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed response log-probs (fp32) and response token counts for the [2B, L] batch."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        return sequence_logps(logits, batch["labels"])
+        """Summed response log-probs (fp32) and response token counts, chosen rows then rejected ([2B])."""
+        return batch_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
+
+    def _precompute_reference_logps(self) -> None:
+        """Score every pair under the reference once, attach the numbers to the pairs, free the reference."""
+        cfg, env = self.cfg, self.env
+        layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
+                                             cfg.train.max_steps)
+        key = reference_logps.cache_key(
+            self.reference, self.train_pairs, self.eval_pairs, self.sampler, layout, seed=cfg.train.seed,
+            scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": self.share_prompt,
+                     "param_dtype": cfg.precision.param_dtype, "device": self.device.type},
+        ) if not self.probing else {}
+
+        @torch.no_grad()
+        def score(pairs: list[EncodedPair]) -> torch.Tensor:
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in self._collate(pairs).items()}
+            return self._batch_logps(self.reference, batch)[0]
+
+        if self.probing:  # the values cannot change a step's speed or memory: skip the scoring pass
+            found = reference_logps.placeholder(len(self.train_pairs), len(self.eval_pairs))
+        else:
+            found = reference_logps.load_or_compute(score, key, self.train_pairs, self.eval_pairs, self.sampler,
+                                                    layout, env.rank, self.device)
+        self.train_pairs = reference_logps.attach(self.train_pairs, found.train)
+        self.eval_pairs = reference_logps.attach(self.eval_pairs, found.eval)
+        self.reference = None  # its log-probs are all the run needs from it
+        self.reference_precompute_s = found.seconds
+        if env.is_main:
+            log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
+                     found.source, int((~found.train.isnan().any(1)).sum()), len(self.eval_pairs), found.seconds,
+                     found.path)
 
     def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
@@ -156,10 +223,14 @@ class Trainer:
         n = logps.shape[0] // 2
         policy_chosen, policy_rejected = logps[:n], logps[n:]
         ref_chosen = ref_rejected = None
-        if self.reference is not None:
+        if "reference_logps" in batch:  # precomputed (train.precompute_reference_logps)
+            ref_chosen, ref_rejected = batch["reference_logps"][:n], batch["reference_logps"][n:]
+        elif self.reference is not None:
             with torch.no_grad():
                 ref_logps, _ = self._batch_logps(self.reference, batch)
             ref_chosen, ref_rejected = ref_logps[:n], ref_logps[n:]
+        elif self.uses_reference:
+            raise RuntimeError("a batch without precomputed reference log-probs after the reference model was freed")
         loss_cfg = self.cfg.loss
         pref = preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
                                name="dpo" if loss_cfg.name == "sft" else loss_cfg.name,
@@ -178,15 +249,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ step
     def _rank_micro_batches(self, step: int) -> list[list[EncodedPair]]:
-        train, env = self.cfg.train, self.env
-        per_rank = train.batch_size // env.world_size
-        mine = self.sampler.indices(step)[env.rank * per_rank : (env.rank + 1) * per_rank]
-        m = train.micro_batch_size
-        return [[self.train_pairs[i] for i in mine[s : s + m]] for s in range(0, per_rank, m)]
+        indices = rank_micro_batch_indices(self.sampler.indices(step), self.env.rank, self.env.world_size,
+                                           self.cfg.train.micro_batch_size)
+        return [[self.train_pairs[i] for i in micro] for micro in indices]
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        pad_id = self.tokenizer.pad_token_id
         micro_batches = self._rank_micro_batches(step)
         per_rank_pairs = sum(len(mb) for mb in micro_batches)
         sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
@@ -194,8 +262,8 @@ class Trainer:
 
         self.perf.start()
         for pairs in micro_batches:
-            batch = collate(pairs, pad_id)
-            tokens += int(batch["attention_mask"].sum())
+            batch = self._collate(pairs)
+            tokens += int(batch["num_tokens"])
             losses, stats = self._pair_losses(batch)
             losses = self._inject_fault(step, losses)
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
@@ -254,17 +322,13 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes)."""
-        env, m = self.env, self.cfg.train.micro_batch_size
-        n = len(self.eval_pairs)
-        padded = math.ceil(n / (env.world_size * m)) * env.world_size * m
-        mine = list(range(env.rank, padded, env.world_size))
+        env, n = self.env, len(self.eval_pairs)
         sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
         count = 0
         self.policy.eval()
-        for s in range(0, len(mine), m):
-            idx = mine[s : s + m]
+        for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
-            _, stats = self._pair_losses(collate([self.eval_pairs[i % n] for i in idx], self.tokenizer.pad_token_id))
+            _, stats = self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))
             sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in PAIR_STATS])
             count += int(real.sum())
         self.policy.train()
@@ -316,10 +380,19 @@ class Trainer:
         metrics["train/loss"] = self.state.last_train.get("train/loss")
         metrics["train/rewards/accuracies"] = self.state.last_train.get("train/rewards/accuracies")
         metrics.update(perf)
+        if self.reference_precompute_s is not None:  # one-time cost, outside the timed steps
+            metrics["perf/reference_precompute_s"] = self.reference_precompute_s
+        metrics["perf/peak_memory_estimate_gib"] = self.memory_estimate().total / GIB
         metrics.update({"steps": self.state.step, "world_size": self.env.world_size, "num_params": self.num_params})
         if self.scaler.enabled:
             metrics["train/skipped_steps"] = self.scaler.skipped_steps
         return metrics
+
+    def memory_estimate(self):
+        """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
+        run = run_shape_of(self.cfg, self.env.world_size, seq_len=self.longest_row,
+                           response_fraction=self.response_fraction)
+        return estimate_peak_memory(ModelShape.of(self.policy), run, baseline_bytes=self.rss_before_model)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume_from_checkpoint(self) -> None:
@@ -384,6 +457,18 @@ class Trainer:
     def close(self, metrics: dict[str, Any], failed: bool) -> None:
         if self.tracker is not None:
             self.tracker.finish(metrics, failed)
+
+
+def _resident_bytes() -> int:
+    """This process's resident set now (VmRSS)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def is_collective_error(exc: BaseException) -> bool:

@@ -1,0 +1,140 @@
+"""Peak memory per device of a DPO run, estimated before it runs, from its shape.
+
+From the parameter count and the model's dimensions, the sharding strategy, the precision, the
+micro-batch and sequence length, and the speed/memory techniques. A sweep can rank or filter configs
+with it before launching any; every run records it next to the measured peak
+(`perf/peak_memory_estimate_gib` beside `perf/peak_memory_gib`), and bench/probe_vs_full.py prints
+both for the quickstart grid.
+
+Bytes per parameter follow ZeRO's accounting (Rajbhandari et al. 2020, arXiv 1910.02054, sec. 3.1):
+fp32 master weights 4, fp32 gradients 4, AdamW moments 8, all divided by the shard group size; plus
+the unsharded compute copies FSDP gathers (every block for shard_grad_op, the root and about two
+blocks for full_shard). Activations per token and layer are counted as in Korthikanti et al. 2022
+(arXiv 2205.05198, sec. 4.1), for attention without a materialised score matrix (SDPA), with the
+counts measured on the Hugging Face blocks (saved-tensor hooks, bench_gpt2): about 8 h values for
+attention and norms and 5 i for the MLP (an activation written as several elementwise ops, such as
+GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the [rows, 1, L, L]
+fp32 padding mask each layer's SDPA keeps. Backward adds a few intermediate-sized gradients at once.
+On a CPU the peak is the process's resident set, so the process's own resident memory before the
+model exists (Python, libraries, data) is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "rmsprop": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_params: int
+    num_layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model) -> "ModelShape":
+        """From a Hugging Face causal LM (its config and parameter count)."""
+        c = model.config
+        hidden = c.hidden_size
+        intermediate = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * hidden
+        return cls(sum(p.numel() for p in model.parameters()), c.num_hidden_layers, hidden, intermediate, c.vocab_size)
+
+    @property
+    def block_params(self) -> int:
+        return (self.num_params - self.root_params) // max(1, self.num_layers)
+
+    @property
+    def root_params(self) -> int:
+        """Embeddings and output head (tied or not, at least one vocab x hidden matrix), outside the blocks."""
+        return min(self.num_params, self.vocab * self.hidden)
+
+
+@dataclass(frozen=True)
+class RunShape:
+    sharding_strategy: str  # full_shard | shard_grad_op | hybrid_shard | no_shard
+    shard_group_size: int  # ranks a parameter is sharded over (1 for no_shard)
+    param_dtype: str
+    optimizer: str
+    micro_batch_size: int  # pairs per forward pass
+    seq_len: int  # padded length of a row (max_length is the worst case)
+    uses_reference: bool = True
+    precompute_reference_logps: bool = False
+    logps_chunk_size: int = 0  # 0: full [rows, L, V] logits
+    share_prompt: bool = False
+    response_fraction: float = 0.5  # share of a row's tokens that are response tokens (scored)
+
+
+@dataclass
+class MemoryEstimate:
+    model_states: int  # master weights, gradients, optimizer moments (sharded)
+    gathered_params: int  # unsharded compute copies FSDP holds at the peak
+    reference: int
+    activations: int
+    logits: int
+    baseline: int  # CPU: the process's resident memory before the model existed
+    total: int
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+    def as_gib(self) -> dict[str, float]:
+        return {k: round(v / GIB, 4) for k, v in asdict(self).items()}
+
+
+def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:
+    """Estimated peak bytes on the busiest device (see the module docstring for the accounting)."""
+    s = max(1, run.shard_group_size)
+    pb = DTYPE_BYTES[run.param_dtype]
+    p = model.num_params
+    model_states = (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * p // s
+    if run.sharding_strategy == "shard_grad_op" or (s == 1 and run.sharding_strategy == "no_shard"):
+        gathered = pb * p  # kept unsharded from forward to backward
+    else:
+        gathered = pb * (model.root_params + 2 * model.block_params)  # root plus the block in use and the next
+    reference = 0
+    if run.uses_reference and not run.precompute_reference_logps:
+        reference = pb * p // s + pb * 2 * model.block_params  # its shard, and the blocks it gathers
+    rows = run.micro_batch_size * (1 if run.share_prompt else 2)
+    tokens = rows * run.seq_len
+    activations = tokens * model.num_layers * (8 * model.hidden + 5 * model.intermediate) * pb
+    activations += tokens * model.hidden * pb * 2  # embeddings output and final norm
+    activations += 4 * tokens * model.intermediate * pb  # backward's working gradients
+    if run.share_prompt:
+        activations += rows * run.seq_len * run.seq_len  # one 4-D boolean mask, shared by the layers
+    else:
+        activations += model.num_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
+    if run.logps_chunk_size:
+        scored = int(tokens * run.response_fraction)
+        logits = scored * model.hidden * pb + 3 * min(run.logps_chunk_size, scored) * model.vocab * 4
+    else:
+        # logits (compute dtype), their fp32 log-softmax, and the gradient in backward
+        logits = tokens * model.vocab * (pb + 4 + 4 + (4 if pb != 4 else 0))
+    total = model_states + gathered + reference + activations + logits + baseline_bytes
+    return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline_bytes, total)
+
+
+def run_shape_of(cfg, world_size: int, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
+    """The RunShape of a resolved dpo-sweeps config."""
+    strategy = cfg.fsdp.sharding_strategy
+    if strategy == "no_shard":
+        shard = 1
+    elif strategy == "hybrid_shard":
+        shard = cfg.fsdp.hybrid_group_size or cfg.resources.nproc_per_node
+    else:
+        shard = world_size
+    train = cfg.train
+    return RunShape(
+        sharding_strategy=strategy, shard_group_size=shard, param_dtype=cfg.precision.param_dtype,
+        optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
+        seq_len=seq_len or cfg.data.max_length,
+        uses_reference=cfg.loss.name != "sft" and not cfg.loss.reference_free,
+        precompute_reference_logps=bool(train.get("precompute_reference_logps", False)),
+        logps_chunk_size=int(train.get("logps_chunk_size", 0)), share_prompt=bool(train.get("share_prompt", False)),
+        response_fraction=response_fraction,
+    )

@@ -1,0 +1,48 @@
+"""Probe mode: a few steps of a config, for its steady-state speed and peak memory only.
+
+    python -m dpo_sweeps probe.steps=8 fsdp=shard_grad_op precision=bf16 resources.nproc_per_node=2
+    python -m dpo_sweeps -m +sweep=quickstart probe.steps=8 hydra.sweep.dir=multirun/quickstart-probe
+
+A sweep can rank configs by speed per memory (`perf/speed_per_memory` in summary.json, the same
+metrics as a full run) before, or instead of, training them all. A probe run trains `probe.steps`
+steps exactly as the full run would (same sharding, precision, batches, techniques), the first
+`perf.warmup_steps` of them untimed, then stops: no periodic evaluation, one held-out micro-batch
+per rank at the end, no model saved, no checkpoints. Two things are skipped because they cannot
+change speed or memory: the reference model's one-time scoring pass (with
+`train.precompute_reference_logps`, the probe's pairs carry zeros instead), and everything after
+the last probe step. The summary's `perf/peak_memory_estimate_gib` is the estimate of
+memory_estimate.py for the same config, for comparison. bench/probe_vs_full.py checks that probes
+rank the quickstart grid as its full runs do.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from dpo_sweeps.errors import InvalidConfig
+
+
+def probe_steps(cfg: DictConfig) -> int:
+    probe = cfg.get("probe") or {}
+    steps = probe.get("steps", 0) or 0
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise InvalidConfig("probe.steps", f"got {steps!r}", "0 (a normal run) or the number of steps to probe")
+    return steps
+
+
+def apply_probe(cfg: DictConfig, world_size: int) -> bool:
+    """Turn `cfg` (in place: the caller's config object) into its probe; False when probe.steps is 0."""
+    steps = probe_steps(cfg)
+    if not steps:
+        return False
+    warmup = cfg.perf.warmup_steps
+    if steps <= warmup:
+        raise InvalidConfig("probe.steps", f"{steps} leaves no timed step after perf.warmup_steps={warmup}",
+                            f"an integer > {warmup} (e.g. {warmup + 5})")
+    cfg.train.max_steps = steps
+    cfg.train.eval_every = 0
+    cfg.train.eval_max_pairs = cfg.train.micro_batch_size * world_size
+    cfg.train.save_model = False
+    if cfg.get("checkpoint") is not None:
+        cfg.checkpoint.every_steps = 0
+    return True
