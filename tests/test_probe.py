@@ -1,0 +1,64 @@
+"""Probe mode (probe.steps) and the peak-memory estimate (dpo_sweeps/memory_estimate.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import run_cli
+from dpo_sweeps.memory_estimate import ModelShape, RunShape, estimate_peak_memory
+
+SHORT = ["train.eval_every=0", "data.num_train_pairs=256", "data.num_eval_pairs=64", "train.batch_size=16",
+         "train.micro_batch_size=8"]
+
+
+def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
+    result = run_cli(tmp_path / "run", *SHORT, "probe.steps=5", "perf.warmup_steps=2", "train.save_model=true")
+    assert result.returncode == 0, result.stderr[-2000:]
+    m = result.summary["metrics"]
+    assert m["steps"] == 5 and m["perf/timed_steps"] == 3
+    for key in ("perf/tokens_per_s_per_device", "perf/peak_memory_gib", "perf/speed_per_memory",
+                "perf/peak_memory_estimate_gib"):
+        assert m[key] > 0, key
+    assert not (tmp_path / "run" / "model").exists()  # a probe saves nothing
+    assert "not scored (probe)" in result.stdout + result.stderr
+    assert [r["step"] for r in result.records if "train/loss" in r] == [1, 2, 3, 4, 5]
+    # On a CPU the estimate includes the process's own memory; it lands near the measured peak.
+    assert 0.5 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.5
+
+
+def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):
+    result = run_cli(tmp_path / "run", *SHORT, "probe.steps=3", "perf.warmup_steps=3")
+    assert result.returncode != 0
+    assert result.summary["failure"]["kind"] == "invalid_config"
+    assert "probe.steps" in result.summary["failure"]["message"]
+
+
+GPT2_SMALL = ModelShape(num_params=124_000_000, num_layers=12, hidden=768, intermediate=3072, vocab=50257)
+RUN = RunShape(sharding_strategy="full_shard", shard_group_size=1, param_dtype="float32", optimizer="adamw",
+               micro_batch_size=4, seq_len=512)
+
+
+def test_memory_estimate_follows_sharding_precision_and_techniques():
+    base = estimate_peak_memory(GPT2_SMALL, RUN)
+    assert base.model_states == 16 * GPT2_SMALL.num_params  # fp32 weights, grads, two AdamW moments
+    sharded = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, shard_group_size=4))
+    assert sharded.model_states == base.model_states // 4 and sharded.total < base.total
+    grad_op = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, shard_group_size=4,
+                                                                   sharding_strategy="shard_grad_op"))
+    assert grad_op.gathered_params == 4 * GPT2_SMALL.num_params > sharded.gathered_params
+    bf16 = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, param_dtype="bfloat16"))
+    assert bf16.activations < base.activations and bf16.reference == base.reference // 2
+    precomputed = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, precompute_reference_logps=True))
+    assert precomputed.reference == 0 < base.reference
+    chunked = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, logps_chunk_size=256))
+    assert chunked.logits < base.logits / 5
+    assert estimate_peak_memory(GPT2_SMALL, RUN, baseline_bytes=10**9).total == base.total + 10**9
+
+
+@pytest.mark.parametrize("micro", [1, 2, 8])
+def test_memory_estimate_grows_with_the_micro_batch(micro):
+    small = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, micro_batch_size=micro))
+    large = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, micro_batch_size=2 * micro))
+    assert large.activations == 2 * small.activations and large.model_states == small.model_states
