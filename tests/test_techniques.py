@@ -133,7 +133,7 @@ def test_a_different_batch_layout_is_a_different_cache_entry(tmp_path, monkeypat
 def test_prefix_sharing_and_full_logits_runs_start_at_ln2(tmp_path):
     shared = run_cli(tmp_path / "shared", *SHORT, "train.share_prompt=true", "train.max_steps=2")
     full = run_cli(tmp_path / "full", *SHORT, "train.logps_chunk_size=0", "data.length_grouped=false",
-                   "train.precompute_reference_logps=false", "train.max_steps=2")
+                   "train.precompute_reference_logps=false", "train.share_prompt=false", "train.max_steps=2")
     for result in (shared, full):
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.train_losses()[0] == pytest.approx(math.log(2), rel=1e-6)
