@@ -32,7 +32,7 @@ from dpo_sweeps.distributed import (
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import RunFailure, failure_of
 from dpo_sweeps.rundir import (
-    RANK_FAILURES, read_rank_failures, read_summary, write_rank_failure, write_summary,
+    RANK_FAILURES, read_rank_failures, read_summary, redact_files, secret_values, write_rank_failure, write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
@@ -68,6 +68,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         group=Path(hydra_cfg.sweep.dir).name if multirun else run_dir.name,
         attempt=uuid.uuid4().hex,
     )
+    # Hydra saved the composed config before calling us: keep secrets out of it (and everything after).
+    secrets = secret_values(ctx.config, dict(os.environ))
+    redact_files(sorted((run_dir / ".hydra").glob("*.yaml")), secrets)
     summary = run_config(ctx)
     if summary["status"] != "completed":
         failure = summary["failure"]
