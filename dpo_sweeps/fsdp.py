@@ -65,10 +65,18 @@ def shard_model(
     mp_policy: MixedPrecisionPolicy,
     trainable: bool = True,
 ) -> torch.nn.Module:
-    """Apply fully_shard to each `block_name` module, then to the root; returns the model."""
+    """Apply fully_shard to each `block_name` module, then to the root; returns the model.
+
+    On one rank with nothing to cast or offload, the model is returned as it is: FSDP would shard
+    over a single rank and only copy parameters into and out of its buffers around every forward and
+    backward (about 6% of a step of the bench/dpo_vs_trl.py workload); the math is the same.
+    """
     blocks = check_block_name(model, block_name)
     if trainable and fsdp_cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    keeps_dtype = mp_policy.param_dtype in (None, torch.float32) and mp_policy.reduce_dtype in (None, torch.float32)
+    if mesh.size() == 1 and keeps_dtype and not fsdp_cfg.cpu_offload:
+        return model
     # A frozen model never runs backward: keeping its parameters gathered would only cost memory.
     reshard = bool(fsdp_cfg.reshard_after_forward) if trainable else True
     offload: OffloadPolicy = CPUOffloadPolicy() if fsdp_cfg.cpu_offload else OffloadPolicy()
