@@ -16,7 +16,9 @@ attention and norms and 5 i for the MLP (an activation written as several elemen
 GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the [rows, 1, L, L]
 fp32 padding mask each layer's SDPA keeps. Backward adds a few intermediate-sized gradients at once.
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
-model exists (Python, libraries, data) is added.
+model exists (Python, libraries, data) is added, plus what a torch CPU process gains once it trains
+beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers: CPU_RUNTIME,
+measured on the bench and quickstart runs).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "rmsprop": 4}
+CPU_RUNTIME = 110 * 2**20  # resident memory of a training torch CPU process beyond its tensors (measured)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class MemoryEstimate:
     reference: int
     activations: int
     logits: int
-    baseline: int  # CPU: the process's resident memory before the model existed
+    baseline: int  # CPU: the process's resident memory before the model existed, plus CPU_RUNTIME
     total: int
 
     @property
@@ -88,7 +91,11 @@ class MemoryEstimate:
 
 
 def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:
-    """Estimated peak bytes on the busiest device (see the module docstring for the accounting)."""
+    """Estimated peak bytes on the busiest device (see the module docstring for the accounting).
+
+    `baseline_bytes`: on a CPU, the process's resident memory before the model was built (CPU_RUNTIME
+    is added to it); 0 on a GPU, whose allocator counts tensors only.
+    """
     s = max(1, run.shard_group_size)
     pb = DTYPE_BYTES[run.param_dtype]
     p = model.num_params
@@ -115,8 +122,9 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     else:
         # logits (compute dtype), their fp32 log-softmax, and the gradient in backward
         logits = tokens * model.vocab * (pb + 4 + 4 + (4 if pb != 4 else 0))
-    total = model_states + gathered + reference + activations + logits + baseline_bytes
-    return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline_bytes, total)
+    baseline = baseline_bytes + CPU_RUNTIME if baseline_bytes else 0
+    total = model_states + gathered + reference + activations + logits + baseline
+    return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline, total)
 
 
 def run_shape_of(cfg, world_size: int, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:

@@ -144,8 +144,9 @@ def cache_key(reference: torch.nn.Module, train_pairs: list[EncodedPair], eval_p
     steps_reached = len({step for step, _, _ in first_use_plan(sampler, layout)})
     return {
         "format": FORMAT, "reference": weights_digest(reference), "pairs": pairs_digest(train_pairs, eval_pairs),
-        "layout": {**asdict(layout), "seed": seed, "length_group_window": sampler.group_window,
-                   "steps_reached": steps_reached},
+        # max_steps itself is left out: runs that reach the same pairs share an entry.
+        "layout": {**{k: v for k, v in asdict(layout).items() if k != "max_steps"}, "seed": seed,
+                   "length_group_window": sampler.group_window, "steps_reached": steps_reached},
         "scoring": {**scoring, "torch": torch.__version__},
     }
 

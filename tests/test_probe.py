@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from conftest import run_cli
-from dpo_sweeps.memory_estimate import ModelShape, RunShape, estimate_peak_memory
+from dpo_sweeps.memory_estimate import CPU_RUNTIME, ModelShape, RunShape, estimate_peak_memory
 
 SHORT = ["train.eval_every=0", "data.num_train_pairs=256", "data.num_eval_pairs=64", "train.batch_size=16",
          "train.micro_batch_size=8"]
@@ -25,7 +25,7 @@ def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
     assert "not scored (probe)" in result.stdout + result.stderr
     assert [r["step"] for r in result.records if "train/loss" in r] == [1, 2, 3, 4, 5]
     # On a CPU the estimate includes the process's own memory; it lands near the measured peak.
-    assert 0.5 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.5
+    assert 0.75 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.25
 
 
 def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):
@@ -54,7 +54,8 @@ def test_memory_estimate_follows_sharding_precision_and_techniques():
     assert precomputed.reference == 0 < base.reference
     chunked = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, logps_chunk_size=256))
     assert chunked.logits < base.logits / 5
-    assert estimate_peak_memory(GPT2_SMALL, RUN, baseline_bytes=10**9).total == base.total + 10**9
+    on_cpu = estimate_peak_memory(GPT2_SMALL, RUN, baseline_bytes=10**9)
+    assert on_cpu.total == base.total + 10**9 + CPU_RUNTIME
 
 
 @pytest.mark.parametrize("micro", [1, 2, 8])
