@@ -5,10 +5,15 @@
 
 Runs `python -m dpo_sweeps -m +sweep=quickstart probe.steps=N` (fsdp {full_shard, shard_grad_op} x
 precision {fp32, bf16} x beta {0.1, 0.5}, 2 ranks each) and the same sweep in full, then compares
-the rankings by `perf/speed_per_memory` (Spearman's rho, ties at their average rank), and what each
-cost: the training steps' time (from metrics.jsonl, warm-up included), the CPU seconds of every
-process (start-up, data, reference pass, evaluation included) and the wall time. It also prints each
-config's measured peak memory beside memory_estimate.py's estimate.
+the rankings by speed per memory (Spearman's rho, ties at their average rank) two ways:
+- `perf/speed_per_memory` of summary.json (tokens over the summed step times, per GiB);
+- the same from the median step time (metrics.jsonl), which a passing burst of other work on a
+  shared machine cannot drag (every config sees the same batches, so tokens per step match).
+Beta does not change speed or memory, so the beta=0.1 and beta=0.5 halves of the full runs are two
+measurements of the same four configs: their agreement is the best any probe can hope for.
+Cost: the training steps and the reference pass (warm-up included), the CPU seconds of every process
+(start-up, data, evaluation included) and the wall time. Each config's measured peak memory is
+printed beside memory_estimate.py's estimate.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import resource
 import subprocess
 import sys
@@ -50,12 +56,16 @@ def read_runs(sweep_dir: Path) -> dict[tuple, dict]:
         key = tuple(overrides.get(k) for k in KEYS)
         metrics = summary["metrics"]
         records = [json.loads(line) for line in (summary_path.parent / "metrics.jsonl").open()]
-        step_s = sum(r.get("perf/step_time_s", 0.0) for r in records if "train/loss" in r)
+        steps = [r["perf/step_time_s"] for r in records if "train/loss" in r]
+        warmup = summary["config"]["perf"]["warmup_steps"]
+        median_step = statistics.median(steps[warmup:] or steps)
         runs[key] = {"status": summary["status"], "speed_per_memory": metrics.get("perf/speed_per_memory"),
+                     "median_speed_per_memory": 1 / median_step / metrics["perf/peak_memory_gib"],
+                     "reference_s": metrics.get("perf/reference_precompute_s") or 0.0,
                      "tokens_per_s_per_device": metrics.get("perf/tokens_per_s_per_device"),
                      "peak_memory_gib": metrics.get("perf/peak_memory_gib"),
                      "estimate_gib": metrics.get("perf/peak_memory_estimate_gib"), "steps": metrics.get("steps"),
-                     "step_s": step_s}
+                     "step_s": sum(steps)}
     return runs
 
 
@@ -79,19 +89,28 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/probe-vs-full"))
     parser.add_argument("--probe-steps", type=int, default=6)
     parser.add_argument("--probe-warmup", type=int, default=2, help="perf.warmup_steps of the probes")
-    parser.add_argument("--skip-full", action="store_true", help="reuse the full runs already in --workdir")
+    parser.add_argument("--reuse", action="store_true", help="only compare the runs already in --workdir")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
 
-    cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
-                                                     f"perf.warmup_steps={args.probe_warmup}"],
-                           args.workdir / "probe.log")}
-    if not args.skip_full:
-        cost["full"] = sweep(args.workdir / "full", [], args.workdir / "full.log")
+    if args.reuse:
+        cost = json.loads((args.workdir / "results.json").read_text())["cost"]
+    else:
+        cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
+                                                         f"perf.warmup_steps={args.probe_warmup}"],
+                               args.workdir / "probe.log"),
+                "full": sweep(args.workdir / "full", [], args.workdir / "full.log")}
     probe, full = read_runs(args.workdir / "probe"), read_runs(args.workdir / "full")
     configs = sorted(set(probe) & set(full))
     ok = [c for c in configs if probe[c]["status"] == full[c]["status"] == "completed"]
     rho = spearman([probe[c]["speed_per_memory"] for c in ok], [full[c]["speed_per_memory"] for c in ok])
+    rho_median = spearman([probe[c]["median_speed_per_memory"] for c in ok],
+                          [full[c]["median_speed_per_memory"] for c in ok])
+    halves = [[c for c in ok if c[2] == beta] for beta in sorted({c[2] for c in ok})]
+    self_rho = self_rho_median = float("nan")
+    if len(halves) == 2 and [c[:2] for c in halves[0]] == [c[:2] for c in halves[1]]:
+        self_rho = spearman(*[[full[c]["speed_per_memory"] for c in h] for h in halves])
+        self_rho_median = spearman(*[[full[c]["median_speed_per_memory"] for c in h] for h in halves])
 
     print(f"{'fsdp':<14}{'precision':<10}{'beta':<6}{'probe tok/s/GiB':>16}{'full tok/s/GiB':>16}"
           f"{'probe rank':>11}{'full rank':>10}{'peak GiB':>10}{'estimate':>10}{'error':>8}")
@@ -102,17 +121,23 @@ def main() -> None:
         err = (f["estimate_gib"] - f["peak_memory_gib"]) / f["peak_memory_gib"] if f["estimate_gib"] else float("nan")
         print(f"{c[0]:<14}{c[1]:<10}{c[2]:<6}{probe[c]['speed_per_memory']:>16.1f}{f['speed_per_memory']:>16.1f}"
               f"{pr[i]:>11.1f}{fr[i]:>10.1f}{f['peak_memory_gib']:>10.3f}{f['estimate_gib'] or 0:>10.3f}{err:>+8.0%}")
-    step_ratio = sum(probe[c]["step_s"] for c in ok) / max(1e-9, sum(full[c]["step_s"] for c in ok))
-    print(f"\nSpearman rho (speed per memory, probe vs full, {len(ok)} configs): {rho:.3f}")
-    print(f"probe cost / full cost: training steps {step_ratio:.1%}", end="")
-    if "full" in cost:
-        print(f", CPU seconds of all processes {cost['probe']['cpu_s'] / cost['full']['cpu_s']:.1%}, "
-              f"wall {cost['probe']['wall_s'] / cost['full']['wall_s']:.1%}")
+    train_s = {name: sum(runs[c]["step_s"] + runs[c]["reference_s"] for c in ok)
+               for name, runs in (("probe", probe), ("full", full))}
+    step_ratio = train_s["probe"] / max(1e-9, train_s["full"])
+    print(f"\nSpearman rho, probe vs full, {len(ok)} configs: {rho:.3f} on perf/speed_per_memory, "
+          f"{rho_median:.3f} on the median step time")
+    print(f"full runs against themselves (beta=0.1 vs beta=0.5 halves, 4 configs): {self_rho:.3f} on "
+          f"perf/speed_per_memory, {self_rho_median:.3f} on the median step time")
+    print(f"probe cost / full cost: training steps and reference pass {step_ratio:.1%}, "
+          f"CPU seconds of all processes {cost['probe']['cpu_s'] / cost['full']['cpu_s']:.1%}, "
+          f"wall {cost['probe']['wall_s'] / cost['full']['wall_s']:.1%}")
     print(f"(probe: {args.probe_steps} steps, {args.probe_warmup} untimed; full: "
           f"{max(full[c]['steps'] or 0 for c in ok)} steps; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores)")
     (args.workdir / "results.json").write_text(json.dumps({
-        "spearman": rho, "cost": cost, "step_ratio": step_ratio, "probe_steps": args.probe_steps,
+        "spearman": rho, "spearman_median_step": rho_median, "full_self_spearman": self_rho,
+        "full_self_spearman_median_step": self_rho_median, "cost": cost, "step_ratio": step_ratio,
+        "probe_steps": args.probe_steps,
         "probe": {"/".join(c): probe[c] for c in configs}, "full": {"/".join(c): full[c] for c in configs},
     }, indent=1))
 
