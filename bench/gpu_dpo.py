@@ -51,12 +51,13 @@ def write_pairs(path: Path, w: dict, seed: int = 0) -> None:
 
 def run(workdir: Path, name: str, w: dict, precision: str, extra: list[str], device: str) -> dict:
     run_dir = workdir / name
-    cmd = [sys.executable, "-m", "dpo_sweeps", w["model"], "data=preference", f"data.path={workdir / 'pairs.jsonl'}",
+    cmd = [sys.executable, "-m", "dpo_sweeps", w["model"], "data=preference",
+           f"data.path={workdir / 'pairs.jsonl'}",
            f"data.max_length={w['max_length']}", f"data.max_prompt_length={w['max_prompt_length']}",
            f"precision={precision}", f"train.batch_size={w['batch']}", f"train.micro_batch_size={w['micro']}",
            f"train.max_steps={w['steps']}", f"perf.warmup_steps={w['warmup']}", "train.eval_every=0",
-           f"train.eval_max_pairs={w['micro']}", f"data.eval_size={w['micro']}", "train.save_model=false", "checkpoint.every_steps=0",
-           "wandb.mode=disabled", "train.progress_bar=false", f"resources.device={device}",
+           f"train.eval_max_pairs={w['micro']}", f"data.eval_size={w['micro']}", "train.save_model=false",
+           "checkpoint.every_steps=0", "wandb.mode=disabled", "train.progress_bar=false", f"resources.device={device}",
            f"hydra.run.dir={run_dir}", *extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                DPO_SWEEPS_CACHE=str(workdir / "cache"))
