@@ -1,19 +1,24 @@
 """Does probing a sweep rank its configs by speed per memory as training them fully does?
 
-    python bench/probe_vs_full.py                      # the quickstart grid: 8 probes, then 8 full runs
-    python bench/probe_vs_full.py --probe-steps 6 --workdir /tmp/probe-vs-full
+    python bench/probe_vs_full.py                       # 4 probes (one per shape), then the 8 full runs
+    python bench/probe_vs_full.py --probe-every-point   # 8 probes, one per grid point
+    python bench/probe_vs_full.py --workdir /tmp/probe-vs-full --probe-steps 10 --probe-warmup 1
 
-Runs `python -m dpo_sweeps -m +sweep=quickstart probe.steps=N` (fsdp {full_shard, shard_grad_op} x
-precision {fp32, bf16} x beta {0.1, 0.5}, 2 ranks each) and the same sweep in full, then compares
-the rankings by speed per memory (Spearman's rho, ties at their average rank) two ways:
-- `perf/speed_per_memory` of summary.json (tokens over the summed step times, per GiB);
+The quickstart grid is fsdp {full_shard, shard_grad_op} x precision {fp32, bf16} x beta {0.1, 0.5},
+2 ranks each. Beta changes neither what is computed nor what is held in memory, so by default the probe
+sweep covers the four shapes that can differ (`+sweep=quickstart probe.steps=N loss.beta=0.1`) and each
+grid point takes the probe of its shape: the beta=0.1 and beta=0.5 points tie in the probe's ranking.
+The full sweep trains all 8 points. The rankings are compared (Spearman's rho, ties at their average
+rank) two ways:
+- `perf/speed_per_memory` of summary.json (tokens over the summed step times, per GiB), what
+  analysis/report.py ranks by;
 - the same from the median step time (metrics.jsonl), which a passing burst of other work on a
   shared machine cannot drag (every config sees the same batches, so tokens per step match).
-Beta does not change speed or memory, so the beta=0.1 and beta=0.5 halves of the full runs are two
-measurements of the same four configs: their agreement is the best any probe can hope for.
-Cost: the training steps and the reference pass (warm-up included), the CPU seconds of every process
-(start-up, data, evaluation included) and the wall time. Each config's measured peak memory is
-printed beside memory_estimate.py's estimate.
+The beta=0.1 and beta=0.5 halves of the full runs are two measurements of the same four configs:
+their agreement shows how reproducible the full runs' own ranking is.
+Cost: training steps (the same batches, so steps are compute), the measured step time plus the
+reference pass, the CPU seconds of every process (start-up, data, evaluation included) and the wall
+time. Each config's measured peak memory is printed beside memory_estimate.py's estimate.
 """
 
 from __future__ import annotations
@@ -87,20 +92,30 @@ def spearman(a: list[float], b: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/probe-vs-full"))
-    parser.add_argument("--probe-steps", type=int, default=6)
-    parser.add_argument("--probe-warmup", type=int, default=2, help="perf.warmup_steps of the probes")
+    parser.add_argument("--probe-steps", type=int, default=None,
+                        help="steps per probe (default 10 per shape, 5 with --probe-every-point: 10%% of the "
+                             "full sweep's 480 steps either way)")
+    parser.add_argument("--probe-warmup", type=int, default=1, help="perf.warmup_steps of the probes")
+    parser.add_argument("--probe-every-point", action="store_true",
+                        help="probe all 8 grid points instead of the 4 shapes beta does not change")
     parser.add_argument("--reuse", action="store_true", help="only compare the runs already in --workdir")
     args = parser.parse_args()
+    if args.probe_steps is None:
+        args.probe_steps = 5 if args.probe_every_point else 10
     args.workdir.mkdir(parents=True, exist_ok=True)
 
     if args.reuse:
         cost = json.loads((args.workdir / "results.json").read_text())["cost"]
     else:
+        shapes_only = [] if args.probe_every_point else ["loss.beta=0.1"]
         cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
-                                                         f"perf.warmup_steps={args.probe_warmup}"],
+                                                         f"perf.warmup_steps={args.probe_warmup}", *shapes_only],
                                args.workdir / "probe.log"),
                 "full": sweep(args.workdir / "full", [], args.workdir / "full.log")}
-    probe, full = read_runs(args.workdir / "probe"), read_runs(args.workdir / "full")
+    probed, full = read_runs(args.workdir / "probe"), read_runs(args.workdir / "full")
+    # Each grid point takes the probe of its shape (fsdp, precision): beta does not change speed or memory.
+    by_shape = {c[:2]: r for c, r in probed.items()}
+    probe = {c: probed.get(c) or by_shape[c[:2]] for c in full if c in probed or c[:2] in by_shape}
     configs = sorted(set(probe) & set(full))
     ok = [c for c in configs if probe[c]["status"] == full[c]["status"] == "completed"]
     rho = spearman([probe[c]["speed_per_memory"] for c in ok], [full[c]["speed_per_memory"] for c in ok])
@@ -121,23 +136,27 @@ def main() -> None:
         err = (f["estimate_gib"] - f["peak_memory_gib"]) / f["peak_memory_gib"] if f["estimate_gib"] else float("nan")
         print(f"{c[0]:<14}{c[1]:<10}{c[2]:<6}{probe[c]['speed_per_memory']:>16.1f}{f['speed_per_memory']:>16.1f}"
               f"{pr[i]:>11.1f}{fr[i]:>10.1f}{f['peak_memory_gib']:>10.3f}{f['estimate_gib'] or 0:>10.3f}{err:>+8.0%}")
-    train_s = {name: sum(runs[c]["step_s"] + runs[c]["reference_s"] for c in ok)
-               for name, runs in (("probe", probe), ("full", full))}
+    train_s = {name: sum(r["step_s"] + r["reference_s"] for r in runs.values() if r["status"] == "completed")
+               for name, runs in (("probe", probed), ("full", full))}
+    steps = {name: sum(r["steps"] or 0 for r in runs.values()) for name, runs in (("probe", probed), ("full", full))}
     step_ratio = train_s["probe"] / max(1e-9, train_s["full"])
+    steps_ratio = steps["probe"] / max(1, steps["full"])
     print(f"\nSpearman rho, probe vs full, {len(ok)} configs: {rho:.3f} on perf/speed_per_memory, "
           f"{rho_median:.3f} on the median step time")
     print(f"full runs against themselves (beta=0.1 vs beta=0.5 halves, 4 configs): {self_rho:.3f} on "
           f"perf/speed_per_memory, {self_rho_median:.3f} on the median step time")
-    print(f"probe cost / full cost: training steps and reference pass {step_ratio:.1%}, "
+    print(f"probe cost / full cost: training steps {steps['probe']}/{steps['full']} = {steps_ratio:.1%}, "
+          f"measured step time and reference pass {step_ratio:.1%}, "
           f"CPU seconds of all processes {cost['probe']['cpu_s'] / cost['full']['cpu_s']:.1%}, "
           f"wall {cost['probe']['wall_s'] / cost['full']['wall_s']:.1%}")
-    print(f"(probe: {args.probe_steps} steps, {args.probe_warmup} untimed; full: "
+    print(f"(probe: {len(probed)} runs of {args.probe_steps} steps, {args.probe_warmup} untimed; full: "
           f"{max(full[c]['steps'] or 0 for c in ok)} steps; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores)")
     (args.workdir / "results.json").write_text(json.dumps({
         "spearman": rho, "spearman_median_step": rho_median, "full_self_spearman": self_rho,
         "full_self_spearman_median_step": self_rho_median, "cost": cost, "step_ratio": step_ratio,
-        "probe_steps": args.probe_steps,
+        "steps": steps, "steps_ratio": steps_ratio, "probe_steps": args.probe_steps,
+        "probe_warmup": args.probe_warmup, "probe_every_point": args.probe_every_point,
         "probe": {"/".join(c): probe[c] for c in configs}, "full": {"/".join(c): full[c] for c in configs},
     }, indent=1))
 

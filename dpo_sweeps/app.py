@@ -27,7 +27,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.distributed import (
-    RankEnv, all_reduce, free_port, from_submitit_env, from_torchrun_env, init_process_group, select_device,
+    OWN_CORES_ENV, RankEnv, all_reduce, free_port, from_submitit_env, from_torchrun_env, init_process_group, rank_cores,
+    select_device,
 )
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import RunFailure, failure_of
@@ -152,17 +153,42 @@ def _write_failed(ctx: RunContext, failure: dict) -> dict:
                          config=ctx.config, metrics={}, extra={"attempt": ctx.attempt})
 
 
-def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False) -> dict | None:
+def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
+    """CPU threads for this rank, after binding it to its own cores when it may (`bind_cores`)."""
+    # The cores this process may run on (a launcher may pin each job to its own), not the machine's.
+    if hasattr(os, "sched_getaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+    else:
+        allowed = list(range(os.cpu_count() or 1))
+    own = allowed if os.environ.get(OWN_CORES_ENV) == "1" else None
+    if own is not None:
+        log.info("rank %d bound to cores %s by the launcher (resources.bind_cores)", env.rank, own)
+    on_cpu = cfg.resources.device == "cpu" or (cfg.resources.device == "auto" and not torch.cuda.is_available())
+    if own is None and bind_cores and cfg.resources.get("bind_cores", True) and env.local_world_size > 1 and on_cpu:
+        own = rank_cores(allowed, env.local_rank, env.local_world_size)
+        if own is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, own)
+            log.info("rank %d bound to cores %s of %s (resources.bind_cores)", env.rank, own, allowed)
+    if cfg.resources.threads_per_rank:
+        return int(cfg.resources.threads_per_rank)
+    if own is not None:
+        return len(own)
+    slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm_cpus.isdigit() and env.local_world_size > 1:  # each SLURM task (rank) has its own CPUs
+        return int(slurm_cpus)
+    return max(1, len(allowed) // env.local_world_size)
+
+
+def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_cores: bool = False) -> dict | None:
     """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None.
 
     `claim_run_dir`: rank 0 takes the run directory's lock here (torchrun, multi-task submitit jobs);
-    otherwise the caller holds it.
+    otherwise the caller holds it. `bind_cores`: the caller started all local ranks with the same cores
+    (so each may take its own block of them, `resources.bind_cores`); torchrun and SLURM tasks leave
+    binding to their launcher (`srun --cpu-bind`).
     """
     cfg = OmegaConf.create(ctx.config)
-    # The cores this process may run on (a launcher may pin each job to its own), not the machine's.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = cfg.resources.threads_per_rank or max(1, cores // env.local_world_size)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.get("time_limit_min")).install()
     trainer: Trainer | None = None
     lock: RunDirLock | None = None
@@ -251,7 +277,7 @@ def _rank_process(ctx: RunContext, env: RankEnv) -> None:
     die_with_parent()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
-    summary = run_rank(ctx, env)
+    summary = run_rank(ctx, env, bind_cores=True)
     failed = summary is None and (ctx.run_dir / "rank_failures" / f"rank{env.rank}.json").exists()
     sys.exit(1 if failed or (summary is not None and summary["status"] != "completed") else 0)
 

@@ -84,12 +84,13 @@ class SweepLauncher(BaseSubmititLauncher):
         import submitit
 
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
-        if placement is not None:
-            placement.apply()
         Singleton.set_state(singleton_state)
         setup_globals()
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
         env = submitit.JobEnvironment()
+        if placement is not None:  # before anything touches CUDA
+            bind = bool(OmegaConf.select(sweep_config, "resources.bind_cores", default=True))
+            placement.apply(env.local_rank, env.num_tasks // env.num_nodes, bind_cores=bind)
         with open_dict(sweep_config.hydra.job) as job:
             job.id = env.job_id
             job.num = job_num

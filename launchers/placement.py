@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from dpo_sweeps.distributed import OWN_CORES_ENV, rank_cores
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -20,11 +22,19 @@ class Placement:
     # CUDA_VISIBLE_DEVICES entries (indices or UUIDs); empty for a CPU job.
     gpus: tuple[str, ...] = ()
 
-    def apply(self) -> None:
-        """Pin this process (and the rank processes it starts) to the placement."""
+    def apply(self, task: int = 0, tasks: int = 1, bind_cores: bool = False) -> None:
+        """Pin this process (task `task` of the job's `tasks`) to the placement.
+
+        With `bind_cores`, a CPU job's task (one rank) takes its own block of the job's cores
+        (`resources.bind_cores`), and says so to the trainer, which then uses that many threads.
+        """
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
-        if self.cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, self.cpus)
+        if not self.cpus or not hasattr(os, "sched_setaffinity"):
+            return
+        own = rank_cores(list(self.cpus), task, tasks) if bind_cores and tasks > 1 and not self.gpus else None
+        os.sched_setaffinity(0, own or self.cpus)
+        if own:
+            os.environ[OWN_CORES_ENV] = "1"
 
     def describe(self) -> str:
         where = f"GPUs {','.join(self.gpus)}" if self.gpus else "CPU"

@@ -1,6 +1,8 @@
 """Every sharding strategy x precision trains as real multi-rank FSDP2 (gloo, CPU processes)."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,9 +57,17 @@ def test_one_and_two_ranks_give_the_same_losses_in_fp32(tmp_path):
     one = run_cli(tmp_path / "one", *SHORT)
     assert one.returncode == 0, one.stderr[-2000:]
     reference = one.train_losses()
-    for strategy in ("full_shard", "shard_grad_op"):
-        two = run_cli(tmp_path / strategy, *SHORT, f"fsdp={strategy}", "resources.nproc_per_node=2")
+    cores = sorted(os.sched_getaffinity(0))
+    # Binding the ranks to cores of their own (the default) or not changes speed, never the numbers.
+    for strategy, bind in (("full_shard", True), ("shard_grad_op", False)):
+        two = run_cli(tmp_path / strategy, *SHORT, f"fsdp={strategy}", "resources.nproc_per_node=2",
+                      f"resources.bind_cores={bind}")
         assert two.returncode == 0, two.stderr[-2000:]
+        bound = re.search(r"rank 0 bound to cores (\[[\d, ]+\]) of", two.stderr)
+        if bind and len(cores) >= 2:
+            assert bound and json.loads(bound.group(1)) == cores[:len(cores) // 2], two.stderr[-2000:]
+        else:
+            assert bound is None
         for a, b in zip(reference, two.train_losses(), strict=True):
             assert abs(a - b) <= 1e-4 * abs(a), (strategy, reference, two.train_losses())
 

@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_helpers import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
+from dpo_sweeps.distributed import rank_cores  # noqa: E402
 from launchers.placement import DevicePool  # noqa: E402
 
 # Four jobs, one of which fails: only the 2-rank job that reaches step 5 has the faulty rank 1.
@@ -102,6 +103,15 @@ def test_quickstart_grid_runs_all_eight_points(tmp_path):
     points = {(s["config"]["fsdp"]["sharding_strategy"], s["config"]["precision"]["name"], s["config"]["loss"]["beta"])
               for s in summaries}
     assert len(points) == 8
+    # Each rank of a CPU job runs on its own core of the job's (resources.bind_cores, the default).
+    logs = "".join(p.read_text() for p in sweep_dir.glob("*/*.log"))
+    assert len(re.findall(r"rank 0 bound to cores \[\d+\] by the launcher", logs)) == 8, logs[-2000:]
+
+
+def test_each_rank_gets_its_own_block_of_the_cores():
+    assert rank_cores([4, 5, 6, 7], 0, 2) == [4, 5] and rank_cores([7, 6, 5, 4], 1, 2) == [6, 7]
+    assert rank_cores([0, 1, 2], 1, 2) == [1]  # equal blocks; a spare core stays unused
+    assert rank_cores([0], 0, 2) is None  # fewer cores than ranks: no binding
 
 
 def test_concurrent_gpu_jobs_get_disjoint_gpus_and_cores():
