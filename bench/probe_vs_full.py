@@ -1,24 +1,25 @@
 """Does probing a sweep rank its configs by speed per memory as training them fully does?
 
-    python bench/probe_vs_full.py                       # 4 probes (one per shape), then the 8 full runs
+    python bench/probe_vs_full.py                       # 4 probes (one per shape), then 3 full sweeps of 8 runs
     python bench/probe_vs_full.py --probe-every-point   # 8 probes, one per grid point
-    python bench/probe_vs_full.py --workdir /tmp/probe-vs-full --probe-steps 10 --probe-warmup 1
+    python bench/probe_vs_full.py --full-repeats 1 --probe-steps 10 --probe-warmup 1 --workdir /tmp/pvf
 
 The quickstart grid is fsdp {full_shard, shard_grad_op} x precision {fp32, bf16} x beta {0.1, 0.5},
 2 ranks each. Beta changes neither what is computed nor what is held in memory, so by default the probe
 sweep covers the four shapes that can differ (`+sweep=quickstart probe.steps=N loss.beta=0.1`) and each
 grid point takes the probe of its shape: the beta=0.1 and beta=0.5 points tie in the probe's ranking.
-The full sweep trains all 8 points. The rankings are compared (Spearman's rho, ties at their average
-rank) two ways:
-- `perf/speed_per_memory` of summary.json (tokens over the summed step times, per GiB), what
-  analysis/report.py ranks by;
-- the same from the median step time (metrics.jsonl), which a passing burst of other work on a
-  shared machine cannot drag (every config sees the same batches, so tokens per step match).
-The beta=0.1 and beta=0.5 halves of the full runs are two measurements of the same four configs:
-their agreement shows how reproducible the full runs' own ranking is.
-Cost: training steps (the same batches, so steps are compute), the measured step time plus the
-reference pass, the CPU seconds of every process (start-up, data, evaluation included) and the wall
-time. Each config's measured peak memory is printed beside memory_estimate.py's estimate.
+Each full sweep trains all 8 points for 60 steps.
+
+Rankings are compared with Spearman's rho (ties at their average rank) on `perf/speed_per_memory` of
+summary.json (tokens over the summed step times, per GiB: what analysis/report.py ranks by) and on the
+same from the median step time (metrics.jsonl). Full sweeps are repeated because on a small shared
+machine two full sweeps do not rank configs that are within a few percent of each other the same way:
+the script prints the probe against each full sweep, the full sweeps against each other, the probe
+against the mean of the full sweeps and each full sweep against the mean of the others.
+Cost, against one full sweep: training steps (the same batches, so steps are compute), the measured
+step time plus the reference pass, the CPU seconds of every process (start-up, data, evaluation
+included) and the wall time. Each config's measured peak memory is printed beside
+memory_estimate.py's estimate.
 """
 
 from __future__ import annotations
@@ -89,20 +90,43 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def shape_probes(probed: dict[tuple, dict], grid: list[tuple]) -> dict[tuple, dict]:
+    """Each grid point's probe: its own, or the probe of its shape (fsdp, precision), which beta cannot change."""
+    by_shape = {c[:2]: r for c, r in probed.items()}
+    return {c: probed.get(c) or by_shape[c[:2]] for c in grid if c in probed or c[:2] in by_shape}
+
+
+def rho_of(a: dict[tuple, dict], b: dict[tuple, dict], configs: list[tuple], key: str = "speed_per_memory") -> float:
+    return spearman([a[c][key] for c in configs], [b[c][key] for c in configs])
+
+
+def pooled(fulls: list[dict[tuple, dict]], configs: list[tuple]) -> dict[tuple, dict]:
+    """Per config, the mean of the full sweeps' figures: a steadier reference than any one sweep."""
+    return {c: {k: statistics.mean(f[c][k] for f in fulls) for k in ("speed_per_memory", "median_speed_per_memory")}
+            for c in configs}
+
+
+def fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.3f}" for v in values) or "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/probe-vs-full"))
     parser.add_argument("--probe-steps", type=int, default=None,
-                        help="steps per probe (default 10 per shape, 5 with --probe-every-point: 10%% of the "
-                             "full sweep's 480 steps either way)")
+                        help="steps per probe (default 10 per shape, 5 with --probe-every-point: under 10%% of "
+                             "one full sweep's 480 steps either way)")
     parser.add_argument("--probe-warmup", type=int, default=1, help="perf.warmup_steps of the probes")
     parser.add_argument("--probe-every-point", action="store_true",
                         help="probe all 8 grid points instead of the 4 shapes beta does not change")
+    parser.add_argument("--full-repeats", type=int, default=3,
+                        help="full sweeps to run: the probe is compared with each, and the sweeps with each other")
     parser.add_argument("--reuse", action="store_true", help="only compare the runs already in --workdir")
     args = parser.parse_args()
     if args.probe_steps is None:
         args.probe_steps = 5 if args.probe_every_point else 10
     args.workdir.mkdir(parents=True, exist_ok=True)
+    full_dirs = [args.workdir / (f"full-{i + 1}" if i else "full") for i in range(args.full_repeats)]
 
     if args.reuse:
         cost = json.loads((args.workdir / "results.json").read_text())["cost"]
@@ -110,54 +134,61 @@ def main() -> None:
         shapes_only = [] if args.probe_every_point else ["loss.beta=0.1"]
         cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
                                                          f"perf.warmup_steps={args.probe_warmup}", *shapes_only],
-                               args.workdir / "probe.log"),
-                "full": sweep(args.workdir / "full", [], args.workdir / "full.log")}
-    probed, full = read_runs(args.workdir / "probe"), read_runs(args.workdir / "full")
-    # Each grid point takes the probe of its shape (fsdp, precision): beta does not change speed or memory.
-    by_shape = {c[:2]: r for c, r in probed.items()}
-    probe = {c: probed.get(c) or by_shape[c[:2]] for c in full if c in probed or c[:2] in by_shape}
-    configs = sorted(set(probe) & set(full))
-    ok = [c for c in configs if probe[c]["status"] == full[c]["status"] == "completed"]
-    rho = spearman([probe[c]["speed_per_memory"] for c in ok], [full[c]["speed_per_memory"] for c in ok])
-    rho_median = spearman([probe[c]["median_speed_per_memory"] for c in ok],
-                          [full[c]["median_speed_per_memory"] for c in ok])
-    halves = [[c for c in ok if c[2] == beta] for beta in sorted({c[2] for c in ok})]
-    self_rho = self_rho_median = float("nan")
-    if len(halves) == 2 and [c[:2] for c in halves[0]] == [c[:2] for c in halves[1]]:
-        self_rho = spearman(*[[full[c]["speed_per_memory"] for c in h] for h in halves])
-        self_rho_median = spearman(*[[full[c]["median_speed_per_memory"] for c in h] for h in halves])
+                               args.workdir / "probe.log")}
+        for d in full_dirs:
+            cost[d.name] = sweep(d, [], args.workdir / f"{d.name}.log")
+    probed = read_runs(args.workdir / "probe")
+    fulls = [read_runs(d) for d in full_dirs]
+    full = fulls[0]
+    probe = shape_probes(probed, sorted(full))
+    ok = [c for c in sorted(probe) if probe[c]["status"] == "completed"
+          and all(f.get(c, {}).get("status") == "completed" for f in fulls)]
+    reference = pooled(fulls, ok)
 
-    print(f"{'fsdp':<14}{'precision':<10}{'beta':<6}{'probe tok/s/GiB':>16}{'full tok/s/GiB':>16}"
+    print(f"{'fsdp':<14}{'precision':<10}{'beta':<6}{'probe tok/s/GiB':>16}{'full tok/s/GiB (each sweep)':>30}"
           f"{'probe rank':>11}{'full rank':>10}{'peak GiB':>10}{'estimate':>10}{'error':>8}")
     pr = average_ranks([-probe[c]["speed_per_memory"] for c in ok])
-    fr = average_ranks([-full[c]["speed_per_memory"] for c in ok])
+    fr = average_ranks([-reference[c]["speed_per_memory"] for c in ok])
     for i, c in enumerate(ok):
         f = full[c]
         err = (f["estimate_gib"] - f["peak_memory_gib"]) / f["peak_memory_gib"] if f["estimate_gib"] else float("nan")
-        print(f"{c[0]:<14}{c[1]:<10}{c[2]:<6}{probe[c]['speed_per_memory']:>16.1f}{f['speed_per_memory']:>16.1f}"
+        each = " ".join(f"{g[c]['speed_per_memory']:.0f}" for g in fulls)
+        print(f"{c[0]:<14}{c[1]:<10}{c[2]:<6}{probe[c]['speed_per_memory']:>16.0f}{each:>30}"
               f"{pr[i]:>11.1f}{fr[i]:>10.1f}{f['peak_memory_gib']:>10.3f}{f['estimate_gib'] or 0:>10.3f}{err:>+8.0%}")
-    train_s = {name: sum(r["step_s"] + r["reference_s"] for r in runs.values() if r["status"] == "completed")
-               for name, runs in (("probe", probed), ("full", full))}
-    steps = {name: sum(r["steps"] or 0 for r in runs.values()) for name, runs in (("probe", probed), ("full", full))}
+    print("(full rank: by the mean of the full sweeps)")
+
+    results: dict = {"probe_vs_full": [], "full_vs_full": []}
+    for key, label in (("speed_per_memory", "perf/speed_per_memory"), ("median_speed_per_memory", "median step")):
+        vs_each = [rho_of(probe, f, ok, key) for f in fulls]
+        pairs = [rho_of(fulls[i], fulls[j], ok, key) for i in range(len(fulls)) for j in range(i + 1, len(fulls))]
+        vs_pooled = rho_of(probe, reference, ok, key)
+        loo = [rho_of(f, pooled([g for g in fulls if g is not f], ok), ok, key) for f in fulls if len(fulls) > 2]
+        results[key] = {"probe_vs_each_full": vs_each, "full_vs_full": pairs, "probe_vs_pooled": vs_pooled,
+                        "full_vs_pooled_others": loo}
+        print(f"\nSpearman rho over {len(ok)} grid points, on {label}:")
+        print(f"  probe vs each full sweep:               {fmt(vs_each)}")
+        print(f"  full sweep vs full sweep:               {fmt(pairs)}")
+        print(f"  probe vs the mean of the full sweeps:   {vs_pooled:.3f}")
+        print(f"  each full sweep vs the mean of the rest: {fmt(loo)}")
+
+    runs = {"probe": probed, "full": full}
+    train_s = {name: sum(r["step_s"] + r["reference_s"] for r in rs.values() if r["status"] == "completed")
+               for name, rs in runs.items()}
+    steps = {name: sum(r["steps"] or 0 for r in rs.values()) for name, rs in runs.items()}
     step_ratio = train_s["probe"] / max(1e-9, train_s["full"])
     steps_ratio = steps["probe"] / max(1, steps["full"])
-    print(f"\nSpearman rho, probe vs full, {len(ok)} configs: {rho:.3f} on perf/speed_per_memory, "
-          f"{rho_median:.3f} on the median step time")
-    print(f"full runs against themselves (beta=0.1 vs beta=0.5 halves, 4 configs): {self_rho:.3f} on "
-          f"perf/speed_per_memory, {self_rho_median:.3f} on the median step time")
-    print(f"probe cost / full cost: training steps {steps['probe']}/{steps['full']} = {steps_ratio:.1%}, "
+    print(f"\nprobe cost / one full sweep's: training steps {steps['probe']}/{steps['full']} = {steps_ratio:.1%}, "
           f"measured step time and reference pass {step_ratio:.1%}, "
           f"CPU seconds of all processes {cost['probe']['cpu_s'] / cost['full']['cpu_s']:.1%}, "
-          f"wall {cost['probe']['wall_s'] / cost['full']['wall_s']:.1%}")
+          f"wall {cost['probe']['wall_s'] / cost['full']['wall_s']:.1%} (process start-up included)")
     print(f"(probe: {len(probed)} runs of {args.probe_steps} steps, {args.probe_warmup} untimed; full: "
-          f"{max(full[c]['steps'] or 0 for c in ok)} steps; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores)")
+          f"{len(fulls)} sweeps of {max(full[c]['steps'] or 0 for c in ok)} steps a run; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     (args.workdir / "results.json").write_text(json.dumps({
-        "spearman": rho, "spearman_median_step": rho_median, "full_self_spearman": self_rho,
-        "full_self_spearman_median_step": self_rho_median, "cost": cost, "step_ratio": step_ratio,
-        "steps": steps, "steps_ratio": steps_ratio, "probe_steps": args.probe_steps,
-        "probe_warmup": args.probe_warmup, "probe_every_point": args.probe_every_point,
-        "probe": {"/".join(c): probe[c] for c in configs}, "full": {"/".join(c): full[c] for c in configs},
+        **results, "cost": cost, "step_ratio": step_ratio, "steps": steps, "steps_ratio": steps_ratio,
+        "probe_steps": args.probe_steps, "probe_warmup": args.probe_warmup,
+        "probe_every_point": args.probe_every_point, "probe": {"/".join(c): probe[c] for c in ok},
+        "full": [{"/".join(c): f[c] for c in ok} for f in fulls],
     }, indent=1))
 
 

@@ -37,3 +37,23 @@ def test_gpu_script_runs_its_tiny_size_on_a_cpu(tmp_path):
     (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert run["status"] == "completed", run
     assert run["tokens_per_s"] > 0 and run["peak_gib"] > 0 and run["estimate_gib"] > 0
+
+
+def test_probe_bench_ranks_ties_at_their_average_and_maps_each_point_to_its_shape():
+    sys.path.insert(0, str(REPO / "bench"))
+    from probe_vs_full import average_ranks, pooled, shape_probes, spearman
+
+    assert list(average_ranks([3.0, 1.0, 3.0, 2.0])) == [3.5, 1.0, 3.5, 2.0]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0 and spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    # Two beta points share their shape's probe: tied there, a perfect order elsewhere gives rho < 1.
+    probed = {("full_shard", "fp32", "0.1"): {"speed_per_memory": 2.0},
+              ("shard_grad_op", "fp32", "0.1"): {"speed_per_memory": 5.0}}
+    grid = [(s, "fp32", b) for s in ("full_shard", "shard_grad_op") for b in ("0.1", "0.5")]
+    probe = shape_probes(probed, grid)
+    assert probe[("full_shard", "fp32", "0.5")] is probed[("full_shard", "fp32", "0.1")]
+    full = {c: {"speed_per_memory": v} for c, v in zip(grid, [1.0, 2.0, 3.0, 4.0])}
+    rho = spearman([probe[c]["speed_per_memory"] for c in grid], [full[c]["speed_per_memory"] for c in grid])
+    assert abs(rho - 0.8944) < 1e-3  # corr([1.5, 1.5, 3.5, 3.5], [1, 2, 3, 4]) = 4 / sqrt(4 * 5)
+    twice = pooled([{c: {**full[c], "median_speed_per_memory": 1.0} for c in grid},
+                    {c: {"speed_per_memory": 3.0, "median_speed_per_memory": 3.0} for c in grid}], grid)
+    assert twice[grid[0]] == {"speed_per_memory": 2.0, "median_speed_per_memory": 2.0}
