@@ -18,7 +18,7 @@ from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Ranking
 from analysis.runs import SUMMARY_METRICS, Run
 from analysis.tables import (comparison_text, config_rows, format_failures, format_number, format_stat,
-                             run_columns, run_rows, status_line)
+                             missing_text, run_columns, run_rows, status_line)
 
 STYLE = """
 :root { --ink:#1f2430; --muted:#5d6576; --line:#dde1e8; --accent:#d1495b; --bg:#f6f7f9; }
@@ -135,9 +135,9 @@ def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]], 
             f'<tbody>{body}</tbody></table></div>')
 
 
-def _image(png: bytes | None, alt: str) -> str:
+def _image(png: bytes | None, alt: str, why: str = "nothing to plot yet") -> str:
     if not png:
-        return f'<p class="muted">No {alt.lower()}: nothing to plot yet.</p>'
+        return f'<p class="muted">No {alt.lower()}: {_escape(why)}.</p>'
     return f'<img alt="{_escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
@@ -152,7 +152,7 @@ def _cards(ranking: Ranking) -> str:
                     f'{_escape(format_stat(best.stats[metric]))}</div>'
                     f'<div class="muted">n={best.stats[metric].n}{tie}</div>')
         else:
-            body = '<div class="muted">no completed run reports it yet</div>'
+            body = f'<div class="muted">{_escape(missing_text(ranking, metric))}</div>'
         cards.append(f'<div class="card" id="best-{metric.split("/")[-1]}"><h3>Best by {_escape(metric)}</h3>{body}</div>')
     items = "".join(
         f"<li>{_escape(c.label)} <span class='muted'>({' · '.join(format_stat(c.stats[m]) for m in CRITERIA)})</span></li>"
@@ -225,6 +225,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
     failed_note = (f'<p class="muted">Every run of {len(failed)} config(s) failed; they are listed with their '
                    f'failure kind: {_escape("; ".join(f"{c.label}: {format_failures(c.failures)}" for c in failed))}</p>'
                    if failed else "")
+    pareto_why = "probes measure no accuracy" if ranking.probes else "nothing to plot yet"
     studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i) for i, s in enumerate(studies))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -232,7 +233,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 <body><header><h1>DPO sweep report</h1><p>{_escape(" · ".join(sources))}</p>
 <p id="status-line">{_escape(status_line(runs, not_started))}</p><p>Generated {_escape(generated)}</p></header>
 <main>{_cards(ranking)}{notes}
-<section id="pareto"><h2>Pareto front: speed per memory vs preference accuracy</h2>{_image(figures.get("pareto"), "Pareto scatter")}</section>
+<section id="pareto"><h2>Pareto front: speed per memory vs preference accuracy</h2>{_image(figures.get("pareto"), "Pareto scatter", pareto_why)}</section>
 <section id="configs"><h2>Configs ({len(ranking.configs)})</h2><p class="muted">Click a column to sort; values are
 mean ± std over a config's completed seeds (n); ★ marks the Pareto set.</p>{failed_note}{_configs_table(ranking)}</section>
 <section id="effects"><h2>Effects of the swept settings</h2>{_image(figures.get("heatmap"), "Sharding × precision heatmap")}

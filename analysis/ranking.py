@@ -110,6 +110,8 @@ class Ranking:
     comparisons: dict[str, Comparison]
     # Swept setting -> its values, sorted.
     axes: dict[str, list[Any]]
+    # How many completed runs are probes (probe.steps: speed and memory only).
+    probes: int = 0
 
     def labels(self) -> dict[str, str]:
         """Run name -> the label of its config, for the completed and failed runs."""
@@ -226,4 +228,5 @@ def rank_sweep(runs: list[Run]) -> Ranking:
         config.pareto = True
     comparisons = {m: c for m in CRITERIA if (c := compare_top_two(by[m], m))}
     unranked = [c for c in configs if SPEED_PER_MEMORY not in c.stats]
-    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes)
+    probes = sum(1 for r in runs if r.status == "completed" and r.is_probe)
+    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, probes)

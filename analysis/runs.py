@@ -70,6 +70,11 @@ class Run:
         return float(value)
 
     @property
+    def is_probe(self) -> bool:
+        """A probe run (probe.steps > 0): speed and memory only, no preference accuracy."""
+        return "probe/steps" in self.metrics
+
+    @property
     def last_logged_step(self) -> int | None:
         steps = [r["step"] for r in self.log if isinstance(r.get("step"), int)]
         return max(steps) if steps else None

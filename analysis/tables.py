@@ -73,11 +73,18 @@ def comparison_text(comparison: Comparison) -> str:
             f"{format_number(comparison.spread)}: {pair}")
 
 
+def missing_text(ranking: Ranking, metric: str) -> str:
+    """Why no config is ranked by `metric`."""
+    if ranking.probes and metric != SPEED_PER_MEMORY:
+        return "none: the completed runs are probes (probe.steps), which measure speed and memory only"
+    return "no completed run reports it yet"
+
+
 def best_text(ranking: Ranking, metric: str) -> str:
     """The leader by `metric` with its mean ± std and n, and how many configs tie with it."""
     ranked = ranking.by[metric]
     if not ranked:
-        return "no completed run reports it yet"
+        return missing_text(ranking, metric)
     stat = ranked[0].stats[metric]
     comparison = ranking.comparisons.get(metric)
     tie = f", tied with {comparison.tied - 1} other(s)" if comparison and comparison.tied > 1 else ""
@@ -148,7 +155,8 @@ def status_line(runs: list[Run], not_started: int | None = None) -> str:
     """'11 runs: 9 completed, 1 failed (oom ×1), 1 pending (...)'; `not_started`: jobs planned
     by the sweep that have no run directory yet."""
     counts = Counter(r.status for r in runs)
-    parts = [f"{counts['completed']} completed"]
+    probes = sum(1 for r in runs if r.status == "completed" and r.is_probe)
+    parts = [f"{counts['completed']} completed" + (f" ({probes} of them probes)" if probes else "")]
     failures = Counter(r.failure_kind for r in runs if r.status == "failed")
     parts.append(f"{counts['failed']} failed" + (f" ({format_failures(failures)})" if failures else ""))
     if counts["pending"]:
@@ -211,7 +219,8 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
     lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started), ""]
     for metric in CRITERIA:
         lines.append(f"Best by {metric}: {best_text(ranking, metric)}")
-    pareto = "; ".join(f"'{c.label}'" for c in ranking.pareto) or "none yet (no completed run has both criteria)"
+    nobody = "none: probes measure no accuracy" if ranking.probes else "none yet (no completed run has both criteria)"
+    pareto = "; ".join(f"'{c.label}'" for c in ranking.pareto) or nobody
     lines.append(f"Pareto set ({len(ranking.pareto)}): {pareto}")
     lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]
     if ranking.configs:

@@ -11,7 +11,10 @@ per rank at the end, no model saved, no checkpoints. Two things are skipped beca
 change speed or memory: the reference model's one-time scoring pass (with
 `train.precompute_reference_logps`, the probe's pairs carry zeros instead), and everything after
 the last probe step. The summary's `perf/peak_memory_estimate_gib` is the estimate of
-memory_estimate.py for the same config, for comparison. bench/probe_vs_full.py checks that probes
+memory_estimate.py for the same config, for comparison; `probe/steps` marks a probe, and its eval/*
+and train/* values are null (losses against placeholder reference log-probs after a few steps say
+nothing of the config's accuracy), so analysis/report.py ranks a probe sweep by speed per memory
+only. bench/probe_vs_full.py checks that probes
 rank the quickstart grid as its full runs do.
 """
 

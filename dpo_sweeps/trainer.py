@@ -376,9 +376,15 @@ class Trainer:
             flops_per_token=flops_per_token(self.num_params, self.reference is not None),
             peak_flops=device_peak_flops(self.device, precision),
         )
-        metrics = {k: v for k, v in self.state.last_eval.items() if k != "step"}
-        metrics["train/loss"] = self.state.last_train.get("train/loss")
-        metrics["train/rewards/accuracies"] = self.state.last_train.get("train/rewards/accuracies")
+        metrics: dict[str, Any] = {}
+        if self.probing:
+            # A probe's losses and rewards are against placeholder reference log-probs, after a few
+            # steps: they say nothing of the config's preference accuracy, so the summary leaves them out.
+            metrics["probe/steps"] = self.state.step
+        else:
+            metrics.update({k: v for k, v in self.state.last_eval.items() if k != "step"})
+            metrics["train/loss"] = self.state.last_train.get("train/loss")
+            metrics["train/rewards/accuracies"] = self.state.last_train.get("train/rewards/accuracies")
         metrics.update(perf)
         if self.reference_precompute_s is not None:  # one-time cost, outside the timed steps
             metrics["perf/reference_precompute_s"] = self.reference_precompute_s

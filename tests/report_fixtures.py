@@ -187,6 +187,23 @@ def grid_sweep(sweep_dir: Path) -> Path:
     return sweep_dir
 
 
+def probe_sweep(sweep_dir: Path) -> Path:
+    """A probe sweep (probe.steps=10): fsdp x precision, speed and memory only, no accuracy."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    job = 0
+    for sharding in ("full_shard", "shard_grad_op"):
+        for precision in ("fp32", "bf16"):
+            full = simulated_metrics(sharding, precision, 0.1, 32, 0)
+            metrics = {"probe/steps": 10, **{k: v for k, v in full.items() if k.startswith("perf/")},
+                       "steps": 10, "world_size": 2}
+            log = [{k: v for k, v in r.items() if not k.startswith("eval/")}
+                   for r in training_log(full, 10, 0) if "train/loss" in r]
+            write_run(sweep_dir / str(job), job, [f"fsdp={sharding}", f"precision={precision}", "probe.steps=10"],
+                      resolved_config(sharding, precision, 0.1, 32, 0), status="completed", metrics=metrics, log=log)
+            job += 1
+    return sweep_dir
+
+
 def optuna_sweep(sweep_dir: Path, study_name: str = "dpo-pareto") -> Path:
     """An Optuna sweep (two objectives: speed per memory, preference accuracy) with its study.
 

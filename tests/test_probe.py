@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
+from sweep_helpers import run_sweep
 from dpo_sweeps.memory_estimate import CPU_RUNTIME, ModelShape, RunShape, estimate_peak_memory
 
 SHORT = ["train.eval_every=0", "data.num_train_pairs=256", "data.num_eval_pairs=64", "train.batch_size=16",
@@ -26,6 +30,24 @@ def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
     assert [r["step"] for r in result.records if "train/loss" in r] == [1, 2, 3, 4, 5]
     # On a CPU the estimate includes the process's own memory; it lands near the measured peak.
     assert 0.75 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.25
+
+
+def test_a_probe_sweep_is_ranked_by_speed_per_memory_and_claims_no_accuracy(tmp_path):
+    sweep = run_sweep(tmp_path / "probes", *SHORT, "fsdp=full_shard,shard_grad_op", "probe.steps=4",
+                      "perf.warmup_steps=1")
+    assert sweep.returncode == 0, sweep.output[-3000:]
+    for num in (0, 1):
+        metrics = sweep.summary(num)["metrics"]
+        assert metrics["probe/steps"] == 4 and metrics["perf/speed_per_memory"] > 0
+        # Losses against placeholder reference log-probs after 4 steps are not the config's accuracy:
+        # the summary's contract keys are there, empty.
+        assert [v for k, v in metrics.items() if k.startswith(("eval/", "train/")) and v is not None] == [], metrics
+    report = subprocess.run([sys.executable, "analysis/report.py", str(tmp_path / "probes")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "2 runs: 2 completed (2 of them probes), 0 failed" in report.stdout
+    assert re.search(r"Best by perf/speed_per_memory: 'fsdp=\w+'", report.stdout), report.stdout
+    assert "Best by eval/rewards/accuracies: none: the completed runs are probes" in report.stdout
 
 
 def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):

@@ -28,7 +28,7 @@ import pytest
 from matplotlib import image as mpimg
 
 from analysis.report import main
-from report_fixtures import grid_sweep, optuna_sweep
+from report_fixtures import grid_sweep, optuna_sweep, probe_sweep
 
 pytestmark = pytest.mark.browser
 
@@ -188,7 +188,7 @@ def screenshot_pixels(png: bytes) -> np.ndarray:
     return mpimg.imread(io.BytesIO(png), format="png")[..., :3]
 
 
-@pytest.mark.parametrize("make_sweep", [grid_sweep, optuna_sweep], ids=["grid", "optuna"])
+@pytest.mark.parametrize("make_sweep", [grid_sweep, optuna_sweep, probe_sweep], ids=["grid", "optuna", "probe"])
 def test_dashboard_loads_offline_without_console_errors_and_shows_tables_and_plots(tmp_path, browser, make_sweep):
     sweep = make_sweep(tmp_path / "sweep")
     assert main([str(sweep)]) == 0
@@ -206,7 +206,12 @@ def test_dashboard_loads_offline_without_console_errors_and_shows_tables_and_plo
         [p for p in sweep.iterdir() if (p / ".hydra").is_dir()])
     images = browser.evaluate(
         "Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0, i.width])")
-    assert {alt for alt, _, _ in images} >= {"Pareto scatter", "Effects per setting", "Training curves"}
+    if make_sweep is probe_sweep:  # probes have no accuracy: no Pareto scatter, and the page says why
+        assert {alt for alt, _, _ in images} >= {"Effects per setting", "Training curves"}
+        assert "probes measure no accuracy" in browser.evaluate("document.querySelector('#pareto').innerText")
+        assert "probes" in browser.evaluate("document.querySelector('#best-accuracies').innerText")
+    else:
+        assert {alt for alt, _, _ in images} >= {"Pareto scatter", "Effects per setting", "Training curves"}
     assert all(loaded and width > 100 for _, loaded, width in images), images
 
     pixels = screenshot_pixels(browser.screenshot())
