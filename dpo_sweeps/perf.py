@@ -26,13 +26,21 @@ PEAK_FLOPS = {
 }
 
 
+def resident_bytes(field: str = "VmRSS") -> int:
+    """This process's resident set from /proc/self/status: now (VmRSS) or at its peak (VmHWM); 0 if unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def peak_resident_gib() -> float:
     """This process's peak resident set (VmHWM), in GiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / GIB
-    return 0.0
+    return resident_bytes("VmHWM") / GIB
 
 
 def device_peak_flops(device: torch.device, precision: str) -> float | None:

@@ -34,7 +34,7 @@ from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
 from dpo_sweeps.losses import preference_loss, sft_loss
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
-from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token
+from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token, resident_bytes
 from dpo_sweeps.probe import apply_probe
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
 from dpo_sweeps.response_logps import batch_logps
@@ -163,7 +163,7 @@ class Trainer:
         self.longest_row = max(lengths)
         tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in self.train_pairs)
         self.response_fraction = sum(len(p.chosen) + len(p.rejected) for p in self.train_pairs) / max(1, tokens)
-        self.rss_before_model = _resident_bytes() if self.device.type == "cpu" else 0
+        self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         train = self.cfg.train
@@ -463,18 +463,6 @@ class Trainer:
     def close(self, metrics: dict[str, Any], failed: bool) -> None:
         if self.tracker is not None:
             self.tracker.finish(metrics, failed)
-
-
-def _resident_bytes() -> int:
-    """This process's resident set now (VmRSS)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def is_collective_error(exc: BaseException) -> bool:
