@@ -17,8 +17,8 @@ import yaml
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Ranking
 from analysis.runs import SUMMARY_METRICS, Run
-from analysis.tables import (comparison_text, config_rows, format_failures, format_number, format_stat,
-                             missing_text, run_columns, run_rows, status_line)
+from analysis.tables import (PROBES_NO_ACCURACY, comparison_text, config_rows, format_failures, format_number,
+                             format_stat, missing_text, run_columns, run_rows, status_line)
 
 STYLE = """
 :root { --ink:#1f2430; --muted:#5d6576; --line:#dde1e8; --accent:#d1495b; --bg:#f6f7f9; }
@@ -225,7 +225,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
     failed_note = (f'<p class="muted">Every run of {len(failed)} config(s) failed; they are listed with their '
                    f'failure kind: {_escape("; ".join(f"{c.label}: {format_failures(c.failures)}" for c in failed))}</p>'
                    if failed else "")
-    pareto_why = "probes measure no accuracy" if ranking.probes else "nothing to plot yet"
+    pareto_why = PROBES_NO_ACCURACY if ranking.probes else "nothing to plot yet"
     studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i) for i, s in enumerate(studies))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">

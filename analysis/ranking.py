@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from analysis.runs import FINISHED_STATUSES, PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run
+from analysis.runs import (FINISHED_STATUSES, PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run,
+                           count_probes)
 
 CRITERIA = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY)
 
@@ -228,5 +229,4 @@ def rank_sweep(runs: list[Run]) -> Ranking:
         config.pareto = True
     comparisons = {m: c for m in CRITERIA if (c := compare_top_two(by[m], m))}
     unranked = [c for c in configs if SPEED_PER_MEMORY not in c.stats]
-    probes = sum(1 for r in runs if r.status == "completed" and r.is_probe)
-    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, probes)
+    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, count_probes(runs))

@@ -106,6 +106,11 @@ class Run:
         return ("config", tuple(sorted(defining)))
 
 
+def count_probes(runs: list[Run]) -> int:
+    """How many of `runs` completed as probes (probe.steps: speed and memory only)."""
+    return sum(1 for r in runs if r.status == "completed" and r.is_probe)
+
+
 def override_key(override: str) -> str:
     """`+train.seed=1` -> `train.seed`; `fsdp=full_shard` -> `fsdp`."""
     return override.split("=", 1)[0].lstrip("+~")

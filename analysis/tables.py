@@ -14,7 +14,7 @@ from typing import Any
 
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
-from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run
+from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, count_probes
 
 # The metrics the terminal table shows, besides the two criteria.
 TERMINAL_METRICS = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY, "perf/tokens_per_s_per_device", "perf/peak_memory_gib")
@@ -71,6 +71,10 @@ def comparison_text(comparison: Comparison) -> str:
                 f"{format_number(comparison.spread)}), too close to call: {pair}")
     return (f"{metric}: the leader is ahead by {difference}, more than the spread "
             f"{format_number(comparison.spread)}: {pair}")
+
+
+# Why a sweep of probes has no accuracy ranking and no Pareto front.
+PROBES_NO_ACCURACY = "probes measure no accuracy"
 
 
 def missing_text(ranking: Ranking, metric: str) -> str:
@@ -155,7 +159,7 @@ def status_line(runs: list[Run], not_started: int | None = None) -> str:
     """'11 runs: 9 completed, 1 failed (oom ×1), 1 pending (...)'; `not_started`: jobs planned
     by the sweep that have no run directory yet."""
     counts = Counter(r.status for r in runs)
-    probes = sum(1 for r in runs if r.status == "completed" and r.is_probe)
+    probes = count_probes(runs)
     parts = [f"{counts['completed']} completed" + (f" ({probes} of them probes)" if probes else "")]
     failures = Counter(r.failure_kind for r in runs if r.status == "failed")
     parts.append(f"{counts['failed']} failed" + (f" ({format_failures(failures)})" if failures else ""))
@@ -219,7 +223,7 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
     lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started), ""]
     for metric in CRITERIA:
         lines.append(f"Best by {metric}: {best_text(ranking, metric)}")
-    nobody = "none: probes measure no accuracy" if ranking.probes else "none yet (no completed run has both criteria)"
+    nobody = f"none: {PROBES_NO_ACCURACY}" if ranking.probes else "none yet (no completed run has both criteria)"
     pareto = "; ".join(f"'{c.label}'" for c in ranking.pareto) or nobody
     lines.append(f"Pareto set ({len(ranking.pareto)}): {pareto}")
     lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.distributed import (
     OWN_CORES_ENV, RankEnv, all_reduce, free_port, from_submitit_env, from_torchrun_env, init_process_group, rank_cores,
-    select_device,
+    select_device, wants_cuda,
 )
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import RunFailure, failure_of
@@ -163,7 +163,7 @@ def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
     own = allowed if os.environ.get(OWN_CORES_ENV) == "1" else None
     if own is not None:
         log.info("rank %d bound to cores %s by the launcher (resources.bind_cores)", env.rank, own)
-    on_cpu = cfg.resources.device == "cpu" or (cfg.resources.device == "auto" and not torch.cuda.is_available())
+    on_cpu = not wants_cuda(cfg.resources.device)
     if own is None and bind_cores and cfg.resources.get("bind_cores", True) and env.local_world_size > 1 and on_cpu:
         own = rank_cores(allowed, env.local_rank, env.local_world_size)
         if own is not None and hasattr(os, "sched_setaffinity"):

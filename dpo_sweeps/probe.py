@@ -14,8 +14,7 @@ the last probe step. The summary's `perf/peak_memory_estimate_gib` is the estima
 memory_estimate.py for the same config, for comparison; `probe/steps` marks a probe, and its eval/*
 and train/* values are null (losses against placeholder reference log-probs after a few steps say
 nothing of the config's accuracy), so analysis/report.py ranks a probe sweep by speed per memory
-only. bench/probe_vs_full.py checks that probes
-rank the quickstart grid as its full runs do.
+only. bench/probe_vs_full.py compares the probes' ranking of the quickstart grid with full runs'.
 """
 
 from __future__ import annotations
