@@ -15,7 +15,10 @@ summary.json (tokens over the summed step times, per GiB: what analysis/report.p
 same from the median step time (metrics.jsonl). Full sweeps are repeated because on a small shared
 machine two full sweeps do not rank configs that are within a few percent of each other the same way:
 the script prints the probe against each full sweep, the full sweeps against each other, the probe
-against the mean of the full sweeps and each full sweep against the mean of the others.
+against the mean of the full sweeps and each full sweep against the mean of the others. Then, pair by
+pair of shapes, whether the full runs tell the two apart at all (rank-sum test over every full run of
+each) and whether the probe orders them as the full runs do. First of all it runs bench/steadiness.py
+for a minute: how much the machine's own speed drifts, which bounds what any single run can rank.
 Cost, against one full sweep: training steps (the same batches, so steps are compute), the measured
 step time plus the reference pass, the CPU seconds of every process (start-up, data, evaluation
 included) and the wall time. Each config's measured peak memory is printed beside
@@ -25,10 +28,12 @@ memory_estimate.py's estimate.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
-import statistics
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -36,8 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is a folder of scripts, not a package
+import steadiness  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 KEYS = ("fsdp", "precision", "loss.beta")
+STEADINESS_WINDOW_S = 5.0  # about the training time of one quickstart run
 
 
 def sweep(sweep_dir: Path, extra: list[str], log: Path) -> dict:
@@ -106,6 +115,40 @@ def pooled(fulls: list[dict[tuple, dict]], configs: list[tuple]) -> dict[tuple, 
             for c in configs}
 
 
+def rank_sum_p(a: list[float], b: list[float], limit: int = 20000) -> float:
+    """Two-sided p of the rank-sum (Mann-Whitney) test that a and b come from one distribution: exact over
+    every split of the pooled samples, or over `limit` seeded random splits when there are more."""
+    pooled_ranks = average_ranks(list(a) + list(b))
+    n, total = len(a), len(a) + len(b)
+    observed = pooled_ranks[:n].sum()
+    centre = n * (total + 1) / 2
+    if math.comb(total, n) <= limit:
+        splits = itertools.combinations(range(total), n)
+    else:
+        rng = np.random.default_rng(0)
+        splits = (rng.choice(total, n, replace=False) for _ in range(limit))
+    sums = np.array([pooled_ranks[list(s)].sum() for s in splits])
+    return float(np.mean(np.abs(sums - centre) >= abs(observed - centre) - 1e-9))
+
+
+def separated_pairs(probe: dict[tuple, dict], fulls: list[dict[tuple, dict]], configs: list[tuple],
+                    alpha: float = 0.05) -> list[dict]:
+    """Each pair of shapes (fsdp, precision) with every full run of each: do the full runs tell them apart
+    (rank-sum p < alpha), and does the probe order them as the full runs' mean does?"""
+    samples: dict[tuple, list[float]] = {}
+    for f in fulls:
+        for c in configs:
+            samples.setdefault(c[:2], []).append(f[c]["speed_per_memory"])
+    probe_of = {c[:2]: probe[c]["speed_per_memory"] for c in configs}
+    pairs = []
+    for a, b in itertools.combinations(sorted(samples), 2):
+        p = rank_sum_p(samples[a], samples[b])
+        full_diff = statistics.mean(samples[a]) / statistics.mean(samples[b]) - 1
+        pairs.append({"a": a, "b": b, "p": p, "separated": p < alpha, "full_diff": full_diff,
+                      "probe_agrees": (probe_of[a] > probe_of[b]) == (full_diff > 0)})
+    return pairs
+
+
 def fmt(values: list[float]) -> str:
     return ", ".join(f"{v:.3f}" for v in values) or "-"
 
@@ -122,6 +165,9 @@ def main() -> None:
     parser.add_argument("--full-repeats", type=int, default=3,
                         help="full sweeps to run: the probe is compared with each, and the sweeps with each other")
     parser.add_argument("--reuse", action="store_true", help="only compare the runs already in --workdir")
+    parser.add_argument("--steadiness-s", type=float, default=60.0,
+                        help="seconds of bench/steadiness.py first, to show how much this machine's speed drifts "
+                             "(0: skip)")
     args = parser.parse_args()
     if args.probe_steps is None:
         args.probe_steps = 5 if args.probe_every_point else 10
@@ -129,8 +175,14 @@ def main() -> None:
     full_dirs = [args.workdir / (f"full-{i + 1}" if i else "full") for i in range(args.full_repeats)]
 
     if args.reuse:
-        cost = json.loads((args.workdir / "results.json").read_text())["cost"]
+        saved = json.loads((args.workdir / "results.json").read_text())
+        cost, machine = saved["cost"], saved.get("steadiness")
     else:
+        machine = None
+        if args.steadiness_s > 0:  # before the sweeps, on the same quiet machine
+            machine = {str(k): v for k, v in steadiness.measure(args.steadiness_s, STEADINESS_WINDOW_S).items()}
+            print(f"This machine, same matrix products over {args.steadiness_s:g} s (bench/steadiness.py):")
+            print(steadiness.describe(machine, STEADINESS_WINDOW_S))
         shapes_only = [] if args.probe_every_point else ["loss.beta=0.1"]
         cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
                                                          f"perf.warmup_steps={args.probe_warmup}", *shapes_only],
@@ -171,6 +223,17 @@ def main() -> None:
         print(f"  probe vs the mean of the full sweeps:   {vs_pooled:.3f}")
         print(f"  each full sweep vs the mean of the rest: {fmt(loo)}")
 
+    pairs = separated_pairs(probe, fulls, ok)
+    apart = [q for q in pairs if q["separated"]]
+    print(f"\nPairs of shapes, every full run of each ({2 * len(fulls)} a shape), rank-sum test at p < 0.05:")
+    for q in pairs:
+        print(f"  {'/'.join(q['a']):<20} vs {'/'.join(q['b']):<20} full runs' means differ {q['full_diff']:+6.1%}, "
+              f"p {q['p']:.3f} ({'apart' if q['separated'] else 'not told apart'}); probe "
+              f"{'orders them the same' if q['probe_agrees'] else 'orders them the other way'}")
+    print(f"  the full runs tell {len(apart)} of {len(pairs)} pairs apart; the probe orders "
+          f"{sum(q['probe_agrees'] for q in apart)} of those {len(apart)} the same way")
+    results["pairs"] = [{**q, "a": "/".join(q["a"]), "b": "/".join(q["b"])} for q in pairs]
+
     runs = {"probe": probed, "full": full}
     train_s = {name: sum(r["step_s"] + r["reference_s"] for r in rs.values() if r["status"] == "completed")
                for name, rs in runs.items()}
@@ -185,8 +248,8 @@ def main() -> None:
           f"{len(fulls)} sweeps of {max(full[c]['steps'] or 0 for c in ok)} steps a run; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     (args.workdir / "results.json").write_text(json.dumps({
-        **results, "cost": cost, "step_ratio": step_ratio, "steps": steps, "steps_ratio": steps_ratio,
-        "probe_steps": args.probe_steps, "probe_warmup": args.probe_warmup,
+        **results, "cost": cost, "steadiness": machine, "step_ratio": step_ratio, "steps": steps,
+        "steps_ratio": steps_ratio, "probe_steps": args.probe_steps, "probe_warmup": args.probe_warmup,
         "probe_every_point": args.probe_every_point, "probe": {"/".join(c): probe[c] for c in ok},
         "full": [{"/".join(c): f[c] for c in ok} for f in fulls],
     }, indent=1))

@@ -1,11 +1,15 @@
 """The benchmarks run: a seconds-long smoke of bench/dpo_vs_trl.py (ours and the bare loop; TRL is an
-optional extra CI does not install) and of bench/gpu_dpo.py on a CPU. No timing is asserted."""
+optional extra CI does not install), of bench/gpu_dpo.py on a CPU and of bench/steadiness.py; the
+probe bench's ranking and pair-test helpers on known numbers. No timing is asserted."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import REPO, cli_env
 
@@ -57,3 +61,42 @@ def test_probe_bench_ranks_ties_at_their_average_and_maps_each_point_to_its_shap
     twice = pooled([{c: {**full[c], "median_speed_per_memory": 1.0} for c in grid},
                     {c: {"speed_per_memory": 3.0, "median_speed_per_memory": 3.0} for c in grid}], grid)
     assert twice[grid[0]] == {"speed_per_memory": 2.0, "median_speed_per_memory": 2.0}
+
+
+def test_probe_bench_tells_shapes_apart_only_where_the_full_runs_do():
+    sys.path.insert(0, str(REPO / "bench"))
+    from probe_vs_full import rank_sum_p, separated_pairs
+
+    # Exact two-sided rank-sum: 3 vs 3 fully apart is 2 of the 20 splits; 6 vs 6, 2 of 924.
+    assert abs(rank_sum_p([1, 2, 3], [4, 5, 6]) - 0.1) < 1e-12
+    assert abs(rank_sum_p(list(range(6)), list(range(6, 12))) - 2 / 924) < 1e-12
+    assert rank_sum_p([1, 4, 5, 8], [2, 3, 6, 7]) == 1.0  # same rank sums
+    # Over the sampled path (more splits than the limit) the answer stays close to the exact one.
+    assert abs(rank_sum_p(list(range(6)), list(range(6, 12)), limit=100) - 2 / 924) < 0.02
+
+    grid = [(s, p, b) for s in ("full_shard", "shard_grad_op") for p in ("fp32",) for b in ("0.1", "0.5")]
+    fast, slow = ("shard_grad_op", "fp32"), ("full_shard", "fp32")
+    fulls = [{c: {"speed_per_memory": (50.0 if c[:2] == fast else 40.0) + i + (0.5 if c[2] == "0.5" else 0)}
+              for c in grid} for i in range(3)]
+    (pair,) = separated_pairs({c: {"speed_per_memory": 1.0 if c[:2] == fast else 2.0} for c in grid}, fulls, grid)
+    assert pair["a"] == slow and pair["b"] == fast
+    assert pair["separated"] and pair["p"] < 0.01 and pair["full_diff"] < 0
+    assert not pair["probe_agrees"]  # this probe put the slow shape first
+    close = [{c: {"speed_per_memory": 40.0 + (i if c[:2] == fast else 2 - i) + (0.1 if c[2] == "0.5" else 0)}
+              for c in grid} for i in range(3)]
+    (pair,) = separated_pairs({c: {"speed_per_memory": 1.0} for c in grid}, close, grid)
+    assert not pair["separated"]
+
+
+def test_steadiness_times_the_same_work_on_every_core_in_full_windows():
+    sys.path.insert(0, str(REPO / "bench"))
+    from steadiness import window_medians
+
+    # Repeats by start time: windows [0, 1) and [1, 2) are full, the one holding the last repeat is not.
+    samples = [(0.1, 0.05), (0.6, 0.07), (0.9, 0.06), (1.2, 0.2), (1.7, 0.1), (2.1, 0.4)]
+    assert window_medians(samples, 1.0) == pytest.approx([0.06, 0.15])
+    proc = run_script("bench/steadiness.py", "--seconds", "3", "--window", "1", timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    cores = [line for line in proc.stdout.splitlines() if line.startswith("core ")]
+    assert len(cores) == len(os.sched_getaffinity(0))
+    assert all("slowest/fastest window" in line and "nanx" not in line for line in cores)
