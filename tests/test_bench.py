@@ -13,6 +13,8 @@ import pytest
 
 from conftest import REPO, cli_env
 
+sys.path.insert(0, str(REPO / "bench"))  # the bench scripts' helpers, imported by the unit tests below
+
 
 def run_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True,
@@ -44,7 +46,6 @@ def test_gpu_script_runs_its_tiny_size_on_a_cpu(tmp_path):
 
 
 def test_probe_bench_ranks_ties_at_their_average_and_maps_each_point_to_its_shape():
-    sys.path.insert(0, str(REPO / "bench"))
     from probe_vs_full import average_ranks, pooled, shape_probes, spearman
 
     assert list(average_ranks([3.0, 1.0, 3.0, 2.0])) == [3.5, 1.0, 3.5, 2.0]
@@ -64,7 +65,6 @@ def test_probe_bench_ranks_ties_at_their_average_and_maps_each_point_to_its_shap
 
 
 def test_probe_bench_tells_shapes_apart_only_where_the_full_runs_do():
-    sys.path.insert(0, str(REPO / "bench"))
     from probe_vs_full import rank_sum_p, separated_pairs
 
     # Exact two-sided rank-sum: 3 vs 3 fully apart is 2 of the 20 splits; 6 vs 6, 2 of 924.
@@ -89,7 +89,6 @@ def test_probe_bench_tells_shapes_apart_only_where_the_full_runs_do():
 
 
 def test_steadiness_times_the_same_work_on_every_core_in_full_windows():
-    sys.path.insert(0, str(REPO / "bench"))
     from steadiness import window_medians
 
     # Repeats by start time: windows [0, 1) and [1, 2) are full, the one holding the last repeat is not.
