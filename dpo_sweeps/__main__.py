@@ -6,7 +6,7 @@ from pathlib import Path
 
 import hydra
 
-from dpo_sweeps.app import run
+from dpo_sweeps.task import run
 
 
 def config_dir() -> str:

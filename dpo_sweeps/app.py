@@ -31,7 +31,7 @@ from dpo_sweeps.distributed import (
     select_device, wants_cuda,
 )
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
-from dpo_sweeps.errors import RunFailure, failure_of
+from dpo_sweeps.errors import PEER_STOPPED, RunFailure, failure_of
 from dpo_sweeps.rundir import (
     RANK_FAILURES, read_rank_failures, read_summary, redact_files, secret_values, write_rank_failure, write_summary,
 )
@@ -48,7 +48,6 @@ log = logging.getLogger("dpo_sweeps")
 # How long rank 0 waits for a failed peer to record why, and the launcher for ranks to exit after one fails.
 PEER_REPORT_WAIT_S = 5.0
 RANK_EXIT_GRACE_S = 15.0
-PEER_STOPPED = "a peer rank stopped"
 
 
 class RunFailed(CompactHydraException):

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dpo_sweeps.cpu_binding import OWN_CORES_ENV, rank_cores  # noqa: F401  (the rank side binds with them)
+
 
 @dataclass(frozen=True)
 class RankEnv:
@@ -72,20 +74,6 @@ def from_submitit_env() -> RankEnv | None:
         master_addr=dist_env.master_addr,
         master_port=dist_env.master_port,
     )
-
-
-# Set (to "1") in a rank process that a launcher has bound to cores of its own.
-OWN_CORES_ENV = "DPO_SWEEPS_OWN_CORES"
-
-
-def rank_cores(allowed: list[int], local_rank: int, local_world_size: int) -> list[int] | None:
-    """This local rank's own block of the `allowed` cores (contiguous, equal sizes), or None when there
-    are fewer cores than ranks. Ranks on their own cores are not moved between cores or made to share
-    one: on the 2-core quickstart, alternating runs gave 2-12% more tokens/s."""
-    per_rank = len(allowed) // local_world_size
-    if per_rank < 1:
-        return None
-    return sorted(allowed)[local_rank * per_rank:(local_rank + 1) * per_rank]
 
 
 def wants_cuda(requested: str) -> bool:

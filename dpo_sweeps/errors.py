@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+# How rank 0's failure message starts when it only saw a peer go away (the cause is another rank's).
+PEER_STOPPED = "a peer rank stopped"
+
+
 class RunFailure(Exception):
     """A run that cannot go on. `kind` is one of INTERFACE.md's failure kinds."""
 

@@ -21,7 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf, open_dict, read_write
 
-from dpo_sweeps.app import PEER_STOPPED
+from dpo_sweeps.errors import PEER_STOPPED
 from dpo_sweeps.rundir import SUMMARY, read_rank_failures, read_summary, write_summary
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from launchers.jobs import JobCompositionError, SweepJob, compose_job

@@ -17,7 +17,6 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
-from dpo_sweeps.validate import validate_config
 from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 
 # How many invalid points the refusal lists before it says "and N more".
@@ -43,6 +42,9 @@ def check_job(job: SweepJob, base_dir: Path,
               launcher_check: Callable[[SweepJob], str | None] | None) -> InvalidPoint | None:
     """The reason this composed job cannot run, or None."""
     try:
+        # The training stack loads here, when a sweep is checked, not when Hydra imports the plugins.
+        from dpo_sweeps.validate import validate_config
+
         validate_config(OmegaConf.create(job.task_config), base_dir)
     except RunFailure as exc:
         return InvalidPoint(job.num, job.overrides, exc.kind, str(exc), job)
