@@ -71,7 +71,9 @@ class ConfigResult:
 
     @property
     def status(self) -> str:
-        """completed, failed (every run failed) or mixed."""
+        """completed, failed (every run failed), pruned (every run pruned) or mixed."""
+        if self.runs and all(r.status == "pruned" for r in self.runs):
+            return "pruned"
         if not self.failures:
             return "completed"
         return "failed" if not self.completed else "mixed"

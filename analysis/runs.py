@@ -25,7 +25,8 @@ from dpo_sweeps.rundir import SUMMARY_METRIC_KEYS as SUMMARY_METRICS
 
 SPEED_PER_MEMORY = "perf/speed_per_memory"
 PREFERENCE_ACCURACY = "eval/rewards/accuracies"
-FINISHED_STATUSES = ("completed", "failed")
+# pruned: stopped at an evaluation by the Optuna pruner (a result, like a failure, not a crash).
+FINISHED_STATUSES = ("completed", "failed", "pruned")
 
 # Config keys that only pick the replicate: runs that differ in these alone are one config
 # run with several seeds.
@@ -241,7 +242,7 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.config = flatten(summary["config"])
     run.metrics = dict(summary.get("metrics") or {})
     run.config_hash = summary.get("config_hash")
-    if run.status == "failed":
+    if run.status in ("failed", "pruned") and isinstance(summary.get("failure"), dict):
         run.failure_kind = str(summary["failure"].get("kind") or "crash")
         run.failure_message = str(summary["failure"].get("message") or "")
     return run

@@ -163,6 +163,8 @@ def status_line(runs: list[Run], not_started: int | None = None) -> str:
     parts = [f"{counts['completed']} completed" + (f" ({probes} of them probes)" if probes else "")]
     failures = Counter(r.failure_kind for r in runs if r.status == "failed")
     parts.append(f"{counts['failed']} failed" + (f" ({format_failures(failures)})" if failures else ""))
+    if counts["pruned"]:
+        parts.append(f"{counts['pruned']} pruned (stopped early by the Optuna pruner)")
     if counts["pending"]:
         parts.append(f"{counts['pending']} pending (still running, or stopped before writing summary.json)")
     if counts["unreadable"]:

@@ -75,7 +75,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if summary["status"] != "completed":
         failure = summary["failure"]
         where = "" if summary.get("refused") else f"  [{run_dir / 'summary.json'}]"
-        message = f"run failed ({failure['kind']}): {failure['message']}{where}"
+        verdict = "run pruned" if summary["status"] == "pruned" else f"run failed ({failure['kind']})"
+        message = f"{verdict}: {failure['message']}{where}"
         if multirun:
             raise RunFailed(message)
         print(f"error: {message}", file=sys.stderr)
@@ -238,7 +239,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             extra["resumed_from_step"] = trainer.resumed_from
             if hasattr(trainer, "data_counts"):
                 extra["data"] = trainer.data_counts
-        summary = write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
+        # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
+        status = "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
+        summary = write_summary(ctx.run_dir, status=status, failure=failure,
                                 overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
         if interrupted is not None:
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued

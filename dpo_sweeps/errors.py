@@ -40,6 +40,12 @@ class NonFiniteLoss(RunFailure):
     kind = "nan"
 
 
+class RunPruned(RunFailure):
+    """The Optuna pruner stopped this trial at an evaluation (dpo_sweeps/pruning.py): summary status `pruned`."""
+
+    kind = "pruned"
+
+
 class PeerFailure(RunFailure):
     """Another rank failed; this rank stopped because of it."""
 

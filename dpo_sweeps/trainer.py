@@ -29,13 +29,14 @@ from dpo_sweeps.data.encoding import (
 )
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
-from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure
+from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned
 from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
 from dpo_sweeps.losses import preference_loss, sft_loss
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token, resident_bytes
 from dpo_sweeps.probe import apply_probe
+from dpo_sweeps.pruning import TrialReporter, pruning_link
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
 from dpo_sweeps.response_logps import batch_logps
 from dpo_sweeps.rundir import MetricsLog
@@ -79,6 +80,9 @@ class Trainer:
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
         self.perf = PerfMeter(device, cfg.perf.warmup_steps)
         self.tracker: Tracker | None = None
+        # An Optuna trial with a pruner reports each evaluation to its study; rank 0 holds the connection.
+        self.trial_link = pruning_link(ctx.run_dir)
+        self.trial_reporter: TrialReporter | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -116,6 +120,8 @@ class Trainer:
         self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
+        if self.trial_link is not None and env.is_main:
+            self.trial_reporter = TrialReporter(self.trial_link)
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
                      self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
@@ -354,6 +360,8 @@ class Trainer:
                 if eval_due or step == max_steps:
                     self.state.last_eval = {"step": step, **self.evaluate()}
                     self._log(self.state.last_eval)
+                    if step < max_steps:
+                        self._report_to_trial(step)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['train/loss']:.4f}",
                                 acc=f"{record['train/rewards/accuracies']:.2f}")
@@ -361,6 +369,17 @@ class Trainer:
         finally:
             bar.close()
         return self.final_metrics()
+
+    def _report_to_trial(self, step: int) -> None:
+        """An Optuna trial with a pruner: report this evaluation; every rank stops when the pruner says so."""
+        if self.trial_link is None:
+            return
+        pruned = self.trial_reporter is not None and self.trial_reporter.report(self.state.last_eval, step)
+        if all_reduce([1.0 if pruned else 0.0], "max")[0]:
+            objective = self.trial_link.objective
+            raise RunPruned(f"the {self.trial_link.pruner} pruner stopped trial {self.trial_link.trial_number} at "
+                            f"step {step} of {self.cfg.train.max_steps} ({objective} = "
+                            f"{self.state.last_eval.get(objective)})")
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.metrics_log is not None:

@@ -49,7 +49,7 @@ class SweepLauncher(BaseSubmititLauncher):
             try:
                 jobs.append(compose_job(self.hydra_context, self.config, overrides, initial_job_idx + i))
             except JobCompositionError as exc:
-                jobs.append(_failed_return(list(overrides), JobNotRun(f"cannot compose this config: {exc}")))
+                jobs.append(failed_return(list(overrides), JobNotRun(f"cannot compose this config: {exc}")))
         composed = [j for j in jobs if isinstance(j, SweepJob)]
         returns = iter(self.launch_jobs(composed) if composed else [])
         return [next(returns) if isinstance(j, SweepJob) else j for j in jobs]
@@ -131,7 +131,7 @@ class SweepLauncher(BaseSubmititLauncher):
             return done
         if fresh:
             failure = summary.get("failure") or {"kind": "crash", "message": "job ended abnormally"}
-            return _failed_return(job.overrides, JobNotRun(f"{failure['kind']}: {failure['message']}"), job)
+            return failed_return(job.overrides, JobNotRun(f"{failure['kind']}: {failure['message']}"), job)
         state = _state_of(submitted)
         elapsed = time.monotonic() - started
         kind = STATE_KINDS.get(state.split()[0] if state else "", "crash")
@@ -141,14 +141,14 @@ class SweepLauncher(BaseSubmititLauncher):
         try:
             lock = RunDirLock(job.run_dir).acquire()
         except RunDirInUse as exc:  # another live job owns the directory (the run refused to start): leave it be
-            return _failed_return(job.overrides, JobNotRun(str(exc)), job)
+            return failed_return(job.overrides, JobNotRun(str(exc)), job)
         try:
             write_summary(job.run_dir, status="failed", failure={"kind": kind, "message": message},
-                          overrides=_task_overrides(job), config=job.task_config, metrics={},
+                          overrides=task_overrides(job), config=job.task_config, metrics={},
                           extra={"attempt": f"launcher-{job.num}-{int(time.time())}", "written_by": "launcher"})
         finally:
             lock.release()
-        return _failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
+        return failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
 
 
 def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
@@ -199,12 +199,12 @@ def _failure_message(run_dir: Path, state: str, error: BaseException | None, sub
     return what + (f": {detail}" if detail else "") + logs
 
 
-def _task_overrides(job: SweepJob) -> list[str]:
+def task_overrides(job: SweepJob) -> list[str]:
     overrides = OmegaConf.to_container(job.config.hydra.overrides.task, resolve=False)
     return list(overrides) if isinstance(overrides, list) else list(job.overrides)
 
 
-def _failed_return(overrides: list[str], error: BaseException, job: SweepJob | None = None) -> JobReturn:
+def failed_return(overrides: list[str], error: BaseException, job: SweepJob | None = None) -> JobReturn:
     ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED, task_name="dpo_sweeps")
     ret.return_value = error
     if job is not None:

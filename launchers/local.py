@@ -13,13 +13,14 @@ Ctrl-C cancels the running jobs.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn
 
-from launchers.base import JobNotRun, SweepLauncher, _failed_return, log, progress_line, summary_stamp
+from launchers.base import JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp
 from launchers.jobs import PointLabels, SweepJob
 from launchers.placement import DevicePool, usable_cpus, visible_gpus
 
@@ -58,6 +59,20 @@ class LocalLauncher(SweepLauncher):
         self.gpus = [str(g) for g in gpus] if gpus is not None else None
         self.stderr_to_stdout = stderr_to_stdout
         self.poll_interval_s = poll_interval_s
+        # The devices jobs are placed on: one pool for every launch_jobs call of this launcher, so that
+        # calls from several threads (the Optuna sweeper's asynchronous trials) never share a core or GPU.
+        self._devices: DevicePool | None = None
+        self._devices_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
+        state = dict(self.__dict__)
+        state.update(_devices=None, _devices_lock=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._devices_lock = threading.Lock()
 
     def _pool(self) -> DevicePool:
         return DevicePool(cpus=self.cpus if self.cpus is not None else usable_cpus(),
@@ -89,7 +104,10 @@ class LocalLauncher(SweepLauncher):
         import submitit
 
         assert self.config is not None
-        pool = self._pool()
+        with self._devices_lock:
+            if self._devices is None:
+                self._devices = self._pool()
+            pool = self._devices
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
         results: dict[int, JobReturn] = {}
         pending = deque(range(len(jobs)))
@@ -104,13 +122,17 @@ class LocalLauncher(SweepLauncher):
                 self._start_what_fits(executor, jobs, pool, pending, running, results, label)
                 for i in [i for i, (submitted, *_rest) in running.items() if submitted.done()]:
                     submitted, placement, started, earlier = running.pop(i)
-                    pool.give_back(placement)
+                    with self._devices_lock:
+                        pool.give_back(placement)
                     results[i] = self._collect(jobs[i], submitted, started, earlier, self.timeout_min)
                     log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
-                time.sleep(self.poll_interval_s)
+                if pending or running:
+                    time.sleep(self.poll_interval_s)
         except BaseException:
-            for submitted, *_rest in running.values():
+            for submitted, placement, *_rest in running.values():
                 submitted.cancel()
+                with self._devices_lock:
+                    pool.give_back(placement)
             log.warning("cancelled %d running local jobs", len(running))
             raise
         return [results[i] for i in range(len(jobs))]
@@ -126,9 +148,10 @@ class LocalLauncher(SweepLauncher):
             impossible = pool.cannot_hold(job.world_size, use_gpus)
             if impossible:
                 pending.remove(i)
-                results[i] = _failed_return(job.overrides, JobNotRun(impossible), job)
+                results[i] = failed_return(job.overrides, JobNotRun(impossible), job)
                 continue
-            placement = pool.take(job.world_size, use_gpus)
+            with self._devices_lock:
+                placement = pool.take(job.world_size, use_gpus)
             if placement is None:
                 continue
             pending.remove(i)

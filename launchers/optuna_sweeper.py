@@ -8,10 +8,15 @@ hydra_plugins/dpo_sweeps_launchers). What this adds to the plugin's sweeper:
   after the study's existing trials, so a second invocation never overwrites the first's runs;
 - `objectives` names the summary metrics each trial returns (one per `direction`), read from the
   run's metrics; `dpo_sweeps.app.run` itself stays objective-free;
-- each batch of trials is validated before launch: an invalid trial (say, a batch size the ranks
-  do not divide) is not run; it gets a failed summary.json (`invalid_config`) and is told to the
-  study as FAIL, like a run that fails. Optuna's samplers ignore failed trials, and
-  `max_failure_rate: 1.0` keeps the study going;
+- each trial is validated before launch: an invalid trial (say, a batch size the ranks do not
+  divide) is not run; it gets a failed summary.json (`invalid_config`) and is told to the study as
+  FAIL, like a run that fails. Optuna's samplers ignore failed trials, and `max_failure_rate: 1.0`
+  keeps the study going;
+- asynchronous trials: `n_jobs` run at once and a new one starts as soon as any ends
+  (launchers/optuna_study.py), instead of batches that wait for their slowest;
+- pruning (`pruner`, `pruner_settings`): each evaluation of a trial is reported to the study and a
+  hopeless trial stops there, with summary status `pruned` (dpo_sweeps/pruning.py);
+- `enqueue_trials`: trials to run first, with the values given;
 - the end-of-sweep screen and a nonzero exit when any trial of this invocation failed.
 Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run at a time.
 """
@@ -29,10 +34,12 @@ from hydra.types import HydraContext, TaskFunction
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf as PluginOptunaSweeperConf
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.pruning import make_pruner
 from dpo_sweeps.rundir import write_summary
-from launchers.base import JobNotRun, _failed_return, _task_overrides, log
+from launchers.base import JobNotRun, failed_return, task_overrides, log
 from launchers.grid_sweeper import launch_numbered
 from launchers.jobs import SweepJob
 from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
@@ -59,7 +66,7 @@ def objective_values(metrics: Any, objectives: Sequence[str]) -> float | list[fl
 
 
 class TrialLauncher(Launcher):
-    """Wraps the real launcher: validates each batch of trials, runs the valid ones, returns objectives."""
+    """Wraps the real launcher: validates each trial before it runs, and turns its metrics into objectives."""
 
     def __init__(self, inner: Launcher, hydra_context: HydraContext, config: DictConfig, objectives: Sequence[str]):
         self.inner = inner
@@ -72,26 +79,30 @@ class TrialLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        points = [list(o) for o in job_overrides]
-        jobs, invalid = compose_and_check(self.hydra_context, self.config, points, initial_job_idx, self.inner)
-        refused: dict[int, JobReturn] = {}
-        for point in invalid:
-            log.warning("trial #%d not run: %s: %s", point.num, point.kind, point.message)
-            refused[point.num] = _failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
-            if point.job is not None:
-                failure = {"kind": point.kind, "message": point.message}
-                write_summary(point.job.run_dir, status="failed", failure=failure,
-                              overrides=_task_overrides(point.job), config=point.job.task_config, metrics={},
-                              extra={"written_by": "optuna sweeper: not run"})
-                self.history.append((point.job, refused[point.num]))
-        launched = dict(zip([j.num for j in jobs], launch_numbered(self.inner, jobs)))
-        for job in jobs:
-            self.history.append((job, launched[job.num]))
-        return [self._with_objectives(launched[n]) if n in launched else refused[n]
-                for n in range(initial_job_idx, initial_job_idx + len(points))]
+    def prepare(self, overrides: list[str], num: int) -> tuple[SweepJob | None, JobReturn | None]:
+        """Compose and check one trial: (the job to run, None), or (job or None, its refusal)."""
+        jobs, invalid = compose_and_check(self.hydra_context, self.config, [overrides], num, self.inner)
+        if jobs:
+            return jobs[0], None
+        point = invalid[0]
+        log.warning("trial #%d not run: %s: %s", point.num, point.kind, point.message)
+        refusal = failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
+        if point.job is not None:
+            write_summary(point.job.run_dir, status="failed", failure={"kind": point.kind, "message": point.message},
+                          overrides=task_overrides(point.job), config=point.job.task_config, metrics={},
+                          extra={"written_by": "optuna sweeper: not run"})
+            self.history.append((point.job, refusal))
+        return point.job, refusal
 
-    def _with_objectives(self, ret: JobReturn) -> JobReturn:
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Hydra's Launcher API (one batch, all at once); the sweeper itself runs trials through TrialSlots."""
+        prepared = [self.prepare(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        jobs = [job for job, refusal in prepared if refusal is None]
+        launched = dict(zip([j.num for j in jobs], launch_numbered(self.inner, jobs)))
+        self.history += [(job, launched[job.num]) for job in jobs]
+        return [self.with_objectives(launched[job.num]) if refusal is None else refusal for job, refusal in prepared]
+
+    def with_objectives(self, ret: JobReturn) -> JobReturn:
         if ret.status != JobStatus.COMPLETED:
             return ret
         out = JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, working_dir=ret.working_dir,
@@ -106,10 +117,16 @@ class TrialLauncher(Launcher):
 
 class OptunaSweeper(PluginOptunaSweeper):
     def __init__(self, objectives: Sequence[str] | str = ("eval/rewards/accuracies",), dry_run: bool = False,
-                 **plugin_params: Any) -> None:
+                 pruner: str = "none", pruner_settings: Optional[dict] = None,
+                 enqueue_trials: Optional[Sequence[dict]] = None, **plugin_params: Any) -> None:
         super().__init__(**plugin_params)
         self.objectives = [objectives] if isinstance(objectives, str) else list(objectives)
         self.dry_run = dry_run
+        self.pruner = pruner
+        self.pruner_settings = dict(OmegaConf.to_container(pruner_settings) if isinstance(pruner_settings, DictConfig)
+                                    else pruner_settings or {})
+        trials = OmegaConf.to_container(enqueue_trials) if isinstance(enqueue_trials, ListConfig) else enqueue_trials
+        self.enqueue_trials = [dict(t) for t in trials or []]
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -117,14 +134,30 @@ class OptunaSweeper(PluginOptunaSweeper):
         self.trials = TrialLauncher(self.sweeper.launcher, hydra_context, config, self.objectives)
         self.sweeper.launcher = self.trials
 
-    def sweep(self, arguments: List[str]) -> None:
-        impl = self.sweeper
-        directions = impl._get_directions()
+    def _check(self, directions: list[str]) -> Any:
+        """The settings only this sweeper has, checked before anything runs; returns the pruner."""
         if len(directions) != len(self.objectives):
             raise InvalidSweep(
                 f"hydra.sweeper.objectives: {len(self.objectives)} ({', '.join(self.objectives)}) but "
                 f"hydra.sweeper.direction has {len(directions)} ({', '.join(map(str, directions))}) "
                 "(accepted: one direction, maximize or minimize, per objective)")
+        try:
+            pruner = make_pruner(self.pruner, self.pruner_settings)
+        except RunFailure as exc:
+            raise InvalidSweep(str(exc)) from None
+        if pruner is not None and len(self.objectives) > 1:
+            raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with {len(self.objectives)} objectives (Optuna "
+                               "cannot prune multi-objective trials) (accepted: pruner=none, or one objective)")
+        if pruner is not None and not self.objectives[0].startswith("eval/"):
+            raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with objective {self.objectives[0]}, which runs "
+                               "report only at the end (accepted: an eval/* objective, reported at every "
+                               "train.eval_every)")
+        return pruner
+
+    def sweep(self, arguments: List[str]) -> None:
+        impl = self.sweeper
+        directions = impl._get_directions()
+        pruner = self._check(directions)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         existing = existing_trials(impl.storage, impl.study_name)
@@ -133,21 +166,30 @@ class OptunaSweeper(PluginOptunaSweeper):
             print(f"dry run: study '{impl.study_name}' in {impl.storage} has {existing} trials; this would run "
                   f"{impl.n_trials} more ({impl.n_jobs} at a time) into {sweep_dir}/<trial>, searching:\n"
                   + "\n".join(f"  {k}: {v}" for k, v in (impl.params or {}).items())
-                  + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, directions))}")
+                  + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, directions))}"
+                  + f"\npruner: {self.pruner} {self.pruner_settings or ''}".rstrip())
             return
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        log.info("optuna study '%s' (%s): %d earlier trials; running %d more", impl.study_name, impl.storage,
-                 existing, impl.n_trials)
+        log.info("optuna study '%s' (%s): %d earlier trials; running %d more, %d at a time (pruner: %s)",
+                 impl.study_name, impl.storage, existing, impl.n_trials, impl.n_jobs, self.pruner)
+        from launchers.optuna_study import AsyncStudy  # optuna loads here, when a study runs
+
+        study = AsyncStudy(impl, arguments, directions, pruner, self.trials, self.objectives[0],
+                           (self.pruner, self.pruner_settings))
+        for params in self.enqueue_trials:
+            study.enqueue(params)
         try:
-            impl.sweep(arguments)
+            study.run(max(1, int(impl.n_jobs)))
         except KeyboardInterrupt:
             raise SystemExit(f"\nInterrupted: the running trials were stopped; {sweep_dir}/optuna.db keeps the "
                              "study (their trials stay RUNNING in it). Run the same command again to go on.") from None
         finally:
+            study.save_timeline(sweep_dir / "slots.json")
             outcomes = [outcome_of(job, ret) for job, ret in self.trials.history]
             if outcomes:
                 hint = "Run the same command again to continue the study with n_trials new trials."
                 print(sweep_screen(sweep_dir, outcomes, title="optuna sweep", retry_hint=hint), flush=True)
+        study.save_results(sweep_dir / "optimization_results.yaml")
         raise_if_failed(outcomes)
 
 
@@ -183,12 +225,20 @@ class OptunaSweeperConf(PluginOptunaSweeperConf):
     # The study, in the sweep directory: the same command again continues it.
     storage: Optional[Any] = "sqlite:///${hydra.sweep.dir}/optuna.db"
     study_name: Optional[str] = "dpo_sweeps"
-    # Trials launched together (the launcher runs them as devices allow; a batch waits for its slowest).
+    # Trials running at once: a new one is asked for and launched as soon as any running trial ends.
     n_jobs: int = 1
     # Failed trials are told to the study as FAIL and the search goes on (1.0); 0.0 stops at the first.
     max_failure_rate: float = 1.0
     # Print the study's state and search space, and launch nothing.
     dry_run: bool = False
+    # Stop hopeless trials early: none | median | successive_halving | hyperband (optuna.pruners). Every
+    # evaluation (train.eval_every) reports the objective, which must be an eval/* metric; one objective only.
+    pruner: str = "none"
+    # The pruner's own arguments, e.g. {n_startup_trials: 2, n_warmup_steps: 0} for median.
+    pruner_settings: Any = None
+    # Trials to run first, each a mapping of parameter to value ({train.lr: 0.003, loss.beta: 0.1}),
+    # e.g. known-good settings (Optuna's enqueue_trial); the sampler proposes the rest.
+    enqueue_trials: Any = None
 
 
 def register_optuna_config() -> None:

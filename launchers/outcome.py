@@ -28,7 +28,7 @@ class SweepFailed(CompactHydraException):
 @dataclass
 class Outcome:
     job: SweepJob
-    # completed | failed | skipped (completed by an earlier invocation)
+    # completed | failed | pruned (stopped by the Optuna pruner) | skipped (completed by an earlier invocation)
     status: str
     run_dir: Path
     kind: str | None = None
@@ -38,7 +38,7 @@ class Outcome:
 def outcome_of(job: SweepJob, job_return: JobReturn | None) -> Outcome:
     """What a launched job came to, from its summary.json, else from its JobReturn."""
     summary = read_summary(job.run_dir)
-    if summary is not None and summary.get("status") in ("completed", "failed"):
+    if summary is not None and summary.get("status") in ("completed", "failed", "pruned"):
         failure = summary.get("failure") or {}
         return Outcome(job, summary["status"], job.run_dir, failure.get("kind"), failure.get("message"))
     if job_return is not None and job_return.status == JobStatus.COMPLETED:
@@ -74,6 +74,7 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
         + (f"  ({counts['skipped']} skipped: completed by an earlier invocation)" if counts["skipped"] else ""),
         f"failed     {len(failed)}" + (f"  ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})"
                                        if failed else ""),
+        *([f"pruned     {counts['pruned']}  (stopped early by the Optuna pruner)"] if counts["pruned"] else []),
         f"results    {where}/<run>/summary.json, metrics.jsonl",
         f"report     python analysis/report.py {where}",
     ]

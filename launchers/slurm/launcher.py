@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from hydra.core.utils import JobReturn
 
 from dpo_sweeps.rundir import write_summary
-from launchers.base import JobNotRun, SweepLauncher, _failed_return, _task_overrides, log, progress_line, summary_stamp
+from launchers.base import JobNotRun, SweepLauncher, failed_return, task_overrides, log, progress_line, summary_stamp
 from launchers.jobs import PointLabels, SweepJob
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
@@ -38,9 +38,9 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
     reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else type(error).__name__)
     message = f"sbatch refused the job: {reason}"
     write_summary(job.run_dir, status="failed", failure={"kind": "crash", "message": message},
-                  overrides=_task_overrides(job), config=job.task_config, metrics={},
+                  overrides=task_overrides(job), config=job.task_config, metrics={},
                   extra={"written_by": "launcher: not submitted"})
-    return _failed_return(job.overrides, JobNotRun(message), job)
+    return failed_return(job.overrides, JobNotRun(message), job)
 
 
 class SlurmLauncher(SweepLauncher):

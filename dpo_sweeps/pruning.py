@@ -1,0 +1,106 @@
+"""Optuna pruning, the trial's side: report each evaluation to the study and stop when the pruner says so.
+
+The Optuna sweeper (launchers/optuna_sweeper.py) writes `trial.json` into a trial's run directory before
+it launches the job: the study's storage and name, the trial, the objective and the pruner. A run that
+finds it reports the objective after every evaluation (`train.eval_every`) as the trial's intermediate
+value at that step, and asks the pruner; a pruned run stops at that evaluation and ends with summary
+status `pruned`. Only rank 0 talks to the study; every rank stops together.
+
+Optuna is imported only by runs that have a trial.json.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpo_sweeps.errors import InvalidConfig
+
+TRIAL_FILE = "trial.json"
+# hydra.sweeper.pruner -> the optuna.pruners class it makes (settings: hydra.sweeper.pruner_settings).
+PRUNERS = {
+    "none": None,
+    "median": "MedianPruner",
+    "successive_halving": "SuccessiveHalvingPruner",
+    "hyperband": "HyperbandPruner",
+}
+
+
+def make_pruner(name: str, settings: dict[str, Any] | None = None) -> Any:
+    """The optuna pruner for `hydra.sweeper.pruner` and its settings (None for `none`)."""
+    if name not in PRUNERS:
+        raise InvalidConfig("hydra.sweeper.pruner", f"unknown pruner {name!r}", ", ".join(PRUNERS))
+    settings = dict(settings or {})
+    if PRUNERS[name] is None:
+        if settings:
+            raise InvalidConfig("hydra.sweeper.pruner_settings", f"{sorted(settings)} given with pruner=none",
+                                "no settings, or a pruner: " + ", ".join(p for p in PRUNERS if p != "none"))
+        return None
+    import optuna
+
+    cls = getattr(optuna.pruners, PRUNERS[name])
+    accepted = [p for p in inspect.signature(cls).parameters if p != "self"]
+    unknown = sorted(set(settings) - set(accepted))
+    if unknown:
+        raise InvalidConfig("hydra.sweeper.pruner_settings", f"{', '.join(unknown)} is not a setting of {name}",
+                            ", ".join(accepted))
+    try:
+        return cls(**settings)
+    except (TypeError, ValueError) as exc:
+        raise InvalidConfig("hydra.sweeper.pruner_settings", str(exc), f"the settings of optuna's {cls.__name__}") from None
+
+
+@dataclass
+class TrialLink:
+    """What trial.json holds: where the study is, which trial this run is, what to report."""
+
+    storage: str
+    study_name: str
+    trial_id: int
+    trial_number: int
+    objective: str
+    pruner: str
+    pruner_settings: dict[str, Any]
+
+    def write(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / TRIAL_FILE).write_text(json.dumps(self.__dict__, indent=1) + "\n")
+
+    @classmethod
+    def read(cls, run_dir: Path) -> TrialLink | None:
+        path = Path(run_dir) / TRIAL_FILE
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+
+class TrialReporter:
+    """Rank 0's connection to the study: `report(eval_metrics, step)` says whether to stop."""
+
+    def __init__(self, link: TrialLink):
+        import optuna
+
+        self.link = link
+        study = optuna.load_study(study_name=link.study_name, storage=link.storage,
+                                  pruner=make_pruner(link.pruner, link.pruner_settings))
+        self.trial = optuna.trial.Trial(study, link.trial_id)
+        self.pruned_at: tuple[int, float] | None = None
+
+    def report(self, eval_metrics: dict[str, Any], step: int) -> bool:
+        """Record the objective at `step`; True when the pruner stops this trial."""
+        value = eval_metrics.get(self.link.objective)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False  # nothing to judge the trial by; the sweeper tells the final state
+        self.trial.report(float(value), step)
+        if self.trial.should_prune():
+            self.pruned_at = (step, float(value))
+            return True
+        return False
+
+
+def pruning_link(run_dir: Path) -> TrialLink | None:
+    """The trial this run reports to, when it is an Optuna trial with a pruner (every rank reads it)."""
+    link = TrialLink.read(run_dir)
+    return link if link is not None and PRUNERS.get(link.pruner) is not None else None
