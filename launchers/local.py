@@ -37,7 +37,7 @@ class LocalLauncher(SweepLauncher):
         cpus: Sequence[int] | None = None,
         gpus: Sequence[str | int] | None = None,
         stderr_to_stdout: bool = False,
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float = 0.2,
         **unknown: Any,
     ) -> None:
         if unknown:

@@ -53,9 +53,13 @@ class AsyncStudy:
         self.objective = objective
         self.pruner_spec = pruner_spec
         self.storage = absolute_storage(str(impl.storage)) if impl.storage else None
+        # One database engine for all the fresh study handles below (each has its own, empty cache).
+        self._backend = optuna.storages.RDBStorage(self.storage) if self.storage else None
         self.space, self.fixed = self._search_space(list(arguments))
-        optuna.create_study(study_name=impl.study_name, storage=self.storage, sampler=self.sampler,
-                            directions=directions, pruner=pruner, load_if_exists=True)
+        created = optuna.create_study(study_name=impl.study_name, storage=self._backend, sampler=self.sampler,
+                                      directions=directions, pruner=pruner, load_if_exists=True)
+        # Without storage (hydra.sweeper.storage=null) the study lives in this process only: keep that one.
+        self._in_memory = created if self._backend is None else None
         self.failures = 0
         self.told = 0
         self.started_at = time.time()
@@ -85,7 +89,9 @@ class AsyncStudy:
         return self.optuna.samplers.GridSampler
 
     def study(self) -> Any:
-        return self.optuna.load_study(study_name=self.impl.study_name, storage=self.storage, sampler=self.sampler,
+        if self._in_memory is not None:
+            return self._in_memory
+        return self.optuna.load_study(study_name=self.impl.study_name, storage=self._backend, sampler=self.sampler,
                                       pruner=self.pruner)
 
     def enqueue(self, params: dict) -> None:

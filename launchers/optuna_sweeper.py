@@ -148,6 +148,10 @@ class OptunaSweeper(PluginOptunaSweeper):
         if pruner is not None and len(self.objectives) > 1:
             raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with {len(self.objectives)} objectives (Optuna "
                                "cannot prune multi-objective trials) (accepted: pruner=none, or one objective)")
+        if pruner is not None and not self.sweeper.storage:
+            raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with hydra.sweeper.storage=null (trials report to "
+                               "the study from their own processes) (accepted: a storage URL, e.g. the default "
+                               "sqlite:///${hydra.sweep.dir}/optuna.db)")
         if pruner is not None and not self.objectives[0].startswith("eval/"):
             raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with objective {self.objectives[0]}, which runs "
                                "report only at the end (accepted: an eval/* objective, reported at every "

@@ -4,6 +4,7 @@ regular install, and importing the plugins costs other Hydra apps nothing."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,8 +75,12 @@ def test_editable_install_sweeps_and_reports_from_outside_the_repository(tmp_pat
 
 @pytest.mark.slow
 def test_regular_install_sweeps_and_reports_from_outside_the_repository(tmp_path):
+    # pip builds in the source tree (build/, *.egg-info): build from a copy, not from the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "multirun", "outputs", "wandb", ".cache", ".pytest_cache"))
     site = tmp_path / "site"
-    build = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(REPO)],
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(source)],
                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     assert (site / "dpo_sweeps" / "conf" / "config.yaml").is_file()  # conf/ travels inside the package

@@ -136,3 +136,11 @@ def test_pruner_settings_that_cannot_work_are_refused_before_any_trial(tmp_path,
     assert result.returncode != 0
     assert message in result.output, result.output[-2000:]
     assert not (sweep_dir / "0").exists()
+
+
+def test_idle_slot_time_counts_empty_slots_until_the_last_trial_starts():
+    from launchers.trial_slots import SlotRun, idle_slot_seconds
+
+    # Two slots: A runs 0-10; B runs 0-4, then the slot waits a second for C (5-10), the last trial.
+    runs = [SlotRun(None, 0, 0.0, 10.0), SlotRun(None, 1, 0.0, 4.0), SlotRun(None, 2, 5.0, 10.0)]
+    assert idle_slot_seconds(runs, slots=2, sweep_start=0.0, sweep_end=10.0, trials=3) == pytest.approx(1.0)
