@@ -57,6 +57,8 @@ tr.failed { background:#fdecec !important; }
 tr.failed td.status { color:#b3261e; font-weight:600; }
 tr.pruned { background:#f3f0e6 !important; }
 tr.pruned td.status { color:#7a5c00; font-weight:600; }
+tr.skipped { background:#eef1f6 !important; color:#555; }
+tr.skipped td.status { color:#3b5b8c; font-weight:600; }
 tr.pending { color:var(--muted); font-style:italic; }
 .filter { margin:0 0 8px; padding:5px 9px; width:320px; max-width:100%; border:1px solid var(--line);
           border-radius:6px; font:inherit; }

@@ -71,9 +71,10 @@ class ConfigResult:
 
     @property
     def status(self) -> str:
-        """completed, failed (every run failed), pruned (every run pruned) or mixed."""
-        if self.runs and all(r.status == "pruned" for r in self.runs):
-            return "pruned"
+        """completed, failed (every run failed), pruned or skipped (every run so) or mixed."""
+        for only in ("pruned", "skipped"):
+            if self.runs and all(r.status == only for r in self.runs):
+                return only
         if not self.failures:
             return "completed"
         return "failed" if not self.completed else "mixed"

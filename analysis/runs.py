@@ -25,8 +25,9 @@ from dpo_sweeps.rundir import SUMMARY_METRIC_KEYS as SUMMARY_METRICS
 
 SPEED_PER_MEMORY = "perf/speed_per_memory"
 PREFERENCE_ACCURACY = "eval/rewards/accuracies"
-# pruned: stopped at an evaluation by the Optuna pruner (a result, like a failure, not a crash).
-FINISHED_STATUSES = ("completed", "failed", "pruned")
+# pruned: stopped at an evaluation by the Optuna pruner; skipped: not started, predicted out of memory
+# (kind oom_predicted). Both are results, like failures.
+FINISHED_STATUSES = ("completed", "failed", "pruned", "skipped")
 
 # Config keys that only pick the replicate: runs that differ in these alone are one config
 # run with several seeds.
@@ -242,7 +243,7 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.config = flatten(summary["config"])
     run.metrics = dict(summary.get("metrics") or {})
     run.config_hash = summary.get("config_hash")
-    if run.status in ("failed", "pruned") and isinstance(summary.get("failure"), dict):
+    if run.status in ("failed", "pruned", "skipped") and isinstance(summary.get("failure"), dict):
         run.failure_kind = str(summary["failure"].get("kind") or "crash")
         run.failure_message = str(summary["failure"].get("message") or "")
     return run

@@ -165,6 +165,8 @@ def status_line(runs: list[Run], not_started: int | None = None) -> str:
     parts.append(f"{counts['failed']} failed" + (f" ({format_failures(failures)})" if failures else ""))
     if counts["pruned"]:
         parts.append(f"{counts['pruned']} pruned (stopped early by the Optuna pruner)")
+    if counts["skipped"]:
+        parts.append(f"{counts['skipped']} skipped (predicted out of memory, not started)")
     if counts["pending"]:
         parts.append(f"{counts['pending']} pending (still running, or stopped before writing summary.json)")
     if counts["unreadable"]:

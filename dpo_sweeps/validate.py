@@ -39,6 +39,10 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     world = nodes * nproc
     if res.device not in DEVICES:
         raise InvalidConfig("resources.device", f"got {res.device!r}", ", ".join(DEVICES))
+    limit = res.device_memory_gib
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
+        raise InvalidConfig("resources.device_memory_gib", f"got {limit!r}",
+                            "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)")
 
     batch = _positive_int(train.batch_size, "train.batch_size")
     micro = _positive_int(train.micro_batch_size, "train.micro_batch_size")

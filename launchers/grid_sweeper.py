@@ -6,7 +6,10 @@ The grid is Hydra's basic sweep (every combination of the comma-separated values
    invalid points listed beside their overrides (`launchers.preflight`);
 2. points whose run already completed in this sweep directory (same `config_hash`) are skipped
    (`launchers.resume`; `hydra.sweeper.resume=false` runs them again);
-3. with `hydra.sweeper.dry_run=true`, the jobs that would run are listed and nothing starts.
+3. points whose estimated peak memory exceeds `resources.device_memory_gib` are not started and
+   are recorded as skipped, kind `oom_predicted` (`dpo_sweeps.fit`; `hydra.sweeper.skip_predicted_oom=false`
+   runs them anyway);
+4. with `hydra.sweeper.dry_run=true`, the jobs that would run are listed and nothing starts.
 Then the launcher runs the rest. A failed run never stops the others; at the end one screen
 gives the counts, where the results are and which runs failed and why, and the command exits
 nonzero if any failed (`launchers.outcome`).
@@ -25,7 +28,9 @@ from omegaconf import OmegaConf
 
 from launchers.jobs import PointLabels, SweepJob
 from launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
-from launchers.preflight import InvalidSweep, compose_and_check, refusal_message
+from launchers.preflight import (
+    InvalidSweep, PredictedOOM, compose_and_check, predicted_ooms, record_predicted_oom, refusal_message,
+)
 from launchers.resume import ResumePlan, plan_resume
 
 log = logging.getLogger("launchers")
@@ -38,16 +43,18 @@ class GridSweeper(BasicSweeper):
         params: Optional[Dict[str, str]] = None,
         dry_run: bool = False,
         resume: bool = True,
+        skip_predicted_oom: bool = True,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise ValueError(
                 f"hydra.sweeper.{', hydra.sweeper.'.join(sorted(unknown))}: not settings of the grid sweeper "
-                "(accepted: params, dry_run, resume, max_batch_size). A preset for another sweeper needs it "
+                "(accepted: params, dry_run, resume, skip_predicted_oom, max_batch_size). A preset for another sweeper needs it "
                 "on the command line, e.g. hydra/sweeper=optuna +sweep=optuna_dpo")
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.dry_run = dry_run
         self.resume = resume
+        self.skip_predicted_oom = skip_predicted_oom
 
     def grid(self, arguments: List[str]) -> list[list[str]]:
         """Every point of the sweep, in Hydra's order: one override list per job."""
@@ -64,20 +71,27 @@ class GridSweeper(BasicSweeper):
         if invalid:
             raise InvalidSweep(refusal_message(invalid, points))
         plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
+        unfit: list[PredictedOOM] = []
+        if self.skip_predicted_oom:
+            plan.to_run, unfit = predicted_ooms(plan.to_run)
         if self.dry_run:
-            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher))
+            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit))
             return []
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         if plan.skipped:
             log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
+        for point in unfit:
+            record_predicted_oom(point)
+            log.warning("#%d not started: %s", point.job.num, point.message)
         try:
             returns = self._launch(plan.to_run)
         except KeyboardInterrupt:
             raise SystemExit(interrupted_message(sweep_dir)) from None
 
-        outcomes = [Outcome(job, "skipped", where) for job, where in plan.skipped]
+        outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
+        outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]
         outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
         outcomes.sort(key=lambda o: o.job.num)
         print(sweep_screen(sweep_dir, outcomes), flush=True)
@@ -115,9 +129,11 @@ def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
     return returns
 
 
-def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None) -> str:
+def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None,
+                    unfit: Sequence[PredictedOOM] = ()) -> str:
     describe_job = getattr(launcher, "describe_job", None) or (lambda job: f"{job.world_size} ranks")
-    label = PointLabels([j.overrides for j in plan.to_run] + [j.overrides for j, _ in plan.skipped])
+    label = PointLabels([j.overrides for j in plan.to_run] + [j.overrides for j, _ in plan.skipped]
+                        + [p.job.overrides for p in unfit])
     lines = [f"dry run: {len(plan.to_run)} of {total} jobs would be launched into {sweep_dir} (none was started)"]
     if hasattr(launcher, "describe"):
         lines.append(f"launcher: {launcher.describe()}")
@@ -129,6 +145,11 @@ def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any
         lines.append(f"{len(plan.skipped)} already completed (skipped):")
         for job, where in plan.skipped:
             lines.append(f"  #{job.num}  {label(job.overrides)}   [completed in {where}]")
+    if unfit:
+        lines.append(f"{len(unfit)} predicted not to fit their device (would be skipped, kind oom_predicted):")
+        for p in unfit:
+            lines.append(f"  #{p.job.num}  {label(p.job.overrides)}   [estimate {p.estimate_gib:.2f} GiB > "
+                         f"limit {p.limit_gib:.2f} GiB]")
     hashes: dict[str, list[int]] = {}
     for job in plan.to_run:
         hashes.setdefault(job.config_hash, []).append(job.num)

@@ -43,7 +43,7 @@ from launchers.base import JobNotRun, failed_return, task_overrides, log
 from launchers.grid_sweeper import launch_numbered
 from launchers.jobs import SweepJob
 from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
-from launchers.preflight import InvalidSweep, compose_and_check
+from launchers.preflight import InvalidSweep, compose_and_check, predicted_ooms, record_predicted_oom
 
 
 class ObjectiveUnavailable(Exception):
@@ -75,6 +75,7 @@ class TrialLauncher(Launcher):
         self.objectives = list(objectives)
         # (job, JobReturn) of every trial launched (or refused) by this invocation.
         self.history: list[tuple[SweepJob, JobReturn]] = []
+        self.skip_predicted_oom = True
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -82,6 +83,14 @@ class TrialLauncher(Launcher):
     def prepare(self, overrides: list[str], num: int) -> tuple[SweepJob | None, JobReturn | None]:
         """Compose and check one trial: (the job to run, None), or (job or None, its refusal)."""
         jobs, invalid = compose_and_check(self.hydra_context, self.config, [overrides], num, self.inner)
+        if jobs and self.skip_predicted_oom:
+            jobs, unfit = predicted_ooms(jobs)
+            for point in unfit:  # told to the study as FAIL; its summary says skipped, oom_predicted
+                record_predicted_oom(point)
+                log.warning("trial #%d not started: %s", num, point.message)
+                refusal = failed_return(point.job.overrides, JobNotRun(f"oom_predicted: {point.message}"), point.job)
+                self.history.append((point.job, refusal))
+                return point.job, refusal
         if jobs:
             return jobs[0], None
         point = invalid[0]
@@ -118,7 +127,8 @@ class TrialLauncher(Launcher):
 class OptunaSweeper(PluginOptunaSweeper):
     def __init__(self, objectives: Sequence[str] | str = ("eval/rewards/accuracies",), dry_run: bool = False,
                  pruner: str = "none", pruner_settings: Optional[dict] = None,
-                 enqueue_trials: Optional[Sequence[dict]] = None, **plugin_params: Any) -> None:
+                 enqueue_trials: Optional[Sequence[dict]] = None, skip_predicted_oom: bool = True,
+                 **plugin_params: Any) -> None:
         super().__init__(**plugin_params)
         self.objectives = [objectives] if isinstance(objectives, str) else list(objectives)
         self.dry_run = dry_run
@@ -127,11 +137,13 @@ class OptunaSweeper(PluginOptunaSweeper):
                                     else pruner_settings or {})
         trials = OmegaConf.to_container(enqueue_trials) if isinstance(enqueue_trials, ListConfig) else enqueue_trials
         self.enqueue_trials = [dict(t) for t in trials or []]
+        self.skip_predicted_oom = skip_predicted_oom
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.config = config
         self.trials = TrialLauncher(self.sweeper.launcher, hydra_context, config, self.objectives)
+        self.trials.skip_predicted_oom = self.skip_predicted_oom
         self.sweeper.launcher = self.trials
 
     def _check(self, directions: list[str]) -> Any:
@@ -243,6 +255,9 @@ class OptunaSweeperConf(PluginOptunaSweeperConf):
     # Trials to run first, each a mapping of parameter to value ({train.lr: 0.003, loss.beta: 0.1}),
     # e.g. known-good settings (Optuna's enqueue_trial); the sampler proposes the rest.
     enqueue_trials: Any = None
+    # Trials whose estimated peak memory exceeds resources.device_memory_gib are not started (FAIL in the
+    # study, summary status skipped, kind oom_predicted); false runs them anyway.
+    skip_predicted_oom: bool = True
 
 
 def register_optuna_config() -> None:

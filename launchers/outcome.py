@@ -28,7 +28,8 @@ class SweepFailed(CompactHydraException):
 @dataclass
 class Outcome:
     job: SweepJob
-    # completed | failed | pruned (stopped by the Optuna pruner) | skipped (completed by an earlier invocation)
+    # completed | failed | pruned (stopped by the Optuna pruner) | skipped (not started: predicted out of
+    # memory) | reused (completed by an earlier invocation)
     status: str
     run_dir: Path
     kind: str | None = None
@@ -38,7 +39,7 @@ class Outcome:
 def outcome_of(job: SweepJob, job_return: JobReturn | None) -> Outcome:
     """What a launched job came to, from its summary.json, else from its JobReturn."""
     summary = read_summary(job.run_dir)
-    if summary is not None and summary.get("status") in ("completed", "failed", "pruned"):
+    if summary is not None and summary.get("status") in ("completed", "failed", "pruned", "skipped"):
         failure = summary.get("failure") or {}
         return Outcome(job, summary["status"], job.run_dir, failure.get("kind"), failure.get("message"))
     if job_return is not None and job_return.status == JobStatus.COMPLETED:
@@ -70,16 +71,23 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
     lines = [
         "",
         f"===== {title} {where}: {len(outcomes)} runs =====",
-        f"completed  {counts['completed'] + counts['skipped']}"
-        + (f"  ({counts['skipped']} skipped: completed by an earlier invocation)" if counts["skipped"] else ""),
+        f"completed  {counts['completed'] + counts['reused']}"
+        + (f"  ({counts['reused']} skipped: completed by an earlier invocation)" if counts["reused"] else ""),
         f"failed     {len(failed)}" + (f"  ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})"
                                        if failed else ""),
         *([f"pruned     {counts['pruned']}  (stopped early by the Optuna pruner)"] if counts["pruned"] else []),
+        *([f"skipped    {counts['skipped']}  (predicted out of memory, not started)"] if counts["skipped"] else []),
         f"results    {where}/<run>/summary.json, metrics.jsonl",
         f"report     python analysis/report.py {where}",
     ]
+    label = PointLabels([o.job.overrides for o in outcomes])
+    skipped = [o for o in outcomes if o.status == "skipped"]
+    if skipped:
+        lines.append("skipped runs (oom_predicted):")
+        for o in skipped[:MAX_FAILED_LISTED]:
+            lines.append(f"  #{o.job.num}  {label(o.job.overrides)}")
+            lines.append(f"        {o.message}")
     if failed:
-        label = PointLabels([o.job.overrides for o in outcomes])
         lines.append("failed runs:")
         for o in failed[:MAX_FAILED_LISTED]:
             lines.append(f"  #{o.job.num}  {label(o.job.overrides)}")

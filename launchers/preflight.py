@@ -8,6 +8,7 @@ with every invalid point listed beside its overrides.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -17,7 +18,10 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.rundir import write_summary
 from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
+
+log = logging.getLogger("launchers")
 
 # How many invalid points the refusal lists before it says "and N more".
 MAX_LISTED = 50
@@ -81,6 +85,46 @@ def compose_and_check(
         else:
             jobs.append(job)
     return jobs, invalid
+
+
+@dataclass
+class PredictedOOM:
+    """A valid point that would not fit its device (dpo_sweeps/fit.py): not started, recorded as skipped."""
+
+    job: SweepJob
+    estimate_gib: float
+    limit_gib: float
+    message: str
+
+
+def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM]]:
+    """Split jobs into those that fit (or have no limit to check) and those predicted out of memory."""
+    from dpo_sweeps.fit import check_fit  # the training stack loads when a sweep is checked
+
+    fit: list[SweepJob] = []
+    unfit: list[PredictedOOM] = []
+    for job in jobs:
+        try:
+            check = check_fit(OmegaConf.create(job.task_config), job.world_size)
+        except (OSError, ValueError) as exc:  # e.g. a hub model not in the local cache: run it unchecked
+            log.warning("#%d: no fit check (%s)", job.num, str(exc).splitlines()[0] if str(exc) else exc)
+            check = None
+        if check is None or check.fits:
+            fit.append(job)
+        else:
+            unfit.append(PredictedOOM(job, check.estimate_gib, check.limit_gib, check.message()))
+    return fit, unfit
+
+
+def record_predicted_oom(point: PredictedOOM) -> None:
+    """Its summary.json: status skipped, kind oom_predicted, with the estimate and the limit."""
+    job = point.job
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    write_summary(job.run_dir, status="skipped", failure={"kind": "oom_predicted", "message": point.message},
+                  overrides=list(job.overrides), config=job.task_config,
+                  metrics={"perf/peak_memory_estimate_gib": point.estimate_gib,
+                           "fit/device_memory_gib": point.limit_gib},
+                  extra={"written_by": "sweeper: fit check"})
 
 
 def refusal_message(invalid: Sequence[InvalidPoint], points: Sequence[Sequence[str]]) -> str:

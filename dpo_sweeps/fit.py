@@ -1,0 +1,105 @@
+"""Will a config fit its device? The memory estimate from the config alone, before anything launches.
+
+A sweep compares every point's estimated peak (memory_estimate.py) with `resources.device_memory_gib`
+and does not start the points that would not fit (launchers/preflight.py). Before launch there is no
+data and no model, so the estimate here takes:
+- the architecture from the model config, built on the `meta` device (no weights, no memory), with the
+  tokenizer's vocabulary: the byte tokenizer's, `model.tokenizer.vocab_size` for a BPE still to be
+  trained, or the saved or named model's own config;
+- `data.max_length` as every row's length (runs pad to their longest row, which is at most that);
+- on a CPU, this process's resident memory in place of a rank's before its model exists (the sweep's
+  process has imported the same libraries; a rank also holds its data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from dpo_sweeps.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    estimate_gib: float
+    limit_gib: float
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate_gib <= self.limit_gib
+
+    def message(self) -> str:
+        return (f"estimated peak {self.estimate_gib:.2f} GiB per device exceeds resources.device_memory_gib "
+                f"{self.limit_gib:.2f} GiB; not started (hydra.sweeper.skip_predicted_oom=false runs it anyway)")
+
+
+def device_memory_limit_gib(cfg) -> float | None:
+    """`resources.device_memory_gib`, or the memory of this machine's first CUDA device when the run
+    will use CUDA; None (no check) on a CPU or where no GPU is visible to the sweep."""
+    if cfg.resources.device_memory_gib is not None:
+        return float(cfg.resources.device_memory_gib)
+    from dpo_sweeps.distributed import wants_cuda
+
+    if wants_cuda(cfg.resources.device):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    return None
+
+
+def predicted_peak_gib(cfg, world_size: int) -> float:
+    """The estimated peak memory per device of a resolved config, in GiB."""
+    from dpo_sweeps.distributed import wants_cuda
+    from dpo_sweeps.perf import resident_bytes
+
+    shape = _model_shape(_architecture_key(cfg.model))
+    baseline = 0 if wants_cuda(cfg.resources.device) else resident_bytes()
+    return estimate_peak_memory(shape, run_shape_of(cfg, world_size), baseline_bytes=baseline).total / GIB
+
+
+def check_fit(cfg, world_size: int) -> FitCheck | None:
+    """The fit check of one config (None when there is no limit to check against)."""
+    limit = device_memory_limit_gib(cfg)
+    if limit is None:
+        return None
+    return FitCheck(predicted_peak_gib(cfg, world_size), limit)
+
+
+def _architecture_key(model_cfg) -> tuple:
+    """What decides the architecture, hashable (sweep points often share their model)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(model_cfg.from_config, resolve=True) if model_cfg.from_config is not None else None
+    return (model_cfg.init_from, model_cfg.name_or_path, json.dumps(spec, sort_keys=True),
+            model_cfg.tokenizer.kind, model_cfg.tokenizer.vocab_size)
+
+
+@lru_cache(maxsize=64)
+def _model_shape(key: tuple) -> ModelShape:
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    init_from, name_or_path, spec_json, tokenizer_kind, vocab_size = key
+    if init_from is not None:
+        from dpo_sweeps.models import saved_model_path
+
+        config = AutoConfig.from_pretrained(saved_model_path(init_from))
+    elif spec_json != "null":
+        spec = json.loads(spec_json)
+        config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+        if tokenizer_kind == "byte":
+            from dpo_sweeps.tokenizers import byte_tokenizer
+
+            config.vocab_size = len(byte_tokenizer())
+        elif tokenizer_kind == "bpe" and vocab_size:
+            config.vocab_size = int(vocab_size)  # an upper bound: a BPE trained on little text has fewer
+    else:
+        config = AutoConfig.from_pretrained(name_or_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return ModelShape.of(model)
