@@ -194,7 +194,7 @@ def _runs_table(runs: list[Run], ranking: Ranking) -> str:
     return _table("runs-table", columns, rows, "Filter runs (e.g. failed, full_shard)")
 
 
-def _study_section(study: Study, png: bytes | None, index: int) -> str:
+def _study_section(study: Study, png: bytes | None, index: int, intermediate_png: bytes | None = None) -> str:
     if study.problem:
         return f'<section id="optuna-{index}"><h2>Optuna study</h2><p class="note close">{_escape(study.problem)}</p></section>'
     objectives = [f"{o} ({d})" for o, d in zip(study.objectives, study.directions)]
@@ -206,7 +206,7 @@ def _study_section(study: Study, png: bytes | None, index: int) -> str:
                  f'<td data-value="{int(trial.best)}">{"★" if trial.best else ""}</td>']
         cells += [_cell(v) for v in values]
         cells += [_cell(" ".join(f"{k}={v}" for k, v in trial.params.items()), css="config"), _cell(trial.run)]
-        css = "pareto" if trial.best else ("failed" if trial.state == "FAIL" else "")
+        css = "pareto" if trial.best else {"FAIL": "failed", "PRUNED": "pruned"}.get(trial.state, "")
         rows.append((css, cells))
     if study.results is None:
         results = '<p class="muted">No optimization_results.yaml yet: the sweep is still running.</p>'
@@ -216,6 +216,7 @@ def _study_section(study: Study, png: bytes | None, index: int) -> str:
     return (f'<section id="optuna-{index}"><h2>Optuna study “{_escape(study.name)}”</h2>'
             f'<p class="muted">{_escape(study.sweep)} · {len(study.trials)} trials · objectives: '
             f'{_escape(", ".join(objectives) or "?")}</p>{results}{_image(png, "Optuna trials")}'
+            f'{_image(intermediate_png, "Optuna intermediate values", "no trial reported any (trials report each evaluation when the sweep has a pruner)")}'
             f'{_table(f"trials-{index}", header, rows, "Filter trials")}</section>')
 
 
@@ -230,7 +231,8 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
                    f'failure kind: {_escape("; ".join(f"{c.label}: {format_failures(c.failures)}" for c in failed))}</p>'
                    if failed else "")
     pareto_why = PROBES_NO_ACCURACY if ranking.probes else "nothing to plot yet"
-    studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i) for i, s in enumerate(studies))
+    studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i, figures.get(f"optuna-{i}-intermediate"))
+                           for i, s in enumerate(studies))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>DPO sweep report</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>

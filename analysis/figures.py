@@ -272,3 +272,27 @@ def optuna_figure(study: Study) -> Figure | None:
         axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     return figure
+
+
+def intermediate_figure(study: Study) -> Figure | None:
+    """Each trial's reported objective by step: the curves the pruner judged; pruned trials dashed, with
+    an x where they stopped."""
+    reported = [t for t in study.trials if t.intermediate]
+    if not reported:
+        return None
+    figure = Figure(figsize=(7.5, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    for trial in reported:
+        steps, values = list(trial.intermediate), list(trial.intermediate.values())
+        pruned = trial.state == "PRUNED"
+        line = axes.plot(steps, values, marker="o", markersize=3, linestyle="--" if pruned else "-",
+                         label=f"#{trial.number}" + (" (pruned)" if pruned else ""))[0]
+        if pruned:
+            axes.scatter(steps[-1:], values[-1:], marker="x", s=60, color=line.get_color(), zorder=4)
+    axes.set_xlabel("step")
+    axes.set_ylabel(f"{study.objectives[0] if study.objectives else 'objective'} (reported)")
+    axes.set_title(f"Optuna study '{study.name}': intermediate values (pruned trials dashed, x where stopped)")
+    axes.grid(alpha=0.3)
+    if len(reported) <= 12:
+        axes.legend(fontsize=7)
+    return figure

@@ -34,6 +34,8 @@ class Trial:
     best: bool = False
     # Name of the run directory that ran this trial, when one matches its params.
     run: str | None = None
+    # Step -> the objective the trial reported there (each evaluation, when the sweep had a pruner).
+    intermediate: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,7 +130,8 @@ def _read_db(db: Path, sweep: Path) -> list[Study]:
                 study = Study(sweep, loaded.study_name, [d.name.lower() for d in loaded.directions])
                 for frozen in loaded.get_trials(deepcopy=False):
                     values = tuple(frozen.values) if frozen.values is not None else None
-                    study.trials.append(Trial(frozen.number, frozen.state.name, values, dict(frozen.params)))
+                    study.trials.append(Trial(frozen.number, frozen.state.name, values, dict(frozen.params),
+                                              intermediate=dict(sorted(frozen.intermediate_values.items()))))
                 studies.append(study)
         finally:
             storage.engine.dispose()  # close the copy before its folder goes

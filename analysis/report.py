@@ -71,6 +71,7 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
         "effects": figures.effects_figure(ranking),
         "curves": figures.curves_figure(runs, ranking.labels()),
         **{f"optuna-{i}": figures.optuna_figure(study) for i, study in enumerate(studies)},
+        **{f"optuna-{i}-intermediate": figures.intermediate_figure(study) for i, study in enumerate(studies)},
     }
     pngs: dict[str, bytes | None] = {}
     written: list[Path] = []

@@ -104,6 +104,9 @@ def test_the_median_pruner_stops_a_trial_whose_learning_rate_cannot_learn(tmp_pa
     assert "1 pruned" in report.stdout
     runs_csv = (sweep_dir / "report" / "runs.csv").read_text()
     assert runs_csv.count(",pruned,") == 1
+    # The dashboard shows the curves the pruner judged.
+    assert (sweep_dir / "report" / "optuna-0-intermediate.png").stat().st_size > 0
+    assert 'alt="Optuna intermediate values"' in (sweep_dir / "report" / "report.html").read_text()
 
 
 @pytest.mark.slow

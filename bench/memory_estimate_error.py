@@ -1,0 +1,103 @@
+"""How close the memory estimate is to the measured peak: 14 shapes, probed on CPU.
+
+    python bench/memory_estimate_error.py              # ~4 min on 2 CPU cores
+    python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
+
+Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
+techniques as a full run) on synthetic data; its summary.json has the measured peak
+(`perf/peak_memory_gib`: the busiest rank's peak resident memory) and the run's own estimate
+(`perf/peak_memory_estimate_gib`, from the model it built and the longest row it saw). Beside them,
+the estimate the fit check makes before launch (dpo_sweeps/fit.py: the config alone, `data.max_length`
+rows), computed here from the same config. The shapes cover three models (tiny_gpt2, tiny_llama and
+bench_gpt2 with its 4,096-token BPE), full_shard / shard_grad_op / no_shard on 2 ranks and 1 rank,
+fp32 and bf16, micro-batches of 4 and 16 pairs, and activation checkpointing. CPU offload is refused on
+a CPU-only run (there is no device memory to offload from), so it is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "probe.steps=6",
+          "perf.warmup_steps=1", "data.num_train_pairs=512", "data.num_eval_pairs=64", "resources.device=cpu"]
+
+# (name, overrides): model x strategy x precision x micro-batch x activation checkpointing.
+SHAPES = [
+    ("gpt2-fs-fp32-mb8", ["model=tiny_gpt2", "fsdp=full_shard", "precision=fp32", "resources.nproc_per_node=2"]),
+    ("gpt2-sgo-bf16-mb8", ["model=tiny_gpt2", "fsdp=shard_grad_op", "precision=bf16", "resources.nproc_per_node=2"]),
+    ("gpt2-ns-fp32-mb16", ["model=tiny_gpt2", "fsdp=no_shard", "precision=fp32", "resources.nproc_per_node=2",
+                           "train.micro_batch_size=16"]),
+    ("gpt2-1rank-fp32-mb4", ["model=tiny_gpt2", "precision=fp32", "train.micro_batch_size=4"]),
+    ("llama-fs-fp32-mb8", ["model=tiny_llama", "fsdp=full_shard", "precision=fp32", "resources.nproc_per_node=2"]),
+    ("llama-fs-bf16-mb8-ac", ["model=tiny_llama", "fsdp=full_shard", "precision=bf16", "resources.nproc_per_node=2",
+                              "fsdp.activation_checkpointing=true"]),
+    ("llama-sgo-fp32-mb16", ["model=tiny_llama", "fsdp=shard_grad_op", "precision=fp32", "resources.nproc_per_node=2",
+                             "train.micro_batch_size=16"]),
+    ("llama-1rank-bf16-mb4", ["model=tiny_llama", "precision=bf16", "train.micro_batch_size=4"]),
+    ("bench-fs-fp32-mb8", ["model=bench_gpt2", "fsdp=full_shard", "precision=fp32", "resources.nproc_per_node=2"]),
+    ("bench-fs-fp32-mb8-ac", ["model=bench_gpt2", "fsdp=full_shard", "precision=fp32", "resources.nproc_per_node=2",
+                              "fsdp.activation_checkpointing=true"]),
+    ("bench-sgo-bf16-mb8", ["model=bench_gpt2", "fsdp=shard_grad_op", "precision=bf16", "resources.nproc_per_node=2"]),
+    ("bench-ns-bf16-mb16", ["model=bench_gpt2", "fsdp=no_shard", "precision=bf16", "resources.nproc_per_node=2",
+                            "train.micro_batch_size=16"]),
+    ("bench-1rank-fp32-mb16", ["model=bench_gpt2", "precision=fp32", "train.micro_batch_size=16"]),
+    ("bench-1rank-bf16-mb4-ac", ["model=bench_gpt2", "precision=bf16", "train.micro_batch_size=4",
+                                 "fsdp.activation_checkpointing=true"]),
+]
+
+
+def probe(run_dir: Path, overrides: list[str]) -> dict:
+    args = [sys.executable, "-m", "dpo_sweeps", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{run_dir.name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def prelaunch_estimate(overrides: list[str]) -> float:
+    """The fit check's estimate of the same config, before anything runs (dpo_sweeps/fit.py)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dpo_sweeps.fit import predicted_peak_gib
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*COMMON, *overrides])
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    world = cfg.resources.nodes * cfg.resources.nproc_per_node
+    return predicted_peak_gib(cfg, world)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reuse", type=Path, help="a folder of earlier runs (one per shape) to read again")
+    args = parser.parse_args()
+    root = args.reuse or Path(tempfile.mkdtemp(prefix="memory-estimate-"))
+    rows = []
+    for name, overrides in SHAPES:
+        run_dir = root / name
+        summary = json.loads((run_dir / "summary.json").read_text()) if args.reuse else probe(run_dir, overrides)
+        m = summary["metrics"]
+        measured, in_run = m["perf/peak_memory_gib"], m["perf/peak_memory_estimate_gib"]
+        rows.append((name, measured, in_run, prelaunch_estimate(overrides)))
+    print(f"runs in {root}\n")
+    print(f"{'shape':26} {'measured GiB':>12} {'run estimate':>12} {'error':>7} {'pre-launch':>10} {'error':>7}")
+    for name, measured, in_run, before in rows:
+        print(f"{name:26} {measured:12.3f} {in_run:12.3f} {100 * (in_run / measured - 1):+6.1f}% "
+              f"{before:10.3f} {100 * (before / measured - 1):+6.1f}%")
+    worst_run = max(abs(r[2] / r[1] - 1) for r in rows)
+    worst_before = max(abs(r[3] / r[1] - 1) for r in rows)
+    print(f"\nlargest error: run estimate {100 * worst_run:.1f}%, pre-launch estimate {100 * worst_before:.1f}% "
+          f"over {len(rows)} shapes")
+
+
+if __name__ == "__main__":
+    main()
