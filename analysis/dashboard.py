@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from analysis.optuna_study import Study
+from analysis.recommendation import Recommendation, recommendation_html
 from analysis.ranking import CRITERIA, Ranking
 from analysis.runs import SUMMARY_METRICS, Run
 from analysis.tables import (PROBES_NO_ACCURACY, comparison_text, config_rows, format_failures, format_number,
@@ -221,7 +222,8 @@ def _study_section(study: Study, png: bytes | None, index: int, intermediate_png
 
 
 def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[Study],
-           figures: dict[str, bytes | None], generated: str, not_started: int | None = None) -> str:
+           figures: dict[str, bytes | None], generated: str, not_started: int | None = None,
+           recommendations: list[Recommendation] | None = None) -> str:
     """The whole dashboard page. `figures`: pareto, heatmap, effects, curves, optuna-<i> PNGs."""
     notes = "".join(
         f'<p class="note{" close" if c.close else ""}">{_escape(comparison_text(c))}</p>'
@@ -238,7 +240,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 <title>DPO sweep report</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body><header><h1>DPO sweep report</h1><p>{_escape(" · ".join(sources))}</p>
 <p id="status-line">{_escape(status_line(runs, not_started))}</p><p>Generated {_escape(generated)}</p></header>
-<main>{_cards(ranking)}{notes}
+<main>{"".join(recommendation_html(r, _escape) for r in recommendations or [])}{_cards(ranking)}{notes}
 <section id="pareto"><h2>Pareto front: speed per memory vs preference accuracy</h2>{_image(figures.get("pareto"), "Pareto scatter", pareto_why)}</section>
 <section id="configs"><h2>Configs ({len(ranking.configs)})</h2><p class="muted">Click a column to sort; values are
 mean ± std over a config's completed seeds (n); ★ marks the Pareto set.</p>{failed_note}{_configs_table(ranking)}</section>

@@ -30,6 +30,7 @@ if __package__ in (None, ""):
 from analysis import dashboard, figures, plan, tables  # noqa: E402
 from analysis.optuna_study import load_studies  # noqa: E402
 from analysis.ranking import rank_sweep  # noqa: E402
+from analysis.recommendation import load_recommendations  # noqa: E402
 from analysis.runs import NoRunsError, load_runs  # noqa: E402
 
 FIGURE_NAMES = ("pareto", "heatmap", "effects", "curves")
@@ -62,6 +63,7 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     not_started = plan.not_started(sweep_dirs, Counter(run.sweep for run in runs))
     ranking = rank_sweep(runs)
     studies = load_studies(sweep_dirs, runs)
+    recommendations = load_recommendations(sweep_dirs)
     out = out or default_out_dir(sources)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -87,11 +89,12 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     written.append(tables.write_csv(out / "ranking.csv", tables.config_columns(ranking), tables.config_rows(ranking)))
     written.append(tables.write_csv(out / "runs.csv", tables.run_columns(), tables.run_rows(runs, ranking)))
     generated = datetime.now().astimezone().isoformat(timespec="seconds")
-    page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated, not_started)
+    page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated, not_started,
+                            recommendations)
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
     written.append(html_path)
-    return tables.terminal_report(sources, runs, ranking, studies, not_started), written
+    return tables.terminal_report(sources, runs, ranking, studies, not_started, recommendations), written
 
 
 def main(argv: list[str] | None = None) -> int:

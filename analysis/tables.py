@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from analysis.recommendation import Recommendation, recommendation_lines
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
 from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, count_probes
@@ -222,9 +223,11 @@ def study_lines(study: Study) -> list[str]:
 
 
 def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study],
-                    not_started: int | None = None) -> str:
+                    not_started: int | None = None, recommendations: list[Recommendation] | None = None) -> str:
     """The compact summary printed by `report.py`."""
     lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started), ""]
+    for rec in recommendations or []:
+        lines += [*recommendation_lines(rec), ""]
     for metric in CRITERIA:
         lines.append(f"Best by {metric}: {best_text(ranking, metric)}")
     nobody = f"none: {PROBES_NO_ACCURACY}" if ranking.probes else "none yet (no completed run has both criteria)"

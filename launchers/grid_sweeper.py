@@ -10,6 +10,9 @@ The grid is Hydra's basic sweep (every combination of the comma-separated values
    are recorded as skipped, kind `oom_predicted` (`dpo_sweeps.fit`; `hydra.sweeper.skip_predicted_oom=false`
    runs them anyway);
 4. with `hydra.sweeper.dry_run=true`, the jobs that would run are listed and nothing starts.
+With `hydra.sweeper.stages` (conf/sweep/find_best.yaml) the sweep is a staged search instead:
+probes of the parallel plans, then full training of the algorithm settings on the best of them,
+ending in a recommended command (`launchers.find_best`).
 Then the launcher runs the rest. A failed run never stops the others; at the end one screen
 gives the counts, where the results are and which runs failed and why, and the command exits
 nonzero if any failed (`launchers.outcome`).
@@ -44,17 +47,19 @@ class GridSweeper(BasicSweeper):
         dry_run: bool = False,
         resume: bool = True,
         skip_predicted_oom: bool = True,
+        stages: Any = None,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise ValueError(
                 f"hydra.sweeper.{', hydra.sweeper.'.join(sorted(unknown))}: not settings of the grid sweeper "
-                "(accepted: params, dry_run, resume, skip_predicted_oom, max_batch_size). A preset for another sweeper needs it "
+                "(accepted: params, dry_run, resume, skip_predicted_oom, stages, max_batch_size). A preset for another sweeper needs it "
                 "on the command line, e.g. hydra/sweeper=optuna +sweep=optuna_dpo")
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.dry_run = dry_run
         self.resume = resume
         self.skip_predicted_oom = skip_predicted_oom
+        self.stages = stages
 
     def grid(self, arguments: List[str]) -> list[list[str]]:
         """Every point of the sweep, in Hydra's order: one override list per job."""
@@ -65,6 +70,15 @@ class GridSweeper(BasicSweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        if self.stages:  # the staged search of +sweep=find_best
+            from launchers.find_best import FindBest, Stages
+
+            try:
+                outcomes = FindBest(self, Stages.of(self.stages)).run(arguments)
+            except KeyboardInterrupt:
+                raise SystemExit(interrupted_message(Path(str(self.config.hydra.sweep.dir)))) from None
+            raise_if_failed(outcomes)
+            return []
         points = self.grid(arguments)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         jobs, invalid = compose_and_check(self.hydra_context, self.config, points, 0, self.launcher)

@@ -1,0 +1,66 @@
+"""The staged search's answer (`<sweep>/find_best.json`, written by launchers/find_best.py), for the
+report to open with: the recommended run, its figures, the command that trains it, and the stages."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "find_best.json"
+
+
+@dataclass
+class Recommendation:
+    sweep: Path
+    stages: dict[str, Any]
+    chosen: dict[str, Any] | None  # None: no training run completed
+
+
+def load_recommendations(sweep_dirs: list[Path]) -> list[Recommendation]:
+    found = []
+    for sweep in sweep_dirs:
+        try:
+            result = json.loads((Path(sweep) / RESULT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        found.append(Recommendation(Path(sweep), result.get("stages") or {}, result.get("recommendation")))
+    return found
+
+
+def _figures(chosen: dict[str, Any]) -> str:
+    parts = [f"preference accuracy {chosen['eval/rewards/accuracies']:.3f} ± {chosen['accuracy_spread']:.3f}"]
+    for key, label, fmt in (("perf/speed_per_memory", "tokens/s per GiB", "{:,.0f}"),
+                            ("perf/tokens_per_s", "tokens/s", "{:,.0f}"), ("perf/peak_memory_gib", "GiB peak", "{:.2f}")):
+        if isinstance(chosen.get(key), (int, float)):
+            parts.append(f"{fmt.format(chosen[key])} {label}")
+    return ", ".join(parts)
+
+
+def stages_text(rec: Recommendation) -> str:
+    probes, train = rec.stages.get("probes") or {}, rec.stages.get("train") or {}
+    return (f"stage 1-2: {probes.get('runs', 0)} plans checked and probed ({probes.get('skipped_oom_predicted', 0)} "
+            f"predicted out of memory, {probes.get('completed', 0)} probed); stage 3: {train.get('runs', 0)} full runs on "
+            f"the best plans ({'; '.join(train.get('plans') or []) or 'none'}), {train.get('completed', 0)} completed")
+
+
+def recommendation_lines(rec: Recommendation) -> list[str]:
+    if rec.chosen is None:
+        return [f"Recommendation ({rec.sweep}): none, no training run completed", stages_text(rec)]
+    c = rec.chosen
+    return [f"Recommendation ({rec.sweep}): {c['run']}", f"  {_figures(c)}",
+            f"  best accuracy, then the fastest per GiB of the {len(c['within_spread_of_best'])} run(s) within its spread",
+            f"  train it: {c['command']}", f"  {stages_text(rec)}"]
+
+
+def recommendation_html(rec: Recommendation, escape) -> str:
+    if rec.chosen is None:
+        body = f"<p>No training run completed, so there is no recommendation.</p><p class='muted'>{escape(stages_text(rec))}</p>"
+    else:
+        c = rec.chosen
+        body = (f"<p><b>{escape(c['run'])}</b>: {escape(_figures(c))}. The best accuracy, then the fastest per GiB "
+                f"of the {len(c['within_spread_of_best'])} run(s) within its spread (one standard error).</p>"
+                f"<pre id='recommended-command'>{escape(c['command'])}</pre>"
+                f"<p class='muted'>{escape(stages_text(rec))}</p>")
+    return f'<section id="recommendation"><h2>Recommendation</h2>{body}</section>'

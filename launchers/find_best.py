@@ -1,0 +1,248 @@
+"""`+sweep=find_best`: which config should I train with? A staged search that ends in one command.
+
+Settings come in two kinds: the parallel plan (sharding, precision, micro-batch, activation
+checkpointing) decides speed and memory; the algorithm (beta, learning rate, loss) decides accuracy.
+So instead of training every combination of both, the grid sweeper, given `hydra.sweeper.stages`:
+1. checks that every plan fits its device (dpo_sweeps/fit.py: `resources.device_memory_gib`); the
+   ones that would not are recorded as skipped, kind oom_predicted, and never start;
+2. probes every plan (`probe.steps`: a few steps for speed and memory only) into `<sweep>/probes/`;
+3. fully trains every algorithm setting on the `top_k` plans with the best speed per memory, into
+   `<sweep>/train/`;
+4. recommends one run: the best final preference accuracy, and among the runs within its spread
+   (one standard error of an accuracy measured on the held-out pairs) the best speed per memory;
+   prints the command that trains it and writes `<sweep>/find_best.json`, which the report opens with.
+Running the same command again skips what completed, as any grid sweep does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.utils import JobReturn
+
+from dpo_sweeps.rundir import read_summary, write_json_atomic
+from launchers.jobs import SweepJob, override_key
+from launchers.outcome import Outcome, outcome_of, sweep_screen
+from launchers.preflight import (
+    InvalidSweep, PredictedOOM, compose_and_check, predicted_ooms, record_predicted_oom, refusal_message,
+)
+from launchers.resume import plan_resume
+
+log = logging.getLogger("launchers")
+
+SPEED = "perf/speed_per_memory"
+ACCURACY = "eval/rewards/accuracies"
+RESULT_FILE = "find_best.json"
+
+
+@dataclass
+class Stages:
+    """hydra.sweeper.stages: the two kinds of settings, as swept values ({key: "a,b"})."""
+
+    systems: dict[str, str]
+    algorithm: dict[str, str]
+    probe_steps: int = 10
+    top_k: int = 2
+
+    @classmethod
+    def of(cls, raw: Any) -> Stages:
+        raw = dict(raw)
+        unknown = sorted(set(raw) - {"systems", "algorithm", "probe_steps", "top_k"})
+        if unknown:
+            raise InvalidSweep(f"hydra.sweeper.stages.{unknown[0]}: not a setting of the staged search "
+                               "(accepted: systems, algorithm, probe_steps, top_k)")
+        for key in ("systems", "algorithm"):
+            if not raw.get(key) or not hasattr(raw[key], "items"):
+                raise InvalidSweep(f"hydra.sweeper.stages.{key}: got {raw.get(key)!r} (accepted: a mapping of "
+                                   "setting to swept values, e.g. {fsdp: 'full_shard,shard_grad_op'})")
+        for key in ("probe_steps", "top_k"):
+            value = raw.get(key, cls.__dataclass_fields__[key].default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSweep(f"hydra.sweeper.stages.{key}: got {value!r} (accepted: an integer >= 1)")
+        return cls(systems={str(k): str(v) for k, v in raw["systems"].items()},
+                   algorithm={str(k): str(v) for k, v in raw["algorithm"].items()},
+                   probe_steps=raw.get("probe_steps", 10), top_k=raw.get("top_k", 2))
+
+
+def _sweep_values(settings: dict[str, str]) -> list[str]:
+    return [f"{key}={values}" for key, values in settings.items()]
+
+
+def _subdir(stage: str) -> str:
+    return f"hydra.sweep.subdir={stage}/${{hydra.job.num}}"
+
+
+class FindBest:
+    def __init__(self, sweeper: Any, stages: Stages):
+        self.sweeper = sweeper
+        self.stages = stages
+        self.sweep_dir = Path(str(sweeper.config.hydra.sweep.dir))
+        self.outcomes: list[Outcome] = []
+
+    # ------------------------------------------------------------------ the stages
+    def run(self, arguments: Sequence[str]) -> list[Outcome]:
+        base = list(arguments)
+        probes = self._compose("probes", self.sweeper.grid(
+            base + _sweep_values(self.stages.systems) + [f"probe.steps={self.stages.probe_steps}", _subdir("probes")]), 0)
+        # Every algorithm setting is checked before anything runs too, on the first plan.
+        first_plan = self._plan_of(probes[0])
+        self._compose("train", self.sweeper.grid(base + first_plan + _sweep_values(self.stages.algorithm)
+                                                 + [_subdir("train")]), len(probes), check_only=True)
+        if self.sweeper.dry_run:
+            print(f"dry run: {len(probes)} probes of the parallel plan into {self.sweep_dir}/probes, then "
+                  f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans "
+                  f"into {self.sweep_dir}/train (none was started)")
+            return []
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        from omegaconf import OmegaConf
+
+        OmegaConf.save(self.sweeper.config, self.sweep_dir / "multirun.yaml")
+
+        probe_outcomes = self._run_stage(probes)
+        best_plans = self._best_plans(probe_outcomes)
+        log.info("stage 3: the %d plans with the best speed per memory: %s", len(best_plans),
+                 "; ".join(" ".join(p) for p in best_plans))
+        train_points = [point for plan in best_plans for point in self.sweeper.grid(
+            base + plan + _sweep_values(self.stages.algorithm) + [_subdir("train")])]
+        train = self._compose("train", train_points, len(probes))
+        train_outcomes = self._run_stage(train)
+        result = self._write_result(probe_outcomes, train_outcomes, best_plans)
+        print(sweep_screen(self.sweep_dir, self.outcomes, title="find_best sweep"), flush=True)
+        print(recommendation_text(result), flush=True)
+        return self.outcomes
+
+    def _algorithm_points(self) -> int:
+        return len(self.sweeper.grid(_sweep_values(self.stages.algorithm)))
+
+    def _compose(self, stage: str, points: list[list[str]], first_num: int, check_only: bool = False) -> list[SweepJob]:
+        jobs, invalid = compose_and_check(self.sweeper.hydra_context, self.sweeper.config, points, first_num,
+                                          self.sweeper.launcher)
+        if invalid:
+            raise InvalidSweep(f"stage '{stage}': " + refusal_message(invalid, points))
+        return jobs
+
+    def _plan_of(self, job: SweepJob) -> list[str]:
+        """The systems overrides of a point: what its parallel plan is."""
+        return [o for o in job.overrides if override_key(o) in self.stages.systems]
+
+    def _run_stage(self, jobs: list[SweepJob]) -> list[Outcome]:
+        plan = plan_resume(jobs, self.sweep_dir, skip_completed=self.sweeper.resume)
+        unfit: list[PredictedOOM] = []
+        if self.sweeper.skip_predicted_oom:
+            plan.to_run, unfit = predicted_ooms(plan.to_run)
+        for point in unfit:
+            record_predicted_oom(point)
+            log.warning("#%d not started: %s", point.job.num, point.message)
+        returns: list[JobReturn] = self.sweeper._launch(plan.to_run)
+        outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
+        outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]
+        outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
+        outcomes.sort(key=lambda o: o.job.num)
+        self.outcomes += outcomes
+        return outcomes
+
+    def _best_plans(self, probe_outcomes: list[Outcome]) -> list[list[str]]:
+        measured = []
+        for o in probe_outcomes:
+            summary = read_summary(o.run_dir) or {}
+            speed = (summary.get("metrics") or {}).get(SPEED)
+            if summary.get("status") == "completed" and isinstance(speed, (int, float)):
+                measured.append((speed, self._plan_of(o.job)))
+        if not measured:
+            raise InvalidSweep(f"stage 'probes': no probe completed, so no plan can be chosen (see {self.sweep_dir}/probes)")
+        measured.sort(key=lambda m: -m[0])
+        return [plan for _, plan in measured[: self.stages.top_k]]
+
+    # ------------------------------------------------------------------ the answer
+    def _write_result(self, probes: list[Outcome], train: list[Outcome], plans: list[list[str]]) -> dict:
+        candidates = []
+        for o in train:
+            summary = read_summary(o.run_dir) or {}
+            if summary.get("status") == "completed":
+                candidates.append(Candidate.of(o.run_dir, summary))
+        result = {
+            "stages": {
+                "probes": {"runs": len(probes), "completed": sum(o.status in ("completed", "reused") for o in probes),
+                           "skipped_oom_predicted": sum(o.status == "skipped" for o in probes)},
+                "train": {"runs": len(train), "completed": sum(o.status in ("completed", "reused") for o in train),
+                          "plans": [" ".join(p) for p in plans]},
+            },
+            "recommendation": recommend(candidates),
+        }
+        write_json_atomic(self.sweep_dir / RESULT_FILE, result)
+        return result
+
+
+@dataclass
+class Candidate:
+    run_dir: Path
+    overrides: list[str]
+    accuracy: float
+    eval_pairs: int
+    speed_per_memory: float | None
+    peak_memory_gib: float | None
+    tokens_per_s: float | None
+
+    @classmethod
+    def of(cls, run_dir: Path, summary: dict) -> Candidate:
+        m = summary.get("metrics") or {}
+        return cls(run_dir, list(summary.get("overrides") or []), float(m.get(ACCURACY) or 0.0),
+                   int((summary.get("data") or {}).get("eval_pairs") or 0), m.get(SPEED),
+                   m.get("perf/peak_memory_gib"), m.get("perf/tokens_per_s"))
+
+    @property
+    def spread(self) -> float:
+        """One standard error of an accuracy measured on `eval_pairs` pairs (binomial)."""
+        n = max(1, self.eval_pairs)
+        return max(math.sqrt(self.accuracy * (1 - self.accuracy) / n), 1 / n)
+
+
+def recommend(candidates: list[Candidate]) -> dict | None:
+    """The best accuracy; among the runs within its spread, the best speed per memory."""
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda c: c.accuracy)
+    close = [c for c in candidates if c.accuracy >= best.accuracy - best.spread]
+    pick = max(close, key=lambda c: (c.speed_per_memory or 0.0, c.accuracy))
+    return {
+        "run": str(pick.run_dir),
+        "overrides": pick.overrides,
+        "command": "python -m dpo_sweeps " + " ".join(shlex.quote(o) for o in pick.overrides),
+        ACCURACY: pick.accuracy,
+        "accuracy_spread": pick.spread,
+        SPEED: pick.speed_per_memory,
+        "perf/peak_memory_gib": pick.peak_memory_gib,
+        "perf/tokens_per_s": pick.tokens_per_s,
+        "within_spread_of_best": [str(c.run_dir) for c in close],
+        "best_accuracy_run": str(best.run_dir),
+    }
+
+
+def recommendation_text(result: dict) -> str:
+    rec = result.get("recommendation")
+    if rec is None:
+        return "find_best: no training run completed, so there is no recommendation (see the failed runs above)."
+    speed = rec.get(SPEED)
+    lines = [
+        "===== recommendation =====",
+        f"accuracy {rec[ACCURACY]:.3f} ± {rec['accuracy_spread']:.3f}"
+        + (f", {speed:,.0f} tokens/s per GiB" if isinstance(speed, (int, float)) else "")
+        + f"  ({len(rec['within_spread_of_best'])} run(s) within the best accuracy's spread; fastest per GiB chosen)",
+        f"run      {rec['run']}",
+        f"train it {rec['command']}",
+    ]
+    return "\n".join(lines)
+
+
+def read_result(sweep_dir: Path) -> dict | None:
+    path = Path(sweep_dir) / RESULT_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
