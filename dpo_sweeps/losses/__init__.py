@@ -126,15 +126,19 @@ def check_loss_config(loss_cfg: Mapping) -> None:
         _check_terms(loss_cfg.get("terms"))
     expected = loss_keys(loss_cfg)
     where = f"loss={name}" + (f" with terms {', '.join(_terms(loss_cfg))}" if name == MIX else "")
-    for key in loss_cfg:
-        if key not in expected:
-            _refuse(key, f"is not a hyperparameter of {where}",
-                    f"its keys: {', '.join(expected[1:])} (conf/loss/{name}.yaml); drop loss.{key} "
-                    "or sweep it with a loss that has it")
+    extra = [key for key in loss_cfg if key not in expected]
+    missing = [key for key in expected if key not in loss_cfg]
+    if name == MIX and (extra or missing):  # changed terms: say every key to add and to leave out at once
+        changes = [f"+loss.{k}=<{_ranges(loss_cfg, k)[0].accepted}>" for k in missing] + [f"~loss.{k}" for k in extra]
+        _refuse("terms", f"{where} has keys {', '.join(expected[1:])}", "these changes: " + " ".join(changes))
+    for key in extra:
+        _refuse(key, f"is not a hyperparameter of {where}",
+                f"its keys: {', '.join(expected[1:])} (conf/loss/{name}.yaml); leave loss.{key} out "
+                f"(~loss.{key}), or set it only with a loss that has it")
+    for key in missing:
+        _refuse(key, f"missing: {where} needs it", f"+loss.{key}=<{_ranges(loss_cfg, key)[0].accepted}>")
     settings = [key for key in expected if key not in ("name", "terms")]
     for key in settings:
-        if key not in loss_cfg:
-            _refuse(key, f"missing: {where} needs it", f"+loss.{key}=<{_ranges(loss_cfg, key)[0].accepted}>")
         for hp in _ranges(loss_cfg, key):
             if not hp.check(loss_cfg[key]):
                 _refuse(key, f"got {loss_cfg[key]!r} for {where}", hp.accepted)

@@ -141,15 +141,10 @@ NAMES = tuple(LOSSES) + (MIX,)
 
 
 def mix_keys(term_names: list[str]) -> tuple[str, ...]:
-    """`loss=mix`'s keys: the terms' own hyperparameters (shared, as TRL shares them), and the
-    reference, LD and f-divergence settings the terms take."""
-    keys = ["name", "terms", "beta"]
+    """`loss=mix`'s keys: those of conf/loss/mix.yaml, and the terms' own hyperparameters (shared, as TRL
+    shares them: one label_smoothing for robust and aot)."""
+    keys = ["name", "terms", "beta", "reference_free", "ld_alpha", "f_divergence", "f_alpha_divergence_coef",
+            "nll_average"]
     for term in term_names:
-        spec = LOSSES[term]
-        for key in spec.own + tuple(k for k in spec.modifiers if k not in NLL):
-            if key not in keys:
-                keys.append(key)
-    for key in F_DIVERGENCE:  # always there: a non-default one is refused when a term cannot take it
-        if key not in keys:
-            keys.append(key)
+        keys += [key for key in LOSSES[term].own if key not in keys]
     return tuple(keys)
