@@ -178,7 +178,7 @@ def apo_down(x, hp):
 
 
 def discopop(x, hp):
-    """DiscoPOP, the log-ratio modulated loss (Chan Lu et al. 2024, arXiv 2406.08414, eq. 5), z = beta d:
+    """DiscoPOP, the log-ratio modulated loss (Chris Lu et al. 2024, arXiv 2406.08414, eq. 5), z = beta d:
     (1 - sigmoid(z / tau)) (-log sigmoid(z)) + sigmoid(z / tau) exp(-z)."""
     z = hp["beta"] * _delta(x, hp)
     mix = torch.sigmoid(z / hp["discopop_tau"])
