@@ -95,7 +95,7 @@ def length_desensitized_sums(token_logps: torch.Tensor, sequences: torch.Tensor,
                              alpha: float) -> torch.Tensor:
     """LD-DPO's log-prob per sequence: the first min(|y_w|, |y_l|) response tokens in full, the rest times alpha.
 
-    Liu et al. 2024, "Length Desensitization in Direct Preference Optimization" (arXiv 2409.06411), eq. 9.
+    Liu et al. 2024, "Length Desensitization in Direct Preference Optimization" (arXiv 2409.06411).
     Sequences are chosen 0..B-1 then rejected B..2B-1; each sequence's tokens come in position order.
     """
     pairs = counts.shape[0] // 2

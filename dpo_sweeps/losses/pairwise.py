@@ -130,7 +130,7 @@ def nca_pair(x, hp):
 
 
 def robust(x, hp):
-    """Robust DPO for labels flipped with probability eps (Chowdhury et al. 2024, arXiv 2403.00409, eq. 9):
+    """Robust DPO for labels flipped with probability eps (Chowdhury et al. 2024, arXiv 2403.00409):
     ((1 - eps)(-log sigmoid(beta d)) - eps(-log sigmoid(-beta d))) / (1 - 2 eps)."""
     z, eps = hp["beta"] * _delta(x, hp), hp["label_smoothing"]
     return _dpo_rewards(x, hp, (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps))
@@ -225,7 +225,7 @@ def _log1mexp(v: torch.Tensor) -> torch.Tensor:
 
 def orpo(x, hp):
     """ORPO: NLL(y_w) - lambda log sigmoid(log odds(y_w) - log odds(y_l)), odds(y) = P(y)/(1 - P(y)) with
-    P the per-token mean probability (Hong et al. 2024, arXiv 2403.07691, eqs. 4-7; lambda is `beta`)."""
+    P the per-token mean probability (Hong et al. 2024, arXiv 2403.07691, eqs. 4 and 7; lambda is `beta`)."""
     mean_w, mean_l = x.mean_logps()
     log_odds = (mean_w - mean_l) - (_log1mexp(mean_w) - _log1mexp(mean_l))
     ratio = F.logsigmoid(log_odds)
@@ -237,6 +237,6 @@ def orpo(x, hp):
 
 def rso(x, hp):
     """RSO's loss: the hinge max(0, 1 - beta (r_w - r_l)) on pairs drawn by statistical rejection sampling
-    (Liu et al. 2023, arXiv 2309.06657, eq. 11; the sampling is the data's, not the loss's)."""
+    (Liu et al. 2023, arXiv 2309.06657; the sampling is the data's, not the loss's)."""
     r_w, r_l = x.logratios()
     return _dpo_rewards(x, hp, torch.relu(1 - hp["beta"] * (r_w - r_l)))
