@@ -100,16 +100,17 @@ def _loss_config(name: str, **overrides):
     return cfg
 
 
-def ours(bench, cfg, uniform_reference: bool = False):
+def ours(bench, cfg, uniform_reference: bool = False, full_logits: bool = False):
     """Mean loss and mean rewards as the trainer computes them (trainer._pair_losses)."""
+    batch, chunk = (bench.full, 0) if full_logits else (bench.ours, 7)
     with torch.no_grad():
-        policy = response_logps(bench.policy, bench.ours, chunk_size=7)
+        policy = response_logps(bench.policy, batch, chunk_size=chunk)
         ld_alpha = ld_alpha_of(cfg)
         logps = policy.sums if ld_alpha is None else policy.length_desensitized(ld_alpha)
         n = len(PAIRS)
         ref_c = ref_r = None
         if not uniform_reference:
-            scored = response_logps(bench.reference, bench.ours, chunk_size=7)
+            scored = response_logps(bench.reference, batch, chunk_size=chunk)
             ref = scored.sums if ld_alpha is None else scored.length_desensitized(ld_alpha)
             ref_c, ref_r = ref[:n], ref[n:]
         out = preference_loss(cfg, PairLogps(logps[:n], logps[n:], ref_c, ref_r, policy.counts[:n],
@@ -182,6 +183,15 @@ CASES = [
 def test_loss_and_rewards_equal_trl(bench, case, name, overrides, loss_type, weights, settings):
     cfg = _loss_config(name, beta=BETA, **overrides)
     assert_equal(case, ours(bench, cfg), theirs(bench, loss_type, weights, **settings))
+
+
+@pytest.mark.parametrize("case,name,overrides,loss_type,weights,settings",
+                         [c for c in CASES if c[1] in ("sigmoid", "ld_dpo", "mix")], ids=lambda v: str(v)[:20])
+def test_the_full_logits_path_gives_the_same_losses(bench, case, name, overrides, loss_type, weights, settings):
+    """train.logps_chunk_size=0 (full [2B, L, V] logits, no prefix sharing), LD-DPO's weighting included."""
+    cfg = _loss_config(name, beta=BETA, **overrides)
+    assert_equal(f"{case}, full logits", ours(bench, cfg, full_logits=True),
+                 theirs(bench, loss_type, weights, **settings))
 
 
 @pytest.mark.parametrize("name,overrides,loss_type", [
