@@ -1,13 +1,14 @@
 """Summed response log-probs of a collated batch under a causal LM: the number DPO's loss is made of.
 
 Two ways, the same numbers up to float rounding (tests/test_techniques.py):
-- full logits (`train.logps_chunk_size=0`): the model's [N, L, V] logits, cast to fp32, log-softmax,
-  gather — as the reference DPO implementation;
+- full logits (`train.logps_chunk_size=0`): the model's [N, L, V] logits; at the response positions,
+  cast to fp32, log-softmax, gather — as the reference DPO implementation;
 - response positions only (`train.logps_chunk_size=K`): the backbone's hidden states at the positions
   that predict a response token, through the LM head K rows at a time (`chunked_token_logps`). Prompt
   and padding positions never reach the LM head, and no [N, L, V] tensor exists. This is also the only
   way to score a prefix-shared batch (`train.share_prompt`), whose response positions are not a shift.
 
+Either way the per-token values are kept beside the sums (`ResponseLogps`), for LD-DPO's weighting.
 Under FSDP2 the second way runs as a registered forward method of the root module, so the root's
 parameters (embeddings, final norm, LM head) are gathered around it as they are around `forward`.
 """
@@ -21,12 +22,8 @@ import torch
 from torch.distributed.fsdp import register_fsdp_forward_method
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.token_logps import (
-    chunked_token_logps,
-    labelled_token_logps,
-    length_desensitized_sums,
-    sum_by_sequence,
-)
+from dpo_sweeps.token_logps import (chunked_token_logps, labelled_token_logps, length_desensitized_sums,
+                                    sum_by_sequence)
 
 METHOD = "dpo_response_token_logps"
 # Config fields of architectures whose logits are not plain `lm_head(hidden)`.
