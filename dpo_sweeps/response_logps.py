@@ -84,9 +84,12 @@ class ResponseLogps:
     token_logps: torch.Tensor  # [M] every scored token's log-prob
     token_sequences: torch.Tensor  # [M] the sequence each scored token counts for
 
-    def length_desensitized(self, alpha: float) -> torch.Tensor:
-        """LD-DPO's sums (`loss.ld_alpha`): tokens past the shorter response of the pair weigh alpha."""
-        return length_desensitized_sums(self.token_logps, self.token_sequences, self.counts, alpha)
+    def weighted(self, ld_alpha: float | None) -> torch.Tensor:
+        """The sums as the loss scores them: LD-DPO's (`loss.ld_alpha`: tokens past the shorter response of
+        the pair weigh alpha) when set, else the plain sums."""
+        if ld_alpha is None:
+            return self.sums
+        return length_desensitized_sums(self.token_logps, self.token_sequences, self.counts, ld_alpha)
 
 
 def response_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_size: int) -> ResponseLogps:

@@ -188,9 +188,7 @@ class Trainer:
         """Per-sequence response log-probs as the loss scores them (LD-DPO weighted under loss.ld_alpha), token
         counts, and the plain sums (for an NLL term); fp32, chosen sequences then rejected ([2B])."""
         scored = response_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
-        ld_alpha = ld_alpha_of(self.cfg.loss)
-        logps = scored.sums if ld_alpha is None else scored.length_desensitized(ld_alpha)
-        return logps, scored.counts, scored.sums
+        return scored.weighted(ld_alpha_of(self.cfg.loss)), scored.counts, scored.sums
 
     def _precompute_reference_logps(self) -> None:
         """Score every pair under the reference once, attach the numbers to the pairs, free the reference."""
@@ -227,27 +225,24 @@ class Trainer:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         logps, counts, sums = self._batch_logps(self.policy, batch)
-        n = logps.shape[0] // 2
-        ref_chosen = ref_rejected = None
+        ref_logps = None
         if "reference_logps" in batch:  # precomputed (train.precompute_reference_logps)
-            ref_chosen, ref_rejected = batch["reference_logps"][:n], batch["reference_logps"][n:]
+            ref_logps = batch["reference_logps"]
         elif self.reference is not None:
             with torch.no_grad():
                 ref_logps = self._batch_logps(self.reference, batch)[0]
-            ref_chosen, ref_rejected = ref_logps[:n], ref_logps[n:]
         elif self.uses_reference:
             raise RuntimeError("a batch without precomputed reference log-probs after the reference model was freed")
-        pref = preference_loss(self.cfg.loss, PairLogps(
-            chosen=logps[:n], rejected=logps[n:], ref_chosen=ref_chosen, ref_rejected=ref_rejected,
-            chosen_tokens=counts[:n], rejected_tokens=counts[n:], chosen_nll_sums=sums[:n]))
+        pairs = PairLogps.split(logps, counts, sums, ref_logps)
+        pref = preference_loss(self.cfg.loss, pairs)
         stats = {
             "loss": pref.losses.detach(),
             "rewards/chosen": pref.chosen_rewards,
             "rewards/rejected": pref.rejected_rewards,
             "rewards/accuracies": (pref.chosen_rewards > pref.rejected_rewards).float(),
             "rewards/margins": pref.chosen_rewards - pref.rejected_rewards,
-            "logps/chosen": logps[:n].detach(),
-            "logps/rejected": logps[n:].detach(),
+            "logps/chosen": pairs.chosen.detach(),
+            "logps/rejected": pairs.rejected.detach(),
             **pref.metrics,
         }
         return pref.losses, stats

@@ -103,18 +103,11 @@ def _loss_config(name: str, **overrides):
 def ours(bench, cfg, uniform_reference: bool = False, full_logits: bool = False):
     """Mean loss and mean rewards as the trainer computes them (trainer._pair_losses)."""
     batch, chunk = (bench.full, 0) if full_logits else (bench.ours, 7)
+    ld_alpha = ld_alpha_of(cfg)
     with torch.no_grad():
         policy = response_logps(bench.policy, batch, chunk_size=chunk)
-        ld_alpha = ld_alpha_of(cfg)
-        logps = policy.sums if ld_alpha is None else policy.length_desensitized(ld_alpha)
-        n = len(PAIRS)
-        ref_c = ref_r = None
-        if not uniform_reference:
-            scored = response_logps(bench.reference, batch, chunk_size=chunk)
-            ref = scored.sums if ld_alpha is None else scored.length_desensitized(ld_alpha)
-            ref_c, ref_r = ref[:n], ref[n:]
-        out = preference_loss(cfg, PairLogps(logps[:n], logps[n:], ref_c, ref_r, policy.counts[:n],
-                                             policy.counts[n:], policy.sums[:n]))
+        reference = None if uniform_reference else response_logps(bench.reference, batch, chunk).weighted(ld_alpha)
+        out = preference_loss(cfg, PairLogps.split(policy.weighted(ld_alpha), policy.counts, policy.sums, reference))
     return out.losses.mean().item(), out.chosen_rewards.mean().item(), out.rejected_rewards.mean().item()
 
 
@@ -240,11 +233,9 @@ def test_orpo_equals_trl_orpo_trainer_odds_ratio_loss(bench):
         fake_self, chosen, rejected)
     trl_nll = theirs(bench, ["sft"], uniform_reference=True)[0]
 
-    n = len(PAIRS)
     with torch.no_grad():
         policy = response_logps(bench.policy, bench.ours, chunk_size=7)
-        out = preference_loss(cfg, PairLogps(policy.sums[:n], policy.sums[n:], None, None, policy.counts[:n],
-                                             policy.counts[n:], policy.sums[:n]))
+        out = preference_loss(cfg, PairLogps.split(policy.sums, policy.counts, policy.sums, None))
     mine = [out.losses.mean().item(), out.chosen_rewards.mean().item(), out.rejected_rewards.mean().item(),
             out.metrics["orpo/log_odds_ratio"].mean().item(), out.metrics["orpo/log_odds_chosen"].mean().item()]
     trl_values = [trl_nll - losses.mean().item(), chosen_rewards.mean().item(), rejected_rewards.mean().item(),

@@ -32,6 +32,14 @@ class PairLogps:
     rejected_tokens: torch.Tensor
     chosen_nll_sums: torch.Tensor  # plain summed chosen log-probs, for the NLL term
 
+    @classmethod
+    def split(cls, logps: torch.Tensor, counts: torch.Tensor, nll_sums: torch.Tensor,
+              reference: torch.Tensor | None) -> PairLogps:
+        """From per-sequence values [2B], chosen sequences then rejected, as response_logps gives them."""
+        n = logps.shape[0] // 2
+        ref_chosen, ref_rejected = (None, None) if reference is None else (reference[:n], reference[n:])
+        return cls(logps[:n], logps[n:], ref_chosen, ref_rejected, counts[:n], counts[n:], nll_sums[:n])
+
     def logratios(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.chosen - self.ref_chosen, self.rejected - self.ref_rejected
 
