@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from analysis.loss_metrics import loss_metric_rows
 from analysis.optuna_study import Study
 from analysis.recommendation import Recommendation, recommendation_html
 from analysis.ranking import CRITERIA, Ranking
@@ -195,6 +196,19 @@ def _runs_table(runs: list[Run], ranking: Ranking) -> str:
     return _table("runs-table", columns, rows, "Filter runs (e.g. failed, full_shard)")
 
 
+def _loss_metrics_section(ranking: Ranking) -> str:
+    """Each loss's own metrics (absent when no loss in the sweep logs any)."""
+    rows = [("", [_cell(r.config, css="config"), _cell(r.loss, css="text"), _cell(r.metric, css="text"),
+                  _cell(r.stat.mean, _escape(format_stat(r.stat))), _cell(r.stat.n)])
+            for r in loss_metric_rows(ranking)]
+    if not rows:
+        return ""
+    return ('<section id="loss-metrics"><h2>Each loss\'s own metrics</h2><p class="muted">Eval metrics a loss logs '
+            'beyond loss, rewards/* and logps/* (INTERFACE.md), mean ± std over a config\'s completed seeds.</p>'
+            f'{_table("loss-metrics-table", ["config", "loss.name", "metric", "value", "n"], rows, "Filter (e.g. orpo)")}'
+            '</section>')
+
+
 def _study_section(study: Study, png: bytes | None, index: int, intermediate_png: bytes | None = None) -> str:
     if study.problem:
         return f'<section id="optuna-{index}"><h2>Optuna study</h2><p class="note close">{_escape(study.problem)}</p></section>'
@@ -246,7 +260,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 mean ± std over a config's completed seeds (n); ★ marks the Pareto set.</p>{failed_note}{_configs_table(ranking)}</section>
 <section id="effects"><h2>Effects of the swept settings</h2>{_image(figures.get("heatmap"), "Sharding × precision heatmap")}
 {_image(figures.get("effects"), "Effects per setting")}</section>
-{studies_html}
+{_loss_metrics_section(ranking)}{studies_html}
 <section id="runs"><h2>Runs ({len(runs)})</h2><p class="muted">Every run directory, failed and pending ones
 included: a failure such as an OOM is a result.</p>{_runs_table(runs, ranking)}</section>
 <section id="curves"><h2>Training curves</h2>{_image(figures.get("curves"), "Training curves")}</section>

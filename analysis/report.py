@@ -5,8 +5,9 @@
 
 Reads every run's summary.json and metrics.jsonl under the given directories (completed,
 failed and still-running runs alike) and writes, into `<sweep>/report/` or `--out`:
-ranking.csv (one row per config), runs.csv (one row per run), report.html (the offline
-dashboard) and the dashboard's figures as PNG. Prints the ranking to the terminal.
+ranking.csv (one row per config), runs.csv (one row per run), loss_metrics.csv (each loss's
+own metrics, one row per config and metric), report.html (the offline dashboard) and the
+dashboard's figures as PNG. Prints the ranking to the terminal.
 
 Exit status: 0 when the report is written, 2 when a directory holds no runs.
 """
@@ -28,6 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(_here.parent))
 
 from analysis import dashboard, figures, plan, tables  # noqa: E402
+from analysis.loss_metrics import loss_metric_rows  # noqa: E402
 from analysis.optuna_study import load_studies  # noqa: E402
 from analysis.ranking import rank_sweep  # noqa: E402
 from analysis.recommendation import load_recommendations  # noqa: E402
@@ -88,6 +90,8 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
 
     written.append(tables.write_csv(out / "ranking.csv", tables.config_columns(ranking), tables.config_rows(ranking)))
     written.append(tables.write_csv(out / "runs.csv", tables.run_columns(), tables.run_rows(runs, ranking)))
+    written.append(tables.write_csv(out / "loss_metrics.csv", tables.LOSS_METRIC_COLUMNS,
+                                    tables.loss_metric_csv_rows(loss_metric_rows(ranking))))
     generated = datetime.now().astimezone().isoformat(timespec="seconds")
     page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated, not_started,
                             recommendations)

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from analysis.loss_metrics import LossMetric, loss_metric_rows
 from analysis.recommendation import Recommendation, recommendation_lines
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
@@ -222,6 +223,28 @@ def study_lines(study: Study) -> list[str]:
     return lines
 
 
+def loss_metric_lines(rows: list[LossMetric]) -> list[str]:
+    """Each config's own loss metrics on one line (ORPO's log odds ratio, SimPO's margin over gamma, ...)."""
+    if not rows:
+        return []
+    lines = ["Each loss's own metrics (eval, mean over completed seeds):"]
+    by_config: dict[str, list[LossMetric]] = {}
+    for row in rows:
+        by_config.setdefault(row.config, []).append(row)
+    for config, metrics in by_config.items():
+        values = "  ".join(f"{m.metric.removeprefix('eval/')} {format_stat(m.stat)}" for m in metrics)
+        lines.append(f"  '{config}' ({metrics[0].loss}): {values}")
+    return lines
+
+
+LOSS_METRIC_COLUMNS = ["config", "loss.name", "metric", "mean", "std", "n"]
+
+
+def loss_metric_csv_rows(rows: list[LossMetric]) -> list[dict[str, Any]]:
+    return [{"config": r.config, "loss.name": r.loss, "metric": r.metric, "mean": r.stat.mean,
+             "std": r.stat.std if r.stat.n > 1 else None, "n": r.stat.n} for r in rows]
+
+
 def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study],
                     not_started: int | None = None, recommendations: list[Recommendation] | None = None) -> str:
     """The compact summary printed by `report.py`."""
@@ -236,6 +259,8 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
     lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]
     if ranking.configs:
         lines += ["", *terminal_table(ranking)]
+    if own := loss_metric_lines(loss_metric_rows(ranking)):
+        lines += ["", *own]
     for study in studies:
         lines += ["", *study_lines(study)]
     return "\n".join(lines)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from dpo_sweeps.losses import uses_reference
+
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "rmsprop": 4}
@@ -141,7 +143,7 @@ def run_shape_of(cfg, world_size: int, seq_len: int | None = None, response_frac
         sharding_strategy=strategy, shard_group_size=shard, param_dtype=cfg.precision.param_dtype,
         optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
         seq_len=seq_len or cfg.data.max_length,
-        uses_reference=cfg.loss.name != "sft" and not cfg.loss.reference_free,
+        uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=bool(train.get("precompute_reference_logps", False)),
         logps_chunk_size=int(train.get("logps_chunk_size", 0)), share_prompt=bool(train.get("share_prompt", False)),
         response_fraction=response_fraction,

@@ -1,13 +1,14 @@
 """Summed response log-probs of a collated batch under a causal LM: the number DPO's loss is made of.
 
 Two ways, the same numbers up to float rounding (tests/test_techniques.py):
-- full logits (`train.logps_chunk_size=0`): the model's [N, L, V] logits, cast to fp32, log-softmax,
-  gather — as the reference DPO implementation;
+- full logits (`train.logps_chunk_size=0`): the model's [N, L, V] logits; at the response positions,
+  cast to fp32, log-softmax, gather — as the reference DPO implementation;
 - response positions only (`train.logps_chunk_size=K`): the backbone's hidden states at the positions
   that predict a response token, through the LM head K rows at a time (`chunked_token_logps`). Prompt
   and padding positions never reach the LM head, and no [N, L, V] tensor exists. This is also the only
   way to score a prefix-shared batch (`train.share_prompt`), whose response positions are not a shift.
 
+Either way the per-token values are kept beside the sums (`ResponseLogps`), for LD-DPO's weighting.
 Under FSDP2 the second way runs as a registered forward method of the root module, so the root's
 parameters (embeddings, final norm, LM head) are gathered around it as they are around `forward`.
 """
@@ -15,12 +16,14 @@ parameters (embeddings, final norm, LM head) are gathered around it as they are 
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.fsdp import register_fsdp_forward_method
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.losses import chunked_token_logps, sequence_logps, sum_by_sequence
+from dpo_sweeps.token_logps import (chunked_token_logps, labelled_token_logps, length_desensitized_sums,
+                                    sum_by_sequence)
 
 METHOD = "dpo_response_token_logps"
 # Config fields of architectures whose logits are not plain `lm_head(hidden)`.
@@ -72,21 +75,48 @@ def enable_chunked_logps(model: torch.nn.Module) -> None:
     register_fsdp_forward_method(model, METHOD)  # a no-op for a model FSDP does not wrap
 
 
-def batch_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed response log-probs (fp32) and response token counts, one per sequence ([2B]: chosen, rejected)."""
+@dataclass
+class ResponseLogps:
+    """Per-sequence response log-probs of a batch (fp32), chosen sequences then rejected ([2B])."""
+
+    sums: torch.Tensor  # summed log-probs of each response's tokens
+    counts: torch.Tensor  # response tokens per sequence
+    token_logps: torch.Tensor  # [M] every scored token's log-prob
+    token_sequences: torch.Tensor  # [M] the sequence each scored token counts for
+
+    def weighted(self, ld_alpha: float | None) -> torch.Tensor:
+        """The sums as the loss scores them: LD-DPO's (`loss.ld_alpha`: tokens past the shorter response of
+        the pair weigh alpha) when set, else the plain sums."""
+        if ld_alpha is None:
+            return self.sums
+        return length_desensitized_sums(self.token_logps, self.token_sequences, self.counts, ld_alpha)
+
+
+def response_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_size: int) -> ResponseLogps:
+    """Score every response token of a collated batch under `model` (see the module docstring for the two ways)."""
     if chunk_size == 0:
         if "labels" not in batch:
             raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
                                 "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        return sequence_logps(logits, batch["labels"])
-    enable_chunked_logps(model)
-    token_logps = getattr(model, METHOD)(
-        batch["input_ids"], batch["attention_mask"], batch.get("position_ids"), batch["token_rows"],
-        batch["token_positions"], batch["token_targets"], chunk_size,
-    )
-    rows = batch["input_ids"].shape[0]
-    shared = batch["attention_mask"].dim() == 4  # one row per pair: prompt + chosen + rejected
-    num_sequences = 2 * rows if shared else rows
-    return sum_by_sequence(token_logps, batch["token_sequences"], num_sequences)
+        token_logps, sequences = labelled_token_logps(logits, batch["labels"])
+        num_sequences = batch["input_ids"].shape[0]
+    else:
+        enable_chunked_logps(model)
+        token_logps = getattr(model, METHOD)(
+            batch["input_ids"], batch["attention_mask"], batch.get("position_ids"), batch["token_rows"],
+            batch["token_positions"], batch["token_targets"], chunk_size,
+        )
+        sequences = batch["token_sequences"]
+        rows = batch["input_ids"].shape[0]
+        shared = batch["attention_mask"].dim() == 4  # one row per pair: prompt + chosen + rejected
+        num_sequences = 2 * rows if shared else rows
+    sums, counts = sum_by_sequence(token_logps, sequences, num_sequences)
+    return ResponseLogps(sums, counts, token_logps, sequences)
+
+
+def batch_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed response log-probs (fp32) and response token counts, one per sequence ([2B]: chosen, rejected)."""
+    scored = response_logps(model, batch, chunk_size)
+    return scored.sums, scored.counts

@@ -31,14 +31,14 @@ from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
 from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned
 from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
-from dpo_sweeps.losses import preference_loss, sft_loss
+from dpo_sweeps.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token, resident_bytes
 from dpo_sweeps.probe import apply_probe
 from dpo_sweeps.pruning import TrialReporter, pruning_link
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
-from dpo_sweeps.response_logps import batch_logps
+from dpo_sweeps.response_logps import response_logps
 from dpo_sweeps.rundir import MetricsLog
 from dpo_sweeps.signals import RunInterrupted, StopWatch
 from dpo_sweeps.tracking import Tracker
@@ -88,7 +88,8 @@ class Trainer:
     def setup(self) -> None:
         cfg, env = self.cfg, self.env
         self._setup_data()
-        self.uses_reference = cfg.loss.name != "sft" and not cfg.loss.reference_free
+        self.uses_reference = uses_reference(cfg.loss)
+        self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
         self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
         reference = build_reference(self.policy) if self.uses_reference else None
         self.num_params = sum(p.numel() for p in self.policy.parameters())
@@ -188,9 +189,12 @@ class Trainer:
     def _collate(self, pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
         return collate(pairs, self.tokenizer.pad_token_id, share_prompt=self.share_prompt)
 
-    def _batch_logps(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed response log-probs (fp32) and response token counts, chosen rows then rejected ([2B])."""
-        return batch_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
+    def _batch_logps(self, model: torch.nn.Module,
+                     batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-sequence response log-probs as the loss scores them (LD-DPO weighted under loss.ld_alpha), token
+        counts, and the plain sums (for an NLL term); fp32, chosen sequences then rejected ([2B])."""
+        scored = response_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
+        return scored.weighted(ld_alpha_of(self.cfg.loss)), scored.counts, scored.sums
 
     def _precompute_reference_logps(self) -> None:
         """Score every pair under the reference once, attach the numbers to the pairs, free the reference."""
@@ -200,7 +204,8 @@ class Trainer:
         key = reference_logps.cache_key(
             self.reference, self.train_pairs, self.eval_pairs, self.sampler, layout, seed=cfg.train.seed,
             scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": self.share_prompt,
-                     "param_dtype": cfg.precision.param_dtype, "device": self.device.type},
+                     "param_dtype": cfg.precision.param_dtype, "device": self.device.type,
+                     "ld_alpha": ld_alpha_of(cfg.loss)},
         ) if not self.probing else {}
 
         @torch.no_grad()
@@ -225,33 +230,28 @@ class Trainer:
     def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        logps, counts = self._batch_logps(self.policy, batch)
-        n = logps.shape[0] // 2
-        policy_chosen, policy_rejected = logps[:n], logps[n:]
-        ref_chosen = ref_rejected = None
+        logps, counts, sums = self._batch_logps(self.policy, batch)
+        ref_logps = None
         if "reference_logps" in batch:  # precomputed (train.precompute_reference_logps)
-            ref_chosen, ref_rejected = batch["reference_logps"][:n], batch["reference_logps"][n:]
+            ref_logps = batch["reference_logps"]
         elif self.reference is not None:
             with torch.no_grad():
-                ref_logps, _ = self._batch_logps(self.reference, batch)
-            ref_chosen, ref_rejected = ref_logps[:n], ref_logps[n:]
+                ref_logps = self._batch_logps(self.reference, batch)[0]
         elif self.uses_reference:
             raise RuntimeError("a batch without precomputed reference log-probs after the reference model was freed")
-        loss_cfg = self.cfg.loss
-        pref = preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
-                               name="dpo" if loss_cfg.name == "sft" else loss_cfg.name,
-                               beta=loss_cfg.beta, label_smoothing=loss_cfg.label_smoothing)
-        losses = sft_loss(policy_chosen, counts[:n]) if loss_cfg.name == "sft" else pref.losses
+        pairs = PairLogps.split(logps, counts, sums, ref_logps)
+        pref = preference_loss(self.cfg.loss, pairs)
         stats = {
-            "loss": losses.detach(),
+            "loss": pref.losses.detach(),
             "rewards/chosen": pref.chosen_rewards,
             "rewards/rejected": pref.rejected_rewards,
             "rewards/accuracies": (pref.chosen_rewards > pref.rejected_rewards).float(),
             "rewards/margins": pref.chosen_rewards - pref.rejected_rewards,
-            "logps/chosen": policy_chosen.detach(),
-            "logps/rejected": policy_rejected.detach(),
+            "logps/chosen": pairs.chosen.detach(),
+            "logps/rejected": pairs.rejected.detach(),
+            **pref.metrics,
         }
-        return losses, stats
+        return pref.losses, stats
 
     # ------------------------------------------------------------------ step
     def _rank_micro_batches(self, step: int) -> list[list[EncodedPair]]:
@@ -263,7 +263,7 @@ class Trainer:
         cfg = self.cfg
         micro_batches = self._rank_micro_batches(step)
         per_rank_pairs = sum(len(mb) for mb in micro_batches)
-        sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
+        sums = torch.zeros(len(self.stat_names), dtype=torch.float64)
         tokens = 0
 
         self.perf.start()
@@ -275,7 +275,7 @@ class Trainer:
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
             loss = losses.sum() / per_rank_pairs  # FSDP averages over ranks: the global-batch mean
             self.scaler.scale_loss(loss).backward()
-            sums += torch.stack([stats[k].double().sum().cpu() for k in PAIR_STATS])
+            sums += torch.stack([stats[k].double().sum().cpu() for k in self.stat_names])
 
         params = [p for p in self.policy.parameters() if p.grad is not None]
         overflow = self.scaler.unscale_and_check(params)
@@ -295,7 +295,7 @@ class Trainer:
         totals = all_reduce(sums.tolist() + [per_rank_pairs])
         count = totals[-1]
         record: dict[str, Any] = {"step": step + 1}
-        record.update({f"train/{k}": v / count for k, v in zip(PAIR_STATS, totals)})
+        record.update({f"train/{k}": v / count for k, v in zip(self.stat_names, totals)})
         record.update({"train/grad_norm": grad_norm, "train/lr": lr, "perf/step_time_s": step_time})
         if self.scaler.enabled:
             record.update({"train/loss_scale": self.scaler.scale, "train/skipped_step": overflow})
@@ -329,17 +329,17 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes)."""
         env, n = self.env, len(self.eval_pairs)
-        sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
+        sums = torch.zeros(len(self.stat_names), dtype=torch.float64)
         count = 0
         self.policy.eval()
         for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
             _, stats = self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))
-            sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in PAIR_STATS])
+            sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in self.stat_names])
             count += int(real.sum())
         self.policy.train()
         totals = all_reduce(sums.tolist() + [count])
-        return {f"eval/{k}": v / totals[-1] for k, v in zip(PAIR_STATS, totals)}
+        return {f"eval/{k}": v / totals[-1] for k, v in zip(self.stat_names, totals)}
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     if train.max_grad_norm is not None and train.max_grad_norm <= 0:
         raise InvalidConfig("train.max_grad_norm", f"got {train.max_grad_norm!r}", "a number > 0, or null for no clipping")
 
-    check_loss_config(cfg.loss.name, cfg.loss.beta, cfg.loss.label_smoothing)
+    check_loss_config(cfg.loss)
     check_fsdp_config(cfg.fsdp, world, nproc, "cuda" if res.device == "cuda" else "cpu")
     for key in ("param_dtype", "reduce_dtype"):
         dtype_of(cfg.precision[key], f"precision.{key}")

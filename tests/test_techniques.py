@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from conftest import HH_PATH, REPO, run_cli
 from dpo_sweeps.data.encoding import GlobalBatchSampler, collate, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
-from dpo_sweeps.losses import chunked_token_logps
+from dpo_sweeps.token_logps import chunked_token_logps
 from dpo_sweeps.models import build_policy
 from dpo_sweeps.response_logps import batch_logps
 from dpo_sweeps.tokenizers import byte_tokenizer

@@ -1,91 +1,28 @@
-"""Preference losses on summed response log-probs, as in the reference DPO implementation.
+"""Log-prob kernels: per-token response log-probs (fp32), and their per-sequence sums.
 
-With h = (log pi(y_w|x) - log pi(y_l|x)) - (log ref(y_w|x) - log ref(y_l|x)) per pair:
-- dpo:   -log sigmoid(beta h) (1 - eps) - log sigmoid(-beta h) eps     Rafailov et al. 2023
-         (arXiv 2305.18290, eq. 7); eps = label_smoothing > 0 is conservative DPO (Mitchell 2023).
-- ipo:   (h - 1 / (2 beta))^2                                          Azar et al. 2023
-         (arXiv 2310.12036, eq. 17), on summed log-probs as the reference implementation.
-- hinge: max(0, 1 - beta h)                                            SLiC, Zhao et al. 2023
-         (arXiv 2305.10425, eq. 3, with delta = 1/beta scaled by beta).
-- sft:   mean negative log-likelihood per response token of the chosen answer.
-Implicit rewards are beta (log pi - log ref), detached. `reference_free` uses a uniform reference
-(ref log-probs = 0).
+`response_logps.py` runs the model and calls these; the losses (dpo_sweeps/losses/) only ever see
+per-sequence sums and token counts.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from dpo_sweeps.errors import InvalidConfig
 
-LOSSES = ("dpo", "ipo", "hinge", "sft")
 
-
-@dataclass
-class PreferenceLoss:
-    losses: torch.Tensor  # [B], per pair
-    chosen_rewards: torch.Tensor  # [B], detached
-    rejected_rewards: torch.Tensor  # [B], detached
-
-
-def check_loss_config(name: str, beta: float, label_smoothing: float) -> None:
-    if name not in LOSSES:
-        raise InvalidConfig("loss.name", f"unknown loss '{name}'", ", ".join(LOSSES))
-    if not isinstance(beta, (int, float)) or beta <= 0:
-        raise InvalidConfig("loss.beta", f"got {beta!r}", "a number > 0 (typical: 0.01 to 0.5)")
-    if not 0 <= label_smoothing < 0.5:
-        raise InvalidConfig("loss.label_smoothing", f"got {label_smoothing!r}", "a number in [0, 0.5)")
-
-
-def preference_loss(
-    policy_chosen_logps: torch.Tensor,
-    policy_rejected_logps: torch.Tensor,
-    reference_chosen_logps: torch.Tensor | None,
-    reference_rejected_logps: torch.Tensor | None,
-    *,
-    name: str,
-    beta: float,
-    label_smoothing: float = 0.0,
-) -> PreferenceLoss:
-    """Per-pair dpo / ipo / hinge losses; reference log-probs None means reference-free."""
-    if reference_chosen_logps is None or reference_rejected_logps is None:
-        reference_chosen_logps = torch.zeros_like(policy_chosen_logps)
-        reference_rejected_logps = torch.zeros_like(policy_rejected_logps)
-    h = (policy_chosen_logps - policy_rejected_logps) - (reference_chosen_logps - reference_rejected_logps)
-    if name == "dpo":
-        losses = -F.logsigmoid(beta * h) * (1 - label_smoothing) - F.logsigmoid(-beta * h) * label_smoothing
-    elif name == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
-    elif name == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:
-        raise InvalidConfig("loss.name", f"'{name}' is not a preference loss", "dpo, ipo, hinge")
-    return PreferenceLoss(
-        losses=losses,
-        chosen_rewards=(beta * (policy_chosen_logps - reference_chosen_logps)).detach(),
-        rejected_rewards=(beta * (policy_rejected_logps - reference_rejected_logps)).detach(),
-    )
-
-
-def sft_loss(chosen_logps_sum: torch.Tensor, chosen_token_counts: torch.Tensor) -> torch.Tensor:
-    """Per-pair mean negative log-likelihood of the chosen response's tokens."""
-    return -chosen_logps_sum / chosen_token_counts.clamp(min=1)
-
-
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-probs of each row's labelled tokens, in fp32, and the number of those tokens.
+def labelled_token_logps(logits: torch.Tensor, labels: torch.Tensor,
+                         ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 log-prob of every labelled token and the row it belongs to, row by row in position order.
 
     logits [N, L, V] predict labels shifted by one: position t scores token t+1.
     """
     logits = logits[:, :-1, :].float()
     labels = labels[:, 1:]
-    mask = labels != ignore_index
-    safe_labels = labels.masked_fill(~mask, 0)
-    token_logps = torch.gather(logits.log_softmax(-1), 2, safe_labels.unsqueeze(-1)).squeeze(-1)
-    return (token_logps * mask).sum(-1), mask.sum(-1)
+    rows, positions = (labels != ignore_index).nonzero(as_tuple=True)
+    token_logps = logits[rows, positions].log_softmax(-1).gather(1, labels[rows, positions, None]).squeeze(1)
+    return token_logps, rows
 
 
 class _ChunkedTokenLogps(torch.autograd.Function):
@@ -113,7 +50,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         hidden, weight, bias, targets = ctx.saved_tensors
         chunk_size = ctx.chunk_size
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        fp32 = dict(dtype=torch.float32, device=weight.device)
+        fp32 = {"dtype": torch.float32, "device": weight.device}
         grad_weight = torch.zeros(weight.shape, **fp32) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros(weight.shape[0], **fp32) if bias is not None and ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], chunk_size):
@@ -136,7 +73,7 @@ def chunked_token_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
                         targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """fp32 log-prob of each target under the LM head (weight [V, d], bias [V]) applied to hidden [M, d].
 
-    Equal to `sequence_logps`'s log_softmax-and-gather on full logits, up to float rounding, without
+    Equal to `labelled_token_logps` on full logits, up to float rounding, without
     the [M, V] logits ever existing at once beyond `chunk_size` rows.
     """
     if chunk_size < 1:
@@ -152,3 +89,23 @@ def sum_by_sequence(token_logps: torch.Tensor, sequences: torch.Tensor,
     counts = torch.zeros(num_sequences, dtype=torch.long, device=sequences.device).index_add(
         0, sequences, torch.ones_like(sequences))
     return sums, counts
+
+
+def length_desensitized_sums(token_logps: torch.Tensor, sequences: torch.Tensor, counts: torch.Tensor,
+                             alpha: float) -> torch.Tensor:
+    """LD-DPO's log-prob per sequence: the first min(|y_w|, |y_l|) response tokens in full, the rest times alpha.
+
+    Liu et al. 2024, "Length Desensitization in Direct Preference Optimization" (arXiv 2409.06411).
+    Sequences are chosen 0..B-1 then rejected B..2B-1; each sequence's tokens come in position order.
+    """
+    pairs = counts.shape[0] // 2
+    shared = torch.minimum(counts[:pairs], counts[pairs:]).repeat(2)
+    # Each token's index within its own response: its place after a stable sort by sequence,
+    # minus where that sequence starts.
+    order = torch.argsort(sequences, stable=True)
+    starts = counts.cumsum(0) - counts
+    index = torch.empty_like(sequences)
+    index[order] = torch.arange(sequences.shape[0], device=sequences.device) - starts[sequences[order]]
+    weights = torch.where(index < shared[sequences], 1.0, alpha).to(token_logps.dtype)
+    sums = torch.zeros(counts.shape[0], dtype=token_logps.dtype, device=token_logps.device)
+    return sums.index_add(0, sequences, token_logps * weights)

@@ -1,0 +1,140 @@
+"""Preference losses: `loss=<name>` picks one (conf/loss/<name>.yaml documents it), `loss=mix` a weighted sum.
+
+- pairwise.py: each loss as a pure function over per-sequence log-probs;
+- registry.py: the table of names, papers, TRL names, references and hyperparameters;
+- here: the entry points the trainer and validate.py call.
+Per-token log-probs are computed beside the model (response_logps.py, token_logps.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.losses.pairwise import LossTerms, PairLogps, nll
+from dpo_sweeps.losses.registry import (F_DIVERGENCE_TERMS, HYPERPARAMETERS, LOSSES, MIX, MIX_TERMS, NAMES,
+                                       Hyperparameter, LossSpec, mix_keys)
+
+__all__ = ["LOSSES", "NAMES", "LossSpec", "LossTerms", "PairLogps", "check_loss_config", "ld_alpha_of",
+           "loss_keys", "metric_names", "preference_loss", "uses_reference"]
+
+
+def _terms(loss_cfg: Mapping) -> list[str]:
+    return [term["name"] for term in loss_cfg["terms"]]
+
+
+def loss_keys(loss_cfg: Mapping) -> tuple[str, ...]:
+    """The keys `loss.*` has for this loss: exactly those of its conf/loss file."""
+    return mix_keys(_terms(loss_cfg)) if loss_cfg["name"] == MIX else LOSSES[loss_cfg["name"]].keys
+
+
+def uses_reference(loss_cfg: Mapping) -> bool:
+    """Whether the run needs reference log-probs; when not, no reference is built, scored or cached."""
+    if loss_cfg["name"] == MIX:
+        needs = any(LOSSES[name].uses_reference for name in _terms(loss_cfg))
+    else:
+        needs = LOSSES[loss_cfg["name"]].uses_reference
+    return needs and not loss_cfg["reference_free"]
+
+
+def ld_alpha_of(loss_cfg: Mapping) -> float | None:
+    """LD-DPO's alpha when this loss takes one and it is set (response_logps weighs the log-probs with it)."""
+    return loss_cfg["ld_alpha"] if "ld_alpha" in loss_keys(loss_cfg) else None
+
+
+def metric_names(loss_cfg: Mapping) -> tuple[str, ...]:
+    """The loss's own per-pair metrics, beyond loss, rewards/* and logps/*."""
+    if loss_cfg["name"] == MIX:
+        return tuple(f"mix/{name}" for name in dict.fromkeys(_terms(loss_cfg)))
+    spec = LOSSES[loss_cfg["name"]]
+    return spec.metrics + (("nll_loss",) if "sft_weight" in spec.keys and loss_cfg["sft_weight"] > 0 else ())
+
+
+def preference_loss(loss_cfg: Mapping, x: PairLogps) -> LossTerms:
+    """Per-pair losses, rewards and metrics of `loss_cfg` on one micro-batch; the mean over pairs is the loss."""
+    if x.ref_chosen is None:  # no reference: a uniform one (log-probs 0), so rewards are beta * policy log-probs
+        x = replace(x, ref_chosen=torch.zeros_like(x.chosen), ref_rejected=torch.zeros_like(x.rejected))
+    if loss_cfg["name"] == MIX:
+        return _mix(loss_cfg, x)
+    spec = LOSSES[loss_cfg["name"]]
+    out = spec.function(x, loss_cfg)
+    if "sft_weight" in spec.keys and loss_cfg["sft_weight"] > 0:
+        nll_loss = nll(x, loss_cfg["nll_average"])
+        out.losses = out.losses + loss_cfg["sft_weight"] * nll_loss
+        out.metrics["nll_loss"] = nll_loss.detach()
+    return out
+
+
+def _mix(loss_cfg: Mapping, x: PairLogps) -> LossTerms:
+    """sum_k weight_k loss_k, the terms sharing the hyperparameters (TRL's loss_type list with loss_weights)."""
+    total, metrics = 0.0, {}
+    for term in loss_cfg["terms"]:
+        out = LOSSES[term["name"]].function(x, loss_cfg)
+        total = total + term["weight"] * out.losses
+        metrics[f"mix/{term['name']}"] = out.losses.detach()
+    r_w, r_l = x.logratios()
+    beta = loss_cfg["beta"]
+    return LossTerms(total, (beta * r_w).detach(), (beta * r_l).detach(), metrics)
+
+
+# ------------------------------------------------------------------ checks (validate.py calls these)
+def _refuse(key: str, problem: str, accepted: str) -> None:
+    raise InvalidConfig(f"loss.{key}", problem, accepted)
+
+
+def _check_terms(terms: Any) -> list[str]:
+    example = "e.g. 'loss.terms=[{name: sigmoid, weight: 1.0}, {name: sft, weight: 0.2}]'"
+    if not isinstance(terms, Sequence) or isinstance(terms, str) or not terms:
+        _refuse("terms", f"got {terms!r}", f"a non-empty list of {{name, weight}}, {example}")
+    for i, term in enumerate(terms):
+        if not isinstance(term, Mapping) or set(term) != {"name", "weight"}:
+            _refuse(f"terms[{i}]", f"got {term!r}", f"{{name: <loss>, weight: <number>}}, {example}")
+        if term["name"] not in MIX_TERMS:
+            _refuse(f"terms[{i}].name", f"'{term['name']}' cannot be a term", ", ".join(MIX_TERMS))
+        weight = term["weight"]
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
+            _refuse(f"terms[{i}].weight", f"got {weight!r}", "a number >= 0")
+    return [term["name"] for term in terms]
+
+
+def _ranges(loss_cfg: Mapping, key: str) -> list[Hyperparameter]:
+    """The accepted values of `loss.<key>` for this loss (for a mix: every term's that takes it)."""
+    if loss_cfg["name"] != MIX:
+        return [LOSSES[loss_cfg["name"]].hyperparameter(key)]
+    return [LOSSES[t].hyperparameter(key) for t in _terms(loss_cfg) if key in LOSSES[t].keys] or [HYPERPARAMETERS[key]]
+
+
+def check_loss_config(loss_cfg: Mapping) -> None:
+    """Refuse an unknown loss, a key that is not this loss's (or one it lacks), and values out of range."""
+    name = loss_cfg.get("name")  # absent or unknown: refused just below
+    if name not in NAMES:
+        _refuse("name", f"unknown loss '{name}'", ", ".join(NAMES))
+    if name == MIX:
+        _check_terms(loss_cfg.get("terms"))
+    expected = loss_keys(loss_cfg)
+    where = f"loss={name}" + (f" with terms {', '.join(_terms(loss_cfg))}" if name == MIX else "")
+    extra = [key for key in loss_cfg if key not in expected]
+    missing = [key for key in expected if key not in loss_cfg]
+    if name == MIX and (extra or missing):  # changed terms: say every key to add and to leave out at once
+        changes = [f"+loss.{k}=<{_ranges(loss_cfg, k)[0].accepted}>" for k in missing] + [f"~loss.{k}" for k in extra]
+        _refuse("terms", f"{where} has keys {', '.join(expected[1:])}", "these changes: " + " ".join(changes))
+    for key in extra:
+        _refuse(key, f"is not a hyperparameter of {where}",
+                f"its keys: {', '.join(expected[1:])} (conf/loss/{name}.yaml); leave loss.{key} out "
+                f"(~loss.{key}), or set it only with a loss that has it")
+    for key in missing:
+        _refuse(key, f"missing: {where} needs it", f"+loss.{key}=<{_ranges(loss_cfg, key)[0].accepted}>")
+    settings = [key for key in expected if key not in ("name", "terms")]
+    for key in settings:
+        for hp in _ranges(loss_cfg, key):
+            if not hp.check(loss_cfg[key]):
+                _refuse(key, f"got {loss_cfg[key]!r} for {where}", hp.accepted)
+    if name == MIX and loss_cfg["f_divergence"] != "reverse_kl":
+        unfit = [t for t in _terms(loss_cfg) if t not in F_DIVERGENCE_TERMS]
+        if unfit:
+            _refuse("f_divergence", f"'{loss_cfg['f_divergence']}' with terms {', '.join(unfit)} (no f-divergence form)",
+                    f"reverse_kl, or terms among {', '.join(F_DIVERGENCE_TERMS)}")
