@@ -239,6 +239,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             extra["resumed_from_step"] = trainer.resumed_from
             if hasattr(trainer, "data_counts"):
                 extra["data"] = trainer.data_counts
+            if hasattr(trainer, "layout"):
+                extra["layout"] = trainer.layout
         summary = write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
                                 overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
         if interrupted is not None:
