@@ -41,9 +41,11 @@ BRIDGE=dpo-br0
 NODE_PREFIX=dpo-n
 HOSTS_TAG="# dpo-sweeps local_cluster.sh node"
 
-PACKAGES=(slurm-wlm munge slurmdbd mariadb-server)
+# iproute2 (ip) and util-linux (nsenter, unshare) make the nodes of a multi-node cluster
+PACKAGES=(slurm-wlm munge slurmdbd mariadb-server iproute2 util-linux)
 BINARIES=(munged mungekey munge unmunge mariadbd mariadb-install-db mariadb mariadb-admin
-          slurmctld slurmd slurmdbd sinfo squeue sbatch srun scontrol scancel sacct sacctmgr)
+          slurmctld slurmd slurmdbd sinfo squeue sbatch srun scontrol scancel sacct sacctmgr
+          ip nsenter unshare)
 
 say() { printf '[local_cluster] %s\n' "$*"; }
 die() { printf '[local_cluster] error: %s\n' "$*" >&2; exit 1; }
