@@ -135,9 +135,10 @@ class SlurmLauncher(SweepLauncher):
                              jobs[i].num, label(jobs[i].overrides),
                              shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)
             while running:
-                # submitit's own sacct polls thin out to one a minute as jobs age: one forced poll (of all the
-                # jobs at once) per interval, so that a job that ended is collected within poll_interval_s.
-                next(iter(running.values()))[0].done(force_check=True)
+                # submitit's own sacct polls thin out to one a minute as jobs age (and done(force_check=True)
+                # does not reach the tasks of a multi-task job): one sacct poll of all the jobs per interval,
+                # so that a job that ended is collected within poll_interval_s.
+                next(iter(running.values()))[0].watcher.update()
                 for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:
                     sj, started, earlier_stamp = running.pop(i)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
