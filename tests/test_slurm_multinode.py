@@ -232,6 +232,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
         # Run #1 loses its second node mid-run: every rank there is killed at once.
         _wait("run #1 in mid-run", lambda: _steps_logged(lost) >= 2, proc, log)
         victims = _wait("the ranks of run #1 on dpo-n2", lambda: _job_tasks(name, 1, "dpo-n2"), proc, log)
+        assert len(victims) == 2, victims  # ranks 2 and 3
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -281,3 +282,43 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     assert _losses(preempted) == _losses(reference)
     same = [k for k in ref["metrics"] if k.startswith(("train/", "eval/"))] + ["steps", "world_size"]
     assert {k: done["metrics"][k] for k in same} == {k: ref["metrics"][k] for k in same}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_path):
+    """Everything of dpo-n2 killed at once (`local_cluster.sh kill-node`: slurmd, job steps, ranks), as when
+    a machine dies: the run fails `node_failure` once SLURM marks the node down, and SLURM's own requeue
+    of the job is cancelled."""
+    from slurm_fixture import SCRIPT
+
+    env = {**os.environ, **slurm2}
+    name = f"dpo-lost-{uuid.uuid4().hex[:8]}"
+    sweep_dir, log = tmp_path / "sweep", tmp_path / "sweep.log"
+    run_dir = sweep_dir / "0"
+    command = [sys.executable, "-m", "dpo_sweeps", "-m", *ON_SLURM, f"hydra.launcher.name={name}", *FAST,
+               *TWO_NODES, "train.max_steps=200", f"resources.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
+               f"hydra.sweep.dir={sweep_dir}"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait("the run in mid-run", lambda: _steps_logged(run_dir) >= 2, proc, log)
+        subprocess.run(["bash", str(SCRIPT), "kill-node", "dpo-n2", slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]],
+                       check=True, capture_output=True, timeout=60)
+        killed_at = time.monotonic()
+        proc.wait(timeout=COLLECTIVE_TIMEOUT_S + 30 + 60)
+        ended_after_s = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["scancel", "-n", name], env=env, timeout=30, check=False)
+        # the node comes back for the tests after this one
+        subprocess.run(["bash", str(SCRIPT), "start", "--nodes", slurm2["DPO_SWEEPS_SLURM_NODES"],
+                        slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]], check=True, capture_output=True, timeout=300)
+    print(f"node killed -> sweep ended in {ended_after_s:.1f} s")
+    assert ended_after_s <= COLLECTIVE_TIMEOUT_S + 30, log.read_text()[-3000:]
+    failure = _summary(run_dir)["failure"]
+    assert failure["kind"] == "node_failure", failure
+    assert "dpo-n2" in failure["message"] and "rank 2" in failure["message"], failure
+    assert _slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
+    assert _job_tasks(name) == []

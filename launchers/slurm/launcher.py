@@ -11,7 +11,9 @@ comes from `conf/hydra/launcher/slurm.yaml` and can be overridden on the command
 srun runs with `--kill-on-bad-exit=1` by default: a rank that dies takes its job down instead of
 leaving the others waiting on a collective. A job that ends without rank 0 writing summary.json
 (time limit, preemption, out-of-memory kill, node failure) gets a failed one from the launcher,
-with the failure kind read from SLURM's job state. Ctrl-C cancels the sweep's jobs.
+with the failure kind read from SLURM's job state; ranks that ended without a result are named,
+with their node. A job SLURM ends as NODE_FAIL is recorded `node_failure` and cancelled, so that
+SLURM's own requeue does not run it again behind the sweep. Ctrl-C cancels the sweep's jobs.
 """
 
 from __future__ import annotations
@@ -143,6 +145,10 @@ class SlurmLauncher(SweepLauncher):
                     sj, started, earlier_stamp = running.pop(i)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
                     results[i] = self._collect(jobs[i], sj, started, earlier_stamp, timeout_min=0)
+                    if str(sj.state).startswith("NODE_FAIL"):
+                        # SLURM requeues a job whose node failed (JobRequeue); it is recorded failed here, and
+                        # running the sweep again resumes it: it must not also rerun behind the sweep's back.
+                        sj.cancel(check=False)
                     log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
                 if running:
                     time.sleep(self.poll_interval_s)

@@ -6,6 +6,8 @@
 #   local_cluster.sh start  [--nodes N] [STATE_DIR] start munged, mariadbd, slurmdbd, slurmctld, N slurmd
 #   local_cluster.sh stop   [STATE_DIR]             stop the daemons and remove the namespaces `start` made
 #   local_cluster.sh status [STATE_DIR]             exit 0 when the cluster is up and healthy, 1 otherwise
+#   local_cluster.sh kill-node NAME [STATE_DIR]     a lost node: kill every process in node NAME's namespaces
+#                                                   (its slurmd, job steps, ranks); `start` brings it back
 #
 # --nodes 1 (the default): this machine is the one compute node (its hostname, 127.0.0.1).
 # --nodes N > 1: node i is its own host: a network and UTS namespace with hostname dpo-n<i> and
@@ -51,7 +53,7 @@ say() { printf '[local_cluster] %s\n' "$*"; }
 die() { printf '[local_cluster] error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-2}"
 }
 
@@ -498,7 +500,7 @@ KillWait=5
 MinJobAge=300
 Waittime=0
 # a node whose slurmd stops answering is marked down (and its jobs fail) after this many seconds
-SlurmdTimeout=60
+SlurmdTimeout=30
 ${node_lines}PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
 # jobs here preempt (requeue) jobs of $PARTITION when they need their CPUs: for preemption tests
 PartitionName=$URGENT_PARTITION Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
@@ -882,6 +884,21 @@ cmd_status() {
     return 1
 }
 
+cmd_kill_node() {
+    require_root
+    local name=${1:-} pids
+    set_paths "${2:-}"
+    set_layout "$(stored_nodes)"
+    [ "$NODES" != 1 ] || die "kill-node needs a cluster of several nodes (start --nodes N); this one is this machine"
+    [[ " ${NODE_NAMES[*]} " == *" $name "* ]] || die "no node '$name' (accepted: ${NODE_NAMES[*]})"
+    netns_exists "$name" || die "node $name has no namespace (is the cluster up? \`$0 status\`)"
+    pids=$(ip netns pids "$name")
+    [ -n "$pids" ] || { say "node $name: no process to kill"; return 0; }
+    kill -KILL $pids 2>/dev/null || true
+    say "node $name: killed $(echo $pids | wc -w) processes (slurmd, job steps, ranks); SLURM marks it down after SlurmdTimeout"
+    say "bring it back with: $0 start --nodes $NODES $STATE_DIR"
+}
+
 main() {
     local cmd=${1:-} args=()
     [ $# -gt 0 ] && shift
@@ -894,9 +911,10 @@ main() {
             *) args+=("$1"); shift ;;
         esac
     done
-    [ "${#args[@]}" -le 1 ] || usage
+    [ "${#args[@]}" -le "$([ "$cmd" = kill-node ] && echo 2 || echo 1)" ] || usage
     [ "$OPT_NODES" = 1 ] || [ "$cmd" = start ] || die "--nodes goes with start only"
     case "$cmd" in
+        kill-node) [ "${#args[@]}" -ge 1 ] || usage; cmd_kill_node "${args[@]}" ;;
         install) cmd_install ;;
         start) cmd_start "${args[@]}" ;;
         stop) cmd_stop "${args[@]}" ;;
