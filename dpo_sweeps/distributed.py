@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +56,12 @@ def from_torchrun_env() -> RankEnv | None:
 def from_submitit_env() -> RankEnv | None:
     """The rank of a submitit task, when this process is one task of a multi-task job.
 
-    The rendezvous is on the first node of the job's node list (SLURM_JOB_NODELIST), whatever
-    MASTER_ADDR the submitting shell had: sbatch passes its environment on, and submitit's
-    `export()` would refuse to run over a MASTER_ADDR already set. So the values are read, not
-    exported; `init_process_group` sets the variables for this process. A MASTER_PORT already set
-    is kept (submitit reads it), else the port is a function of the job id, the same on every node.
+    The rendezvous is on the first node of the job's node list (SLURM_JOB_NODELIST), at a port drawn
+    from the job id (the same on every node, another for each job of a sweep), whatever MASTER_ADDR
+    or MASTER_PORT the submitting shell had: sbatch passes its environment on, submitit's `export()`
+    refuses to run over a MASTER_ADDR already set, and a port inherited by every job of a sweep
+    would have them all bind the same one. So the values are computed, not exported;
+    `init_process_group` sets the variables for this process.
     """
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
@@ -71,14 +73,13 @@ def from_submitit_env() -> RankEnv | None:
         return None
     if job_env.num_tasks <= 1:
         return None
-    dist_env = submitit.helpers.TorchDistributedEnvironment()
     return RankEnv(
-        rank=dist_env.rank,
-        world_size=dist_env.world_size,
-        local_rank=dist_env.local_rank,
-        local_world_size=dist_env.local_world_size,
-        master_addr=dist_env.master_addr,
-        master_port=dist_env.master_port,
+        rank=job_env.global_rank,
+        world_size=job_env.num_tasks,
+        local_rank=job_env.local_rank,
+        local_world_size=job_env.num_tasks // job_env.num_nodes,
+        master_addr=job_env.hostnames[0],
+        master_port=random.Random(job_env.job_id).randint(20000, 60000),
     )
 
 

@@ -31,9 +31,9 @@ ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.lau
             "hydra.launcher.poll_interval_s=1"]
 TWO_NODES = ["resources.nodes=2", "resources.nproc_per_node=2"]
 GRID = ["fsdp=full_shard,hybrid_shard", "precision=fp32,bf16", "train.max_steps=4"]
-# A rendezvous address the submitting shell happens to have: sbatch passes it on to the job, where it
-# must not be used (nor make submitit refuse to export its own).
-STALE_MASTER = {"MASTER_ADDR": "127.0.0.1"}
+# A rendezvous the submitting shell happens to have: sbatch passes it on to every job, where it must not
+# be used (the address is not the job's first node, and the 4 jobs would all bind the same port).
+STALE_MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -60,13 +60,17 @@ def test_submitit_rank_takes_the_first_node_over_a_master_addr_already_set(monke
 
     for key, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "4",
                        "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "dpo-n[1-2]",
-                       "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1", "RANK": "9"}.items():
+                       "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                       "RANK": "9"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("MASTER_PORT", raising=False)
     env = from_submitit_env()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (2, 4, 0, 2)
     assert env.master_addr == "dpo-n1"
-    assert 20000 <= env.master_port <= 60000
+    # the port follows the job id: the same for every rank of the job, another for the next job
+    assert 20000 <= env.master_port <= 60000 and env.master_port != 29500
+    assert from_submitit_env().master_port == env.master_port
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    assert from_submitit_env().master_port != env.master_port
 
 
 @pytest.mark.slurm
