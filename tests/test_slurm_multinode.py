@@ -26,6 +26,7 @@ from slurm_fixture import ensure_slurm_cluster  # noqa: E402
 from sweep_helpers import FAST, SweepResult, run_sweep  # noqa: E402
 
 from dpo_sweeps.checkpoint import latest_checkpoint  # noqa: E402
+from launchers.jobs import SweepJob  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=20",
             "hydra.launcher.poll_interval_s=1"]
@@ -326,3 +327,27 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
     assert "dpo-n2" in failure["message"] and "rank 2" in failure["message"], failure
     assert _slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
     assert _job_tasks(name) == []
+
+
+def test_a_failed_run_that_slurm_requeued_is_cancelled_but_a_preempted_one_is_not(tmp_path):
+    """No cluster needed: the launcher's rule for a job SLURM holds pending again after a node failure."""
+    from dpo_sweeps.rundir import write_summary
+    from launchers.base import summary_stamp
+    from launchers.slurm.launcher import failed_but_held
+
+    class Held:  # what the launcher reads of a submitit job: its SLURM state
+        state = "PENDING"
+
+    job = SweepJob(num=0, overrides=[], config=None, task_config={}, config_hash="", run_dir=tmp_path)
+    assert not failed_but_held(job, Held(), None)  # no summary yet: the job has not run
+    write_summary(tmp_path, status="failed", failure={"kind": "preempted", "message": "SIGUSR2"}, overrides=[],
+                  config={}, metrics={})
+    assert not failed_but_held(job, Held(), None)  # requeued to resume: leave it
+    before = summary_stamp(tmp_path)
+    time.sleep(0.01)
+    write_summary(tmp_path, status="failed", failure={"kind": "crash", "message": "a peer rank stopped"},
+                  overrides=[], config={}, metrics={})
+    assert not failed_but_held(job, Held(), summary_stamp(tmp_path))  # a summary of an earlier sweep
+    assert failed_but_held(job, Held(), before)
+    Held.state = "RUNNING"
+    assert not failed_but_held(job, Held(), before)
