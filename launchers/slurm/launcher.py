@@ -156,6 +156,7 @@ class SlurmLauncher(SweepLauncher):
         running: dict[int, tuple[Any, float, int | None]] = {}
         label = PointLabels([job.overrides for job in jobs])
         results: dict[int, JobReturn] = {}
+        cancelled: set[int] = set()  # jobs SLURM requeued after their run failed (failed_but_held)
         try:
             for shape, indices in by_shape.items():
                 executor.update_parameters(**self.executor_parameters(shape))
@@ -183,10 +184,11 @@ class SlurmLauncher(SweepLauncher):
                 # so that a job that ended is collected within poll_interval_s.
                 next(iter(running.values()))[0].watcher.update()
                 for i, (sj, _started, earlier_stamp) in running.items():
-                    if not sj.done() and failed_but_held(jobs[i], sj, earlier_stamp):
+                    if i not in cancelled and not sj.done() and failed_but_held(jobs[i], sj, earlier_stamp):
                         log.warning("#%d: SLURM requeued SLURM job %s after its run failed: cancelling it",
                                     jobs[i].num, sj.job_id)
                         sj.cancel(check=False)
+                        cancelled.add(i)
                 for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:
                     sj, started, earlier_stamp = running.pop(i)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
