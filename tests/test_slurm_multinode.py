@@ -3,7 +3,8 @@ each its own slurmd in its own network and UTS namespace).
 
 One 4-point sweep of 2-node x 2-rank jobs (strategy x precision) serves the rendezvous, mesh, loss and
 report checks; one 3-point sweep of identical 2-node jobs serves the events: #0 is preempted twice and
-resumes, #1 loses every rank of its second node, #2 runs through as the reference.
+resumes, #1 loses every rank of its second node, #2 runs through as the reference. A last 2-node run
+loses its whole second node (`local_cluster.sh kill-node`), which is brought back afterwards.
 """
 
 from __future__ import annotations
