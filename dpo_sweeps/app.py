@@ -239,6 +239,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             extra["resumed_from_step"] = trainer.resumed_from
             if hasattr(trainer, "data_counts"):
                 extra["data"] = trainer.data_counts
+            if hasattr(trainer, "layout"):
+                extra["layout"] = trainer.layout
         # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
         status = "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
         summary = write_summary(ctx.run_dir, status=status, failure=failure,

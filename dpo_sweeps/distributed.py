@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +56,15 @@ def from_torchrun_env() -> RankEnv | None:
 
 
 def from_submitit_env() -> RankEnv | None:
-    """The rank of a submitit task, when this process is one task of a multi-task job."""
+    """The rank of a submitit task, when this process is one task of a multi-task job.
+
+    The rendezvous is on the first node of the job's node list (SLURM_JOB_NODELIST), at a port drawn
+    from the job id (the same on every node, another for each job of a sweep), whatever MASTER_ADDR
+    or MASTER_PORT the submitting shell had: sbatch passes its environment on, submitit's `export()`
+    refuses to run over a MASTER_ADDR already set, and a port inherited by every job of a sweep
+    would have them all bind the same one. So the values are computed, not exported;
+    `init_process_group` sets the variables for this process.
+    """
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
     import submitit
@@ -65,14 +75,13 @@ def from_submitit_env() -> RankEnv | None:
         return None
     if job_env.num_tasks <= 1:
         return None
-    dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     return RankEnv(
-        rank=dist_env.rank,
-        world_size=dist_env.world_size,
-        local_rank=dist_env.local_rank,
-        local_world_size=dist_env.local_world_size,
-        master_addr=dist_env.master_addr,
-        master_port=dist_env.master_port,
+        rank=job_env.global_rank,
+        world_size=job_env.num_tasks,
+        local_rank=job_env.local_rank,
+        local_world_size=job_env.num_tasks // job_env.num_nodes,
+        master_addr=job_env.hostnames[0],
+        master_port=random.Random(job_env.job_id).randint(20000, 60000),
     )
 
 
@@ -116,3 +125,35 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.tolist()
+
+
+# Bytes of a host name in `rank_layout`'s gather (host names are at most 64 bytes on Linux).
+_HOSTNAME_BYTES = 64
+
+
+def rank_layout(mesh: Any, local_rank: int) -> dict[str, Any]:
+    """Where every rank ran: its node (host name), local rank and coordinate in the FSDP mesh.
+
+    A collective: every rank calls it; the tensors are CPU ones, so it goes over gloo also beside NCCL.
+    """
+    coordinate = mesh.get_coordinate() or []
+    name = socket.gethostname().encode()[:_HOSTNAME_BYTES]
+    mine = torch.zeros(_HOSTNAME_BYTES + 1 + len(coordinate), dtype=torch.int64)
+    mine[:len(name)] = torch.tensor(list(name), dtype=torch.int64)
+    mine[_HOSTNAME_BYTES] = local_rank
+    mine[_HOSTNAME_BYTES + 1:] = torch.tensor(coordinate, dtype=torch.int64)
+    rows = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        rows = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, mine)
+    dims = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)])
+    ranks = []
+    for rank, row in enumerate(rows):
+        host = bytes(int(b) for b in row[:_HOSTNAME_BYTES] if int(b)).decode(errors="replace")
+        ranks.append({"rank": rank, "node": host, "local_rank": int(row[_HOSTNAME_BYTES]),
+                      "mesh": dict(zip(dims, (int(c) for c in row[_HOSTNAME_BYTES + 1:])))})
+    return {
+        "mesh": dict(zip(dims, mesh.mesh.shape)),
+        "nodes": list(dict.fromkeys(r["node"] for r in ranks)),
+        "ranks": ranks,
+    }

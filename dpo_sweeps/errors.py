@@ -52,7 +52,7 @@ class PeerFailure(RunFailure):
     kind = "crash"
 
 
-FAILURE_KINDS = ("oom", "nan", "crash", "timeout", "preempted", "invalid_config", "data_error")
+FAILURE_KINDS = ("oom", "nan", "crash", "timeout", "preempted", "node_failure", "invalid_config", "data_error")
 
 
 def failure_of(exc: BaseException) -> dict:

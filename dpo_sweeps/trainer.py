@@ -28,7 +28,7 @@ from dpo_sweeps.data.encoding import (
     render_pair,
 )
 from dpo_sweeps.data.sources import load_preference_rows
-from dpo_sweeps.distributed import RankEnv, all_reduce
+from dpo_sweeps.distributed import RankEnv, all_reduce, rank_layout
 from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned
 from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
 from dpo_sweeps.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
@@ -95,6 +95,7 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.policy.parameters())
 
         mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
+        self.layout = rank_layout(mesh, env.local_rank)  # summary.json: the mesh, and the node of each rank
         mp_policy = mixed_precision_policy(cfg.precision)
         self.policy = shard_model(self.policy, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
                                   mesh=mesh, mp_policy=mp_policy)

@@ -31,7 +31,8 @@ log = logging.getLogger("launchers")
 
 SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
 # SLURM job states (sacct) and the summary.json failure.kind each means.
-STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout"}
+STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
+               "NODE_FAIL": "node_failure"}
 
 
 class JobNotRun(Exception):
@@ -157,11 +158,14 @@ def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
     failure = summary.get("failure") or {}
     if not str(failure.get("message", "")).startswith(PEER_STOPPED):
         return
+    # the node each rank ran on, where the run got as far as recording it (summary.json "layout")
+    nodes = {r["rank"]: r["node"] for r in (summary.get("layout") or {}).get("ranks", [])}
     dead = []
     for i in range(1, getattr(submitted, "num_tasks", 1)):
         task = submitted.task(i)
         if not task.paths.result_pickle.exists():
-            dead.append(f"rank {i} ended abruptly (log: {task.paths.stderr})")
+            where = f" on node {nodes[i]}" if i in nodes else ""
+            dead.append(f"rank {i} ended abruptly{where} (log: {task.paths.stderr})")
     if not dead:
         return
     state = _state_of(submitted)

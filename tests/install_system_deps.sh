@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the test suite needs, on Debian/Ubuntu as root: Chromium (the dashboard test) and a
-# one-node SLURM cluster (launchers/slurm/local_cluster.sh). Quick when everything is installed.
+# local SLURM cluster (launchers/slurm/local_cluster.sh; the tests start it with 2 nodes). Quick when everything is installed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 

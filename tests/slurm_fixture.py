@@ -1,9 +1,12 @@
-"""Bring up (or reuse) the local one-node SLURM cluster for tests.
+"""Bring up (or reuse) the local SLURM cluster for tests.
 
-`ensure_slurm_cluster()` returns the environment variables that point SLURM clients
+`ensure_slurm_cluster(nodes)` returns the environment variables that point SLURM clients
 (sbatch, srun, sacct, submitit) at the cluster of launchers/slurm/local_cluster.sh,
-starting it first if it is not up. Where it cannot be started (not root, no apt-get),
-the calling test is skipped, except under CI (CI=true), where that is a failure.
+starting it first if it is not up or has fewer than `nodes` nodes. It starts CLUSTER_NODES (2)
+nodes whatever a test asks, so that one cluster serves every SLURM test of a session (one-node
+jobs run on a two-node cluster as well) and none is restarted under a running one. Where it
+cannot be started (not root, no apt-get), the calling test is skipped, except under CI
+(CI=true), where that is a failure.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "launchers" / "slurm" / "local_cluster.sh"
 DEFAULT_STATE_DIR = "/tmp/dpo-sweeps-slurm"
 STATE_DIR_ENV = "DPO_SWEEPS_SLURM_STATE_DIR"
+NODES_ENV = "DPO_SWEEPS_SLURM_NODES"
+# The nodes a cluster started by the tests has (DPO_SWEEPS_SLURM_NODES in the environment overrides).
+CLUSTER_NODES = 2
 SLURM_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sbatch", "sacct")
 
 _cached: dict[str, str] | None = None
@@ -62,10 +68,14 @@ def _have_binaries() -> bool:
     return all(shutil.which(b, path=path) for b in SLURM_BINARIES)
 
 
-def ensure_slurm_cluster() -> dict[str, str]:
-    """Return env vars (SLURM_CONF, ...) for the local cluster, starting it if needed."""
+def _nodes_of(env: dict[str, str]) -> int:
+    return int(env.get(NODES_ENV) or 1)  # env.sh of a cluster started before --nodes existed: one node
+
+
+def ensure_slurm_cluster(nodes: int = 1) -> dict[str, str]:
+    """Return env vars (SLURM_CONF, ...) for a local cluster of at least `nodes` nodes, starting it if needed."""
     global _cached
-    if _cached is not None:
+    if _cached is not None and _nodes_of(_cached) >= nodes:
         return dict(_cached)
     state_dir = os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
     env_file = Path(state_dir) / "env.sh"
@@ -73,7 +83,7 @@ def ensure_slurm_cluster() -> dict[str, str]:
     # Already up (e.g. started by CI or by a contributor): no root needed to use it.
     if SCRIPT.exists() and env_file.exists() and shutil.which("sbatch"):
         status = _run("status", state_dir, timeout=60)
-        if status.returncode == 0:
+        if status.returncode == 0 and _nodes_of(_read_env_file(env_file)) >= nodes:
             _cached = _read_env_file(env_file)
             return dict(_cached)
 
@@ -82,7 +92,8 @@ def ensure_slurm_cluster() -> dict[str, str]:
     if not _have_binaries() and shutil.which("apt-get") is None:
         _unavailable("SLURM is not installed and apt-get is not available")
 
-    for step, timeout in ((("install",), 900), (("start", state_dir), 300)):
+    start_nodes = str(max(nodes, int(os.environ.get(NODES_ENV) or CLUSTER_NODES)))
+    for step, timeout in ((("install",), 900), (("start", "--nodes", start_nodes, state_dir), 300)):
         try:
             proc = _run(*step, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -94,4 +105,6 @@ def ensure_slurm_cluster() -> dict[str, str]:
                 pytrace=False,
             )
     _cached = _read_env_file(env_file)
+    if _nodes_of(_cached) < nodes:
+        pytest.fail(f"the local SLURM cluster has {_nodes_of(_cached)} node(s) after start; {nodes} wanted", pytrace=False)
     return dict(_cached)

@@ -11,19 +11,26 @@ comes from `conf/hydra/launcher/slurm.yaml` and can be overridden on the command
 srun runs with `--kill-on-bad-exit=1` by default: a rank that dies takes its job down instead of
 leaving the others waiting on a collective. A job that ends without rank 0 writing summary.json
 (time limit, preemption, out-of-memory kill, node failure) gets a failed one from the launcher,
-with the failure kind read from SLURM's job state. Ctrl-C cancels the sweep's jobs.
+with the failure kind read from SLURM's job state; ranks that ended without a result are named,
+with their node. When a node of a job fails, SLURM requeues the job (JobRequeue) to run again once
+enough nodes are up; a job whose rank 0 has already recorded the attempt failed (not preempted, not
+timed out) is cancelled instead and recorded `node_failure`: running the sweep again resumes it.
+Ctrl-C cancels the sweep's jobs.
 """
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
 from hydra.core.utils import JobReturn
 
-from dpo_sweeps.rundir import write_summary
-from launchers.base import JobNotRun, SweepLauncher, failed_return, task_overrides, log, progress_line, summary_stamp
+from dpo_sweeps.rundir import read_summary, write_summary
+from launchers.base import (
+    SUMMARY_FIELDS, JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp, task_overrides,
+)
 from launchers.jobs import PointLabels, SweepJob
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
@@ -41,6 +48,42 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
                   overrides=task_overrides(job), config=job.task_config, metrics={},
                   extra={"written_by": "launcher: not submitted"})
     return failed_return(job.overrides, JobNotRun(message), job)
+
+
+# Failure kinds after which a requeued job is meant to run again (submitit requeues it itself).
+REQUEUED_KINDS = ("preempted", "timeout")
+
+
+def failed_but_held(job: SweepJob, submitted: Any, earlier_stamp: int | None) -> bool:
+    """Rank 0 recorded this attempt failed for good, yet SLURM holds the job pending again: it requeued it
+    after a node failure."""
+    summary = read_summary(job.run_dir)
+    if summary is None or summary.get("status") != "failed" or summary_stamp(job.run_dir) == earlier_stamp:
+        return False
+    if (summary.get("failure") or {}).get("kind") in REQUEUED_KINDS:
+        return False
+    return str(submitted.state).upper().startswith(("PENDING", "REQUEUED"))
+
+
+def node_failed(job_id: str) -> bool:
+    """Whether SLURM ended any run of this job as NODE_FAIL (sacct -D: the records before each requeue too)."""
+    try:
+        out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                             text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "NODE_FAIL" in out
+
+
+def record_node_failure(run_dir: Any) -> None:
+    """The run's failed summary.json, with the failure kind node_failure."""
+    summary = read_summary(run_dir)
+    if summary is None or summary.get("status") != "failed":
+        return
+    extra = {k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}
+    write_summary(run_dir, status="failed", failure={**summary["failure"], "kind": "node_failure"},
+                  overrides=summary.get("overrides") or [], config=summary.get("config") or {},
+                  metrics=summary.get("metrics") or {}, extra=extra)
 
 
 class SlurmLauncher(SweepLauncher):
@@ -113,6 +156,7 @@ class SlurmLauncher(SweepLauncher):
         running: dict[int, tuple[Any, float, int | None]] = {}
         label = PointLabels([job.overrides for job in jobs])
         results: dict[int, JobReturn] = {}
+        cancelled: set[int] = set()  # jobs SLURM requeued after their run failed (failed_but_held)
         try:
             for shape, indices in by_shape.items():
                 executor.update_parameters(**self.executor_parameters(shape))
@@ -135,10 +179,22 @@ class SlurmLauncher(SweepLauncher):
                              jobs[i].num, label(jobs[i].overrides),
                              shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)
             while running:
+                # submitit's own sacct polls thin out to one a minute as jobs age (and done(force_check=True)
+                # does not reach the tasks of a multi-task job): one sacct poll of all the jobs per interval,
+                # so that a job that ended is collected within poll_interval_s.
+                next(iter(running.values()))[0].watcher.update()
+                for i, (sj, _started, earlier_stamp) in running.items():
+                    if i not in cancelled and not sj.done() and failed_but_held(jobs[i], sj, earlier_stamp):
+                        log.warning("#%d: SLURM requeued SLURM job %s after its run failed: cancelling it",
+                                    jobs[i].num, sj.job_id)
+                        sj.cancel(check=False)
+                        cancelled.add(i)
                 for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:
                     sj, started, earlier_stamp = running.pop(i)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
                     results[i] = self._collect(jobs[i], sj, started, earlier_stamp, timeout_min=0)
+                    if node_failed(str(sj.job_id)):
+                        record_node_failure(jobs[i].run_dir)
                     log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
                 if running:
                     time.sleep(self.poll_interval_s)

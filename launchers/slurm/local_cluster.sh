@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster on this machine, with slurmdbd + MariaDB accounting
+# A real SLURM cluster of one or more nodes on this machine, with slurmdbd + MariaDB accounting
 # (submitit polls job state with sacct, so accounting is required).
 #
-#   local_cluster.sh install              apt-get install slurm-wlm munge slurmdbd mariadb-server
-#   local_cluster.sh start  [STATE_DIR]   start munged, mariadbd, slurmdbd, slurmctld, slurmd
-#   local_cluster.sh stop   [STATE_DIR]   stop the daemons that `start` started
-#   local_cluster.sh status [STATE_DIR]   exit 0 when the cluster is up and healthy, 1 otherwise
+#   local_cluster.sh install                        apt-get install slurm-wlm munge slurmdbd mariadb-server
+#   local_cluster.sh start  [--nodes N] [STATE_DIR] start munged, mariadbd, slurmdbd, slurmctld, N slurmd
+#   local_cluster.sh stop   [STATE_DIR]             stop the daemons and remove the namespaces `start` made
+#   local_cluster.sh status [STATE_DIR]             exit 0 when the cluster is up and healthy, 1 otherwise
+#   local_cluster.sh kill-node NAME [STATE_DIR]     a lost node: kill every process in node NAME's namespaces
+#                                                   (its slurmd, job steps, ranks); `start` brings it back
+#
+# --nodes 1 (the default): this machine is the one compute node (its hostname, 127.0.0.1).
+# --nodes N > 1: node i is its own host: a network and UTS namespace with hostname dpo-n<i> and
+# address SUBNET.(10+i) on a bridge (dpo-br0, SUBNET.1, where slurmctld and slurmdbd listen), its own
+# slurmd (-N dpo-n<i>); jobs on node i run in its namespaces. /etc/hosts gets one line per node.
 #
 # Needs root (slurmd runs jobs as their user, the daemons run as root). No systemd needed.
 # Every file (configs, logs, pid files, databases, state) lives under STATE_DIR, except the
-# munge key (/etc/munge/munge.key) and munged's socket (/run/munge), which are system-wide.
+# munge key (/etc/munge/munge.key), munged's socket (/run/munge) and the /etc/hosts lines.
 # After `start`, `source STATE_DIR/env.sh` to point sbatch/srun/sinfo/sacct at the cluster.
 #
-# Environment knobs: SLURM_LOCAL_CPUS (CPUs advertised, default 8), SLURM_LOCAL_MEM_MB
-# (memory advertised, default 85% of the real one), SLURM_LOCAL_WAIT_S (bound on each wait,
-# default 60).
+# Environment knobs: SLURM_LOCAL_CPUS (CPUs advertised per node, default 8), SLURM_LOCAL_MEM_MB
+# (memory advertised per node, default 85% of the real one), SLURM_LOCAL_WAIT_S (bound on each
+# wait, default 60), SLURM_LOCAL_SUBNET (first three octets of the nodes' /24, default 10.147.14).
 set -euo pipefail
 
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -30,16 +37,23 @@ SLURMD_PORT=6818
 DBD_PORT=6819
 DB_NAME=slurm_acct_db
 DB_USER=slurm
+# Multi-node layout: namespaces, links and names this script creates (and `stop` removes).
+SUBNET=${SLURM_LOCAL_SUBNET:-10.147.14}
+BRIDGE=dpo-br0
+NODE_PREFIX=dpo-n
+HOSTS_TAG="# dpo-sweeps local_cluster.sh node"
 
-PACKAGES=(slurm-wlm munge slurmdbd mariadb-server)
+# iproute2 (ip) and util-linux (nsenter, unshare) make the nodes of a multi-node cluster
+PACKAGES=(slurm-wlm munge slurmdbd mariadb-server iproute2 util-linux)
 BINARIES=(munged mungekey munge unmunge mariadbd mariadb-install-db mariadb mariadb-admin
-          slurmctld slurmd slurmdbd sinfo squeue sbatch srun scontrol scancel sacct sacctmgr)
+          slurmctld slurmd slurmdbd sinfo squeue sbatch srun scontrol scancel sacct sacctmgr
+          ip nsenter unshare)
 
 say() { printf '[local_cluster] %s\n' "$*"; }
 die() { printf '[local_cluster] error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-2}"
 }
 
@@ -129,9 +143,44 @@ set_paths() {
     DB_PORT_FILE=$ETC/mariadb.port
     DB_PASS_FILE=$ETC/mariadb.slurm-password
     ENV_FILE=$STATE_DIR/env.sh
-    NODE=$(hostname -s)
+    NODES_FILE=$ETC/nodes
+    HOST=$(hostname -s)
     # Everything this script runs (sacctmgr, sinfo, ...) talks to this cluster.
     export SLURM_CONF=$SLURM_CONF_FILE
+}
+
+# set_layout N : the compute nodes (NODE_NAMES, NODE_ADDRS) and the controller's address. One node is
+# this machine itself; several are namespaces joined by a bridge, so that each has its own name
+# and address and the controller is reachable from all of them at the bridge's address.
+set_layout() {
+    NODES=$1
+    NODE_NAMES=()
+    NODE_ADDRS=()
+    if [ "$NODES" = 1 ]; then
+        NODE_NAMES=("$HOST")
+        NODE_ADDRS=(127.0.0.1)
+        CTLD_ADDR=127.0.0.1
+        ACCT_HOST=localhost
+        return
+    fi
+    local i
+    for i in $(seq 1 "$NODES"); do
+        NODE_NAMES+=("$NODE_PREFIX$i")
+        NODE_ADDRS+=("$SUBNET.$((10 + i))")
+    done
+    CTLD_ADDR=$SUBNET.1
+    ACCT_HOST=$CTLD_ADDR
+}
+
+# The node count the cluster was last started with (1 when it never was).
+stored_nodes() {
+    local n
+    n=$(pidfile_pid "$NODES_FILE")
+    echo "${n:-1}"
+}
+
+slurmd_pidfile() {
+    if [ "$NODES" = 1 ]; then echo "$RUN/slurmd.pid"; else echo "$RUN/slurmd-$1.pid"; fi
 }
 
 make_dirs() {
@@ -208,9 +257,9 @@ cmd_install() {
 # ----------------------------------------------------------------------------- configs
 
 ensure_hostname() {
-    if ! getent hosts "$NODE" >/dev/null 2>&1; then
-        say "hostname $NODE does not resolve: adding '127.0.0.1 $NODE' to /etc/hosts"
-        printf '127.0.0.1 %s  # added by local_cluster.sh\n' "$NODE" >>/etc/hosts
+    if ! getent hosts "$HOST" >/dev/null 2>&1; then
+        say "hostname $HOST does not resolve: adding '127.0.0.1 $HOST' to /etc/hosts"
+        printf '127.0.0.1 %s  # added by local_cluster.sh\n' "$HOST" >>/etc/hosts
     fi
 }
 
@@ -310,10 +359,22 @@ write_slurm_conf() {
         ctld_params="SlurmctldParameters=preempt_send_user_signal"
     fi
     SLURM_CONF_CHANGED=0
+    local i node_lines="" slurmd_files="SlurmdSpoolDir=$STATE_DIR/state/d
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmdLogFile=$LOG/slurmd.log"
+    for i in "${!NODE_NAMES[@]}"; do
+        node_lines+="NodeName=${NODE_NAMES[$i]} NodeHostname=${NODE_NAMES[$i]} NodeAddr=${NODE_ADDRS[$i]} CPUs=$ADVERTISED_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$ADVERTISED_CPUS ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN"$'\n'
+    done
+    if [ "$NODES" != 1 ]; then
+        # one slurmd per node: each its own spool, pid and log file (%n: the node's name)
+        slurmd_files="SlurmdSpoolDir=$STATE_DIR/state/d/%n
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdLogFile=$LOG/slurmd-%n.log"
+    fi
     write_if_changed "$SLURM_CONF_FILE" 644 <<EOF && SLURM_CONF_CHANGED=1 || true
-# written by local_cluster.sh: one-node cluster for dpo-sweeps
+# written by local_cluster.sh: $NODES-node cluster for dpo-sweeps
 ClusterName=$CLUSTER_NAME
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$HOST($CTLD_ADDR)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -325,7 +386,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+AccountingStorageHost=$ACCT_HOST
 AccountingStoragePort=$DBD_PORT
 SchedulerType=sched/backfill
 # a requeued job may start again only after the credential lifetime (default 120 s) and
@@ -347,11 +408,9 @@ SlurmdParameters=config_overrides
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 StateSaveLocation=$STATE_DIR/state/ctld
-SlurmdSpoolDir=$STATE_DIR/state/d
+$slurmd_files
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 MailProg=/bin/true
@@ -359,8 +418,9 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 Waittime=0
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$ADVERTISED_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$ADVERTISED_CPUS ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
-PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+# a node whose slurmd stops answering is marked down (and its jobs fail) after this many seconds
+SlurmdTimeout=30
+${node_lines}PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
 # jobs here preempt (requeue) jobs of $PARTITION when they need their CPUs: for preemption tests
 PartitionName=$URGENT_PARTITION Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
@@ -371,8 +431,15 @@ write_env_file() {
 # written by launchers/slurm/local_cluster.sh: source it to use the local SLURM cluster
 export SLURM_CONF='$SLURM_CONF_FILE'
 export DPO_SWEEPS_SLURM_STATE_DIR='$STATE_DIR'
+export DPO_SWEEPS_SLURM_NODES='$NODES'
 EOF
 }
+
+# ----------------------------------------------------------------------------- node namespaces
+
+# netns_exists, setup_node_network, remove_node_network, check_subnet_free
+# shellcheck source=node_namespaces.sh
+. "$(dirname "${BASH_SOURCE[0]}")/node_namespaces.sh"
 
 # ----------------------------------------------------------------------------- daemons
 
@@ -517,40 +584,67 @@ start_slurmctld() {
         fail_with_logs "slurmctld did not answer within $WAIT_S s" "$LOG/slurmctld.out" "$LOG/slurmctld.log"
 }
 
+# start_slurmd NAME : one node's slurmd; on a multi-node cluster inside that node's namespaces, so that
+# it and every job step it starts see the node's own hostname and address.
 start_slurmd() {
-    if daemon_alive "$RUN/slurmd.pid" slurmd >/dev/null; then
+    local name=$1 pidfile
+    pidfile=$(slurmd_pidfile "$name")
+    if daemon_alive "$pidfile" slurmd >/dev/null; then
         if [ "$SLURM_CONF_CHANGED" = 1 ]; then
-            say "slurm.conf changed: restarting slurmd"
-            stop_daemon slurmd "$RUN/slurmd.pid" slurmd
+            say "slurm.conf changed: restarting slurmd of $name"
+            stop_daemon "slurmd ($name)" "$pidfile" slurmd
         else
             return 0
         fi
     fi
-    port_in_use "$SLURMD_PORT" && die "port $SLURMD_PORT (slurmd) is in use by another process (another cluster?)"
-    say "starting slurmd (node $NODE, $ADVERTISED_CPUS CPUs advertised)"
+    say "starting slurmd (node $name, $ADVERTISED_CPUS CPUs advertised)"
     STARTED=$((STARTED + 1))
-    slurmd -f "$SLURM_CONF_FILE" </dev/null >>"$LOG/slurmd.out" 2>&1 9>&- ||
-        fail_with_logs "slurmd failed to start" "$LOG/slurmd.out" "$LOG/slurmd.log"
+    if [ "$NODES" = 1 ]; then
+        port_in_use "$SLURMD_PORT" && die "port $SLURMD_PORT (slurmd) is in use by another process (another cluster?)"
+        slurmd -f "$SLURM_CONF_FILE" </dev/null >>"$LOG/slurmd.out" 2>&1 9>&- ||
+            fail_with_logs "slurmd failed to start" "$LOG/slurmd.out" "$LOG/slurmd.log"
+        return 0
+    fi
+    mkdir -p "$STATE_DIR/state/d/$name"
+    # nsenter: the node's network namespace; unshare --uts: a hostname of its own, set before slurmd starts
+    nsenter --net="/run/netns/$name" -- unshare --uts -- \
+        sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$name" "$SLURM_CONF_FILE" \
+        </dev/null >>"$LOG/slurmd-$name.out" 2>&1 9>&- ||
+        fail_with_logs "slurmd of $name failed to start" "$LOG/slurmd-$name.out" "$LOG/slurmd-$name.log"
 }
 
-node_state() { timeout 15 sinfo -h -N -n "$NODE" -p "$PARTITION" -o %t 2>/dev/null | head -n1; }
+# A slurmd of another layout (the one-node slurmd after `start --nodes 2`, or the reverse) goes.
+stop_other_slurmds() {
+    local f name keep
+    for f in "$RUN"/slurmd.pid "$RUN"/slurmd-*.pid; do
+        [ -e "$f" ] || continue
+        keep=0
+        for name in "${NODE_NAMES[@]}"; do
+            [ "$f" = "$(slurmd_pidfile "$name")" ] && keep=1
+        done
+        [ "$keep" = 1 ] || stop_daemon "slurmd ($(basename "$f" .pid))" "$f" slurmd
+    done
+}
+
+node_state() { timeout 15 sinfo -h -N -n "$1" -p "$PARTITION" -o %t 2>/dev/null | head -n1; }
 
 node_ok() {
-    case "$(node_state)" in idle | mix | alloc | comp) return 0 ;; *) return 1 ;; esac
+    case "$(node_state "$1")" in idle | mix | alloc | comp) return 0 ;; *) return 1 ;; esac
 }
 
+# wait_node NAME : until the node is up (a node down from an earlier run is resumed once)
 wait_node() {
-    local end=$((SECONDS + WAIT_S)) resumed=0 state
-    while ! node_ok; do
-        state=$(node_state)
+    local name=$1 end=$((SECONDS + WAIT_S)) resumed=0 state
+    while ! node_ok "$name"; do
+        state=$(node_state "$name")
         if [ "$resumed" = 0 ] && [[ $state =~ ^(down|drain|drng|fail) ]]; then
-            say "node $NODE is '$state': resuming it"
-            timeout 15 scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
+            say "node $name is '$state': resuming it"
+            timeout 15 scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
             resumed=1
         fi
         [ "$SECONDS" -lt "$end" ] ||
-            fail_with_logs "node $NODE not idle after $WAIT_S s (state '${state:-?}')" \
-                "$LOG/slurmd.out" "$LOG/slurmd.log" "$LOG/slurmctld.log"
+            fail_with_logs "node $name not idle after $WAIT_S s (state '${state:-?}')" \
+                "$LOG/slurmd.out" "$LOG/slurmd.log" "$LOG/slurmd-$name.out" "$LOG/slurmd-$name.log" "$LOG/slurmctld.log"
         sleep 0.5
     done
 }
@@ -558,7 +652,7 @@ wait_node() {
 # Fail before starting anything when another process holds a SLURM port.
 preflight_ports() {
     local spec name port
-    for spec in "slurmdbd:$DBD_PORT" "slurmctld:$CTLD_PORT" "slurmd:$SLURMD_PORT"; do
+    for spec in "slurmdbd:$DBD_PORT" "slurmctld:$CTLD_PORT"; do
         name=${spec%%:*}
         port=${spec#*:}
         daemon_alive "$RUN/$name.pid" "$name" >/dev/null && continue
@@ -566,24 +660,37 @@ preflight_ports() {
             die "port $port ($name) is in use by another process (another cluster? see \`ss -ltnp\`)"
         fi
     done
+    # the one-node slurmd listens on this machine's own port; the nodes' slurmds in their namespaces
+    if [ "$NODES" = 1 ] && ! daemon_alive "$RUN/slurmd.pid" slurmd >/dev/null && port_in_use "$SLURMD_PORT"; then
+        die "port $SLURMD_PORT (slurmd) is in use by another process (another cluster? see \`ss -ltnp\`)"
+    fi
 }
 
 # ----------------------------------------------------------------------------- health
 
 healthy() {
+    local name
     munge_ok || return 1
     daemon_alive "$RUN/mariadbd.pid" mariadbd >/dev/null || return 1
     daemon_alive "$RUN/slurmdbd.pid" slurmdbd >/dev/null || return 1
     daemon_alive "$RUN/slurmctld.pid" slurmctld >/dev/null || return 1
-    daemon_alive "$RUN/slurmd.pid" slurmd >/dev/null || return 1
+    for name in "${NODE_NAMES[@]}"; do
+        daemon_alive "$(slurmd_pidfile "$name")" slurmd >/dev/null || return 1
+    done
     [ -f "$SLURM_CONF_FILE" ] || return 1
     ctld_ok || return 1
-    node_ok || return 1
+    for name in "${NODE_NAMES[@]}"; do
+        node_ok "$name" || return 1
+    done
     dbd_ok 2>/dev/null | grep -qx "$CLUSTER_NAME" || return 1
 }
 
 print_usage_hint() {
-    say "cluster '$CLUSTER_NAME' is up: node $NODE ($ADVERTISED_CPUS CPUs), partitions $PARTITION (default) and $URGENT_PARTITION"
+    local i
+    say "cluster '$CLUSTER_NAME' is up: $NODES node(s) of $ADVERTISED_CPUS CPUs, partitions $PARTITION (default) and $URGENT_PARTITION"
+    for i in "${!NODE_NAMES[@]}"; do
+        say "  node ${NODE_NAMES[$i]} at ${NODE_ADDRS[$i]}$([ "$NODES" = 1 ] && echo ' (this machine)' || echo " (namespace ${NODE_NAMES[$i]})")"
+    done
     say "state dir: $STATE_DIR"
     say "env file:  $ENV_FILE  ->  source $ENV_FILE"
 }
@@ -594,18 +701,33 @@ cmd_start() {
     require_root
     [[ $ADVERTISED_CPUS =~ ^[1-9][0-9]*$ ]] || die "SLURM_LOCAL_CPUS must be a positive integer"
     [[ ${SLURM_LOCAL_MEM_MB:-1} =~ ^[1-9][0-9]*$ ]] || die "SLURM_LOCAL_MEM_MB must be a positive integer (MB)"
+    [[ $OPT_NODES =~ ^[1-9][0-9]?$ ]] || die "--nodes must be an integer from 1 to 99 (got '$OPT_NODES')"
+    [[ $SUBNET =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "SLURM_LOCAL_SUBNET must be three octets, e.g. 10.147.14"
     local missing
     missing=$(missing_binaries)
     [ -z "$missing" ] || die "missing $(echo $missing): run \`$0 install\` first"
+    if [ "$OPT_NODES" != 1 ]; then
+        for missing in ip nsenter unshare; do
+            command -v "$missing" >/dev/null 2>&1 || die "--nodes $OPT_NODES needs '$missing' (iproute2, util-linux)"
+        done
+    fi
     set_paths "${1:-}"
-    local t0=$SECONDS
+    local t0=$SECONDS name
     make_dirs
     take_lock
+    set_layout "$OPT_NODES"
     # Each step below does nothing when its part is already up with the same config;
     # a daemon whose config file changed (e.g. a newer version of this script) restarts.
     STARTED=0
     preflight_ports
     ensure_hostname
+    stop_other_slurmds
+    if [ "$NODES" = 1 ]; then
+        remove_node_network
+    else
+        setup_node_network
+    fi
+    echo "$NODES" >"$NODES_FILE"
     start_munge
     choose_db_port
     write_my_cnf
@@ -616,8 +738,12 @@ cmd_start() {
     start_slurmdbd
     register_cluster
     start_slurmctld
-    start_slurmd
-    wait_node
+    for name in "${NODE_NAMES[@]}"; do
+        start_slurmd "$name"
+    done
+    for name in "${NODE_NAMES[@]}"; do
+        wait_node "$name"
+    done
     write_env_file
     if [ "$STARTED" = 0 ]; then
         say "already up and healthy"
@@ -635,7 +761,10 @@ cmd_stop() {
         return 0
     fi
     take_lock
-    stop_daemon slurmd "$RUN/slurmd.pid" slurmd
+    local f
+    for f in "$RUN"/slurmd.pid "$RUN"/slurmd-*.pid; do
+        [ -e "$f" ] && stop_daemon "slurmd ($(basename "$f" .pid))" "$f" slurmd
+    done
     stop_daemon slurmctld "$RUN/slurmctld.pid" slurmctld
     stop_daemon slurmdbd "$RUN/slurmdbd.pid" slurmdbd
     stop_daemon mariadbd "$RUN/mariadbd.pid" mariadbd
@@ -647,14 +776,16 @@ cmd_stop() {
     else
         say "munged: not running"
     fi
+    remove_node_network
 }
 
 cmd_status() {
     set_paths "${1:-}"
+    set_layout "$(stored_nodes)"
     local name comm pid
-    say "state dir: $STATE_DIR"
+    say "state dir: $STATE_DIR ($NODES node(s))"
     if munge_ok; then say "munge:     ok"; else say "munge:     NOT working"; fi
-    for name in mariadbd slurmdbd slurmctld slurmd; do
+    for name in mariadbd slurmdbd slurmctld; do
         comm=$name
         if pid=$(daemon_alive "$RUN/$name.pid" "$comm"); then
             say "$(printf '%-10s running (pid %s)' "$name:" "$pid")"
@@ -662,24 +793,57 @@ cmd_status() {
             say "$(printf '%-10s stopped' "$name:")"
         fi
     done
+    for name in "${NODE_NAMES[@]}"; do
+        if pid=$(daemon_alive "$(slurmd_pidfile "$name")" slurmd); then
+            say "$(printf 'slurmd:    running (pid %s) for node %s' "$pid" "$name")$([ "$NODES" = 1 ] || echo ", namespace $name: $(netns_exists "$name" && echo up || echo MISSING)")"
+        else
+            say "slurmd:    stopped for node $name"
+        fi
+    done
     if healthy; then
-        timeout 15 sinfo 2>/dev/null || true
+        timeout 15 sinfo -N -o '%N %t %c %m %P' 2>/dev/null || true
         say "healthy; source $ENV_FILE"
         return 0
     fi
-    say "NOT healthy (start it with: $0 start $STATE_DIR)"
+    say "NOT healthy (start it with: $0 start --nodes $NODES $STATE_DIR)"
     return 1
 }
 
+cmd_kill_node() {
+    require_root
+    local name=${1:-} pids
+    set_paths "${2:-}"
+    set_layout "$(stored_nodes)"
+    [ "$NODES" != 1 ] || die "kill-node needs a cluster of several nodes (start --nodes N); this one is this machine"
+    [[ " ${NODE_NAMES[*]} " == *" $name "* ]] || die "no node '$name' (accepted: ${NODE_NAMES[*]})"
+    netns_exists "$name" || die "node $name has no namespace (is the cluster up? \`$0 status\`)"
+    pids=$(ip netns pids "$name")
+    [ -n "$pids" ] || { say "node $name: no process to kill"; return 0; }
+    kill -KILL $pids 2>/dev/null || true
+    say "node $name: killed $(echo $pids | wc -w) processes (slurmd, job steps, ranks); SLURM marks it down after SlurmdTimeout"
+    say "bring it back with: $0 start --nodes $NODES $STATE_DIR"
+}
+
 main() {
-    local cmd=${1:-}
+    local cmd=${1:-} args=()
     [ $# -gt 0 ] && shift
-    [ $# -le 1 ] || usage
+    OPT_NODES=1
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --nodes) [ $# -ge 2 ] || usage; OPT_NODES=$2; shift 2 ;;
+            --nodes=*) OPT_NODES=${1#--nodes=}; shift ;;
+            -*) usage ;;
+            *) args+=("$1"); shift ;;
+        esac
+    done
+    [ "${#args[@]}" -le "$([ "$cmd" = kill-node ] && echo 2 || echo 1)" ] || usage
+    [ "$OPT_NODES" = 1 ] || [ "$cmd" = start ] || die "--nodes goes with start only"
     case "$cmd" in
+        kill-node) [ "${#args[@]}" -ge 1 ] || usage; cmd_kill_node "${args[@]}" ;;
         install) cmd_install ;;
-        start) cmd_start "$@" ;;
-        stop) cmd_stop "$@" ;;
-        status) cmd_status "$@" ;;
+        start) cmd_start "${args[@]}" ;;
+        stop) cmd_stop "${args[@]}" ;;
+        status) cmd_status "${args[@]}" ;;
         -h | --help | help) usage 0 ;;
         *) usage ;;
     esac
