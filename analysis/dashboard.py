@@ -19,7 +19,7 @@ from analysis.optuna_study import Study
 from analysis.recommendation import Recommendation, recommendation_html
 from analysis.ranking import CRITERIA, Ranking
 from analysis.runs import SUMMARY_METRICS, Run
-from analysis.tables import (PROBES_NO_ACCURACY, comparison_text, config_rows, format_failures, format_number,
+from analysis.tables import (PROBES_NO_ACCURACY, comparison_text, config_rows, cost_text, format_failures, format_number,
                              format_stat, missing_text, run_columns, run_rows, status_line)
 
 STYLE = """
@@ -253,7 +253,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>DPO sweep report</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body><header><h1>DPO sweep report</h1><p>{_escape(" · ".join(sources))}</p>
-<p id="status-line">{_escape(status_line(runs, not_started))}</p><p>Generated {_escape(generated)}</p></header>
+<p id="status-line">{_escape(status_line(runs, not_started))}</p><p id="cost">{_escape(cost_text(runs))}</p><p>Generated {_escape(generated)}</p></header>
 <main>{"".join(recommendation_html(r, _escape) for r in recommendations or [])}{_cards(ranking)}{notes}
 <section id="pareto"><h2>Pareto front: speed per memory vs preference accuracy</h2>{_image(figures.get("pareto"), "Pareto scatter", pareto_why)}</section>
 <section id="configs"><h2>Configs ({len(ranking.configs)})</h2><p class="muted">Click a column to sort; values are

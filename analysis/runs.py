@@ -59,6 +59,9 @@ class Run:
     failure_kind: str | None = None
     failure_message: str | None = None
     config_hash: str | None = None
+    # What the run cost (summary.json): ranks x wall seconds, on "gpu" or "cpu".
+    device_seconds: float | None = None
+    device_kind: str = "cpu"
     # metrics.jsonl records, in file order.
     log: list[dict[str, Any]] = field(default_factory=list)
     # What was odd about the files (skipped log lines, an unreadable summary).
@@ -243,6 +246,9 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.config = flatten(summary["config"])
     run.metrics = dict(summary.get("metrics") or {})
     run.config_hash = summary.get("config_hash")
+    if isinstance(summary.get("device_seconds"), (int, float)):
+        run.device_seconds = float(summary["device_seconds"])
+        run.device_kind = str(summary.get("device_kind") or "cpu")
     if run.status in ("failed", "pruned", "skipped") and isinstance(summary.get("failure"), dict):
         run.failure_kind = str(summary["failure"].get("kind") or "crash")
         run.failure_message = str(summary["failure"].get("message") or "")

@@ -157,6 +157,20 @@ def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> Pat
     return path
 
 
+def cost_text(runs: list[Run]) -> str:
+    """What the runs cost: GPU-hours and/or CPU rank-seconds (ranks x wall time), summed."""
+    spent: dict[str, float] = {}
+    for run in runs:
+        if run.device_seconds is not None:
+            spent[run.device_kind] = spent.get(run.device_kind, 0.0) + run.device_seconds
+    parts = []
+    if spent.get("gpu"):
+        parts.append(f"{spent['gpu'] / 3600:.2f} GPU-hours")
+    if spent.get("cpu") or not parts:
+        parts.append(f"{spent.get('cpu', 0.0):.0f} CPU rank-seconds")
+    return "cost: " + " + ".join(parts) + " (ranks x wall time, summed over runs)"
+
+
 def status_line(runs: list[Run], not_started: int | None = None) -> str:
     """'11 runs: 9 completed, 1 failed (oom ×1), 1 pending (...)'; `not_started`: jobs planned
     by the sweep that have no run directory yet."""
@@ -248,7 +262,8 @@ def loss_metric_csv_rows(rows: list[LossMetric]) -> list[dict[str, Any]]:
 def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study],
                     not_started: int | None = None, recommendations: list[Recommendation] | None = None) -> str:
     """The compact summary printed by `report.py`."""
-    lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started), ""]
+    lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started),
+             cost_text(runs), ""]
     for rec in recommendations or []:
         lines += [*recommendation_lines(rec), ""]
     for metric in CRITERIA:

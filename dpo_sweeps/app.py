@@ -33,7 +33,8 @@ from dpo_sweeps.distributed import (
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import PEER_STOPPED, RunFailure, failure_of
 from dpo_sweeps.rundir import (
-    RANK_FAILURES, read_rank_failures, read_summary, redact_files, secret_values, write_rank_failure, write_summary,
+    RANK_FAILURES, read_rank_failures, read_summary, redact_files, run_cost, secret_values, write_rank_failure,
+    write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
@@ -67,6 +68,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         run_name=f"{Path(hydra_cfg.sweep.dir).name}/{hydra_cfg.job.num}" if multirun else run_dir.name,
         group=Path(hydra_cfg.sweep.dir).name if multirun else run_dir.name,
         attempt=uuid.uuid4().hex,
+        started_at=time.time(),
     )
     # Hydra saved the composed config before calling us: keep secrets out of it (and everything after).
     secrets = secret_values(ctx.config, dict(os.environ))
@@ -148,9 +150,15 @@ def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
             f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")
 
 
+def _cost(ctx: RunContext) -> dict[str, Any]:
+    """This attempt's cost fields (rundir.run_cost) from the config's ranks and device."""
+    res = ctx.config["resources"]
+    return run_cost(ctx.started_at, int(res["nodes"]) * int(res["nproc_per_node"]), wants_cuda(res["device"]))
+
+
 def _write_failed(ctx: RunContext, failure: dict) -> dict:
     return write_summary(ctx.run_dir, status="failed", failure=failure, overrides=ctx.overrides,
-                         config=ctx.config, metrics={}, extra={"attempt": ctx.attempt})
+                         config=ctx.config, metrics={}, extra={"attempt": ctx.attempt, **_cost(ctx)})
 
 
 def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
@@ -234,7 +242,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
             return None
-        extra: dict[str, Any] = {"attempt": ctx.attempt}
+        extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
         if trainer is not None:
             extra["resumed_from_step"] = trainer.resumed_from
             if hasattr(trainer, "data_counts"):

@@ -11,6 +11,8 @@ import json
 import math
 import os
 import tempfile
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,19 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def run_cost(started_at: float, ranks: int, on_gpu: bool, ended_at: float | None = None) -> dict[str, Any]:
+    """What an attempt cost, for summary.json: UTC start and end (ISO 8601), wall seconds, and device-seconds
+    (ranks x wall: GPU-seconds on GPUs, rank-seconds of cores bound to ranks on a CPU)."""
+    ended_at = time.time() if ended_at is None else ended_at
+    wall = max(0.0, ended_at - started_at)
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+    return {"started_at": iso(started_at), "ended_at": iso(ended_at), "wall_s": round(wall, 3),
+            "device_seconds": round(ranks * wall, 3), "device_kind": "gpu" if on_gpu else "cpu"}
 
 
 def write_summary(

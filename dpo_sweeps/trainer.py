@@ -61,6 +61,7 @@ class RunContext:
     run_name: str = "run"
     group: str = "run"
     attempt: str = ""
+    started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from hydra.core.utils import JobReturn
 
 from dpo_sweeps.rundir import read_summary, write_json_atomic
 from launchers.jobs import SweepJob, override_key
-from launchers.outcome import Outcome, outcome_of, sweep_screen
+from launchers.outcome import Outcome, device_time, outcome_of, sweep_cost, sweep_screen
 from launchers.preflight import (
     InvalidSweep, PredictedOOM, compose_and_check, predicted_ooms, record_predicted_oom, refusal_message,
 )
@@ -166,12 +166,15 @@ class FindBest:
             summary = read_summary(o.run_dir) or {}
             if summary.get("status") == "completed":
                 candidates.append(Candidate.of(o.run_dir, summary))
+        probe_cost, probe_saved = sweep_cost(probes)
+        train_cost, _ = sweep_cost(train)
         result = {
             "stages": {
                 "probes": {"runs": len(probes), "completed": sum(o.status in ("completed", "reused") for o in probes),
-                           "skipped_oom_predicted": sum(o.status == "skipped" for o in probes)},
+                           "skipped_oom_predicted": sum(o.status == "skipped" for o in probes),
+                           "device_seconds": probe_cost, "saved_by_fit_check_device_seconds": probe_saved["fit_check"]},
                 "train": {"runs": len(train), "completed": sum(o.status in ("completed", "reused") for o in train),
-                          "plans": [" ".join(p) for p in plans]},
+                          "plans": [" ".join(p) for p in plans], "device_seconds": train_cost},
             },
             "recommendation": recommend(candidates),
         }
@@ -225,6 +228,8 @@ def recommend(candidates: list[Candidate]) -> dict | None:
 
 
 def recommendation_text(result: dict) -> str:
+    stages = result.get("stages") or {}
+    cost = ", ".join(f"{name} {device_time(stage.get('device_seconds') or {})}" for name, stage in stages.items())
     rec = result.get("recommendation")
     if rec is None:
         return "find_best: no training run completed, so there is no recommendation (see the failed runs above)."
@@ -236,6 +241,7 @@ def recommendation_text(result: dict) -> str:
         + f"  ({len(rec['within_spread_of_best'])} run(s) within the best accuracy's spread; fastest per GiB chosen)",
         f"run      {rec['run']}",
         f"train it {rec['command']}",
+        f"cost     {cost}",
     ]
     return "\n".join(lines)
 

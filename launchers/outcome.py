@@ -58,6 +58,54 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
+def device_time(seconds: dict[str, float]) -> str:
+    """'1.25 GPU-hours' and/or '740 CPU rank-seconds'."""
+    parts = []
+    if seconds.get("gpu"):
+        parts.append(f"{seconds['gpu'] / 3600:.2f} GPU-hours")
+    if seconds.get("cpu") or not parts:
+        parts.append(f"{seconds.get('cpu', 0.0):.0f} CPU rank-seconds")
+    return " + ".join(parts)
+
+
+def sweep_cost(outcomes: Sequence[Outcome]) -> tuple[dict[str, float], dict[str, float]]:
+    """Device-seconds the sweep's runs spent (by device kind), and estimates of what it saved:
+    points the fit check did not start (at the median cost of the runs that completed) and the rest of
+    the pruned trials (their cost so far, scaled to train.max_steps)."""
+    spent: dict[str, float] = {}
+    completed: list[float] = []
+    saved = {"fit_check": 0.0, "pruning": 0.0}
+    skipped = 0
+    for o in outcomes:
+        summary = read_summary(o.run_dir) or {}
+        seconds = summary.get("device_seconds")
+        if o.status == "skipped":
+            skipped += 1
+        if not isinstance(seconds, (int, float)):
+            continue
+        kind = summary.get("device_kind") or "cpu"
+        spent[kind] = spent.get(kind, 0.0) + seconds
+        if summary.get("status") == "completed":
+            completed.append(seconds)
+        steps = (summary.get("metrics") or {}).get("steps")
+        max_steps = ((summary.get("config") or {}).get("train") or {}).get("max_steps")
+        if summary.get("status") == "pruned" and steps and max_steps:
+            saved["pruning"] += seconds * (max_steps / steps - 1)
+    if skipped and completed:
+        saved["fit_check"] = skipped * sorted(completed)[len(completed) // 2]
+    return spent, saved
+
+
+def cost_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    spent, saved = sweep_cost(outcomes)
+    lines = [f"cost       {device_time(spent)} (ranks x wall time, summed over runs)"]
+    notes = [f"~{saved['fit_check']:.0f} by the fit check" if saved["fit_check"] else "",
+             f"~{saved['pruning']:.0f} by pruning" if saved["pruning"] else ""]
+    if any(notes):
+        lines.append(f"saved      {', '.join(n for n in notes if n)} device-seconds (estimated)")
+    return lines
+
+
 RETRY_HINT = "Run the same command again to retry the failed runs; completed runs are skipped."
 
 
@@ -77,6 +125,7 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
                                        if failed else ""),
         *([f"pruned     {counts['pruned']}  (stopped early by the Optuna pruner)"] if counts["pruned"] else []),
         *([f"skipped    {counts['skipped']}  (predicted out of memory, not started)"] if counts["skipped"] else []),
+        *cost_lines(outcomes),
         f"results    {where}/<run>/summary.json, metrics.jsonl",
         f"report     python analysis/report.py {where}",
     ]

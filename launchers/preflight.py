@@ -124,7 +124,7 @@ def record_predicted_oom(point: PredictedOOM) -> None:
                   overrides=list(job.overrides), config=job.task_config,
                   metrics={"perf/peak_memory_estimate_gib": point.estimate_gib,
                            "fit/device_memory_gib": point.limit_gib},
-                  extra={"written_by": "sweeper: fit check"})
+                  extra={"written_by": "sweeper: fit check", "wall_s": 0.0, "device_seconds": 0.0})
 
 
 def refusal_message(invalid: Sequence[InvalidPoint], points: Sequence[Sequence[str]]) -> str:

@@ -37,7 +37,15 @@ def test_find_best_probes_the_plans_trains_the_best_and_recommends_a_command_tha
     assert sorted(s["config"]["loss"]["beta"] for s in trained) == [0.1, 0.5]
     assert all(s["status"] == "completed" and s["metrics"].get("probe/steps") is None for s in trained)
 
+    # What each run cost, and the sweep's total per stage.
+    for summary in [*probes.values(), *trained]:
+        assert summary["started_at"] < summary["ended_at"] and summary["device_kind"] == "cpu"
+        assert summary["device_seconds"] == pytest.approx(summary["wall_s"])  # one rank each
+    assert "cost       " in result.stdout
+
     answer = json.loads((sweep_dir / "find_best.json").read_text())
+    spent = answer["stages"]["probes"]["device_seconds"]["cpu"] + answer["stages"]["train"]["device_seconds"]["cpu"]
+    assert spent == pytest.approx(sum(s["device_seconds"] for s in [*probes.values(), *trained]))
     rec = answer["recommendation"]
     best = max(s["metrics"]["eval/rewards/accuracies"] for s in trained)
     assert rec["eval/rewards/accuracies"] >= best - rec["accuracy_spread"]
@@ -49,6 +57,7 @@ def test_find_best_probes_the_plans_trains_the_best_and_recommends_a_command_tha
                             text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert f"train it: {rec['command']}" in report.stdout
+    assert "cost: " in report.stdout
     page = (sweep_dir / "report" / "report.html").read_text()
     assert page.index('id="recommendation"') < page.index('id="configs"')
     assert html.escape(rec["command"], quote=False) in page

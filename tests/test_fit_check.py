@@ -32,6 +32,9 @@ def test_a_point_predicted_out_of_memory_is_skipped_and_reported(tmp_path):
     assert not (sweep_dir / "1" / "metrics.jsonl").exists()  # it never started
     assert "skipped    1  (predicted out of memory, not started)" in result.stdout
     assert "#1  model=llama_1b" in result.stdout
+    # The skipped point cost nothing; the screen estimates what not running it saved.
+    assert too_big["device_seconds"] == 0.0 and fits["device_seconds"] > 0
+    assert "by the fit check device-seconds (estimated)" in result.stdout
 
     report = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO, capture_output=True,
                             text=True, timeout=300)

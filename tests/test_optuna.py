@@ -97,6 +97,7 @@ def test_the_median_pruner_stops_a_trial_whose_learning_rate_cannot_learn(tmp_pa
     records = [json.loads(line) for line in (sweep_dir / "2" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 5
     assert "pruned     1" in result.stdout
+    assert "by pruning device-seconds (estimated)" in result.stdout
 
     report = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
