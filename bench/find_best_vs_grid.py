@@ -1,0 +1,99 @@
+"""The staged search against the full grid: the same settings, both recommendations, the compute each spent.
+
+    python bench/find_best_vs_grid.py                 # ~6 min on 2 CPU cores
+    python bench/find_best_vs_grid.py --reuse DIR     # re-read the two sweeps of an earlier invocation
+
+Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps): the parallel plan fsdp {full_shard,
+shard_grad_op} x precision {fp32, bf16} and the algorithm loss {dpo, ipo} x loss.beta {0.1, 0.5}.
+The full grid trains all 16 points. The staged search (hydra.sweeper.stages) probes the 4 plans and
+trains the 4 algorithm settings on the best `--top-k` plans. Both recommendations follow the same rule
+(launchers/find_best.py: the best preference accuracy; among the runs within one binomial standard
+error of it, the best speed per memory). Compute is the summed `device_seconds` of every run
+(ranks x wall time). The staged search's pick counts as equivalent when it is the grid's pick, or
+when its accuracy is within the grid's best accuracy's spread and its plan's speed per memory is within
+the spread (mean - std, over the grid's runs of that plan) of the grid pick's plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from launchers.find_best import Candidate, recommend  # noqa: E402
+
+BASE = ["model=tiny_gpt2", "data=synthetic", "resources.nproc_per_node=2", "train.max_steps=60",
+        "train.eval_every=20", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
+        "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
+SYSTEMS = {"fsdp": "full_shard,shard_grad_op", "precision": "fp32,bf16"}
+ALGORITHM = {"loss": "dpo,ipo", "loss.beta": "0.1,0.5"}
+
+
+def sweep(sweep_dir: Path, extra: list[str]) -> None:
+    args = [sys.executable, "-m", "dpo_sweeps", "-m", *BASE, *extra, f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"sweep into {sweep_dir} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def summaries(sweep_dir: Path) -> list[tuple[Path, dict]]:
+    return [(p.parent, json.loads(p.read_text())) for p in sorted(sweep_dir.rglob("summary.json"))]
+
+
+def plan_of(summary: dict) -> tuple[str, str]:
+    return summary["config"]["fsdp"]["sharding_strategy"], summary["config"]["precision"]["name"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--probe-steps", type=int, default=10)
+    parser.add_argument("--reuse", type=Path, help="a folder holding grid/ and find_best/ from an earlier run")
+    args = parser.parse_args()
+    root = args.reuse or Path(tempfile.mkdtemp(prefix="find-best-vs-grid-"))
+    grid_dir, staged_dir = root / "grid", root / "find_best"
+    if args.reuse is None:
+        sweep(grid_dir, [f"{k}={v}" for k, v in {**SYSTEMS, **ALGORITHM}.items()])
+        stages = ("{systems: {" + ", ".join(f"{k}: '{v}'" for k, v in SYSTEMS.items()) + "}, algorithm: {"
+                  + ", ".join(f"{k}: '{v}'" for k, v in ALGORITHM.items())
+                  + f"}}, probe_steps: {args.probe_steps}, top_k: {args.top_k}}}")
+        sweep(staged_dir, [f"hydra.sweeper.stages={stages}"])
+
+    grid = summaries(grid_dir)
+    staged = summaries(staged_dir)
+    grid_pick = recommend([Candidate.of(d, s) for d, s in grid if s["status"] == "completed"])
+    staged_pick = json.loads((staged_dir / "find_best.json").read_text())["recommendation"]
+    cost = {name: sum(s.get("device_seconds") or 0.0 for _, s in runs) for name, runs in (("grid", grid), ("staged", staged))}
+
+    by_plan: dict[tuple[str, str], list[float]] = {}
+    for _, s in grid:
+        if s["status"] == "completed":
+            by_plan.setdefault(plan_of(s), []).append(s["metrics"]["perf/speed_per_memory"])
+    grid_pick_summary = json.loads((Path(grid_pick["run"]) / "summary.json").read_text())
+    staged_summary = json.loads((Path(staged_pick["run"]) / "summary.json").read_text())
+    pick_plan, staged_plan = plan_of(grid_pick_summary), plan_of(staged_summary)
+    speeds = by_plan[pick_plan]
+    speed_floor = statistics.mean(speeds) - (statistics.stdev(speeds) if len(speeds) > 1 else 0.0)
+    same = grid_pick_summary["config_hash"] == staged_summary["config_hash"]
+    accuracy_ok = staged_pick["eval/rewards/accuracies"] >= grid_pick["eval/rewards/accuracies"] - grid_pick["accuracy_spread"]
+    speed_ok = statistics.mean(by_plan[staged_plan]) >= speed_floor
+
+    print(f"runs in {root}")
+    for name, pick, runs in (("full grid", grid_pick, grid), ("find_best", staged_pick, staged)):
+        print(f"{name:10} {len(runs):3} runs, {cost['grid' if name == 'full grid' else 'staged']:8.0f} device-seconds; "
+              f"recommends accuracy {pick['eval/rewards/accuracies']:.3f} ± {pick['accuracy_spread']:.3f}, "
+              f"{pick['perf/speed_per_memory']:,.0f} tok/s/GiB: {pick['command']}")
+    print(f"find_best spent {100 * cost['staged'] / cost['grid']:.1f}% of the full grid's compute; its pick is "
+          + ("the grid's own" if same else f"{'within' if accuracy_ok else 'outside'} the grid's accuracy spread and "
+             f"{'within' if speed_ok else 'outside'} its speed spread"))
+
+
+if __name__ == "__main__":
+    main()
