@@ -9,6 +9,7 @@ through the rank-consistent loss scaler; the optimizer steps.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from tqdm import tqdm
 
 from dpo_sweeps.checkpoint import Checkpointer
@@ -85,20 +87,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self._setup_data()
         self.uses_reference = cfg.loss.name != "sft" and not cfg.loss.reference_free
-        self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
-        reference = build_reference(self.policy) if self.uses_reference else None
-        self.num_params = sum(p.numel() for p in self.policy.parameters())
-
-        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
-        mp_policy = mixed_precision_policy(cfg.precision)
-        self.policy = shard_model(self.policy, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
-                                  mesh=mesh, mp_policy=mp_policy)
-        self.reference = None
-        if reference is not None:
-            # The reference never trains: it is stored and run in the run's parameter dtype.
-            reference.to(dtype_of(cfg.precision.param_dtype, "precision.param_dtype"))
-            self.reference = shard_model(reference, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
-                                         mesh=mesh, mp_policy=type(mp_policy)(), trainable=False)
+        self._setup_models()
         self.reference_precompute_s = None
         if self.reference is not None and self.cfg.train.get("precompute_reference_logps", False):
             self._precompute_reference_logps()
@@ -119,6 +108,22 @@ class Trainer:
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
                      self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
+
+    def _setup_models(self) -> None:
+        """Policy and reference, sharded (or moved) onto this rank's device."""
+        cfg, env = self.cfg, self.env
+        self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
+        self.num_params = sum(p.numel() for p in self.policy.parameters())
+        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
+        mp_policy = mixed_precision_policy(cfg.precision)
+        shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=self.device)
+        # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
+        # cast of its own (an empty policy).
+        self.reference = shard_model(
+            build_reference(self.policy, dtype_of(cfg.precision.param_dtype, "precision.param_dtype")),
+            mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
+        ) if self.uses_reference else None
+        self.policy = shard_model(self.policy, mp_policy=mp_policy, **shard)
 
     def _setup_data(self) -> None:
         cfg = self.cfg
@@ -209,12 +214,24 @@ class Trainer:
                                                     layout, env.rank, self.device)
         self.train_pairs = reference_logps.attach(self.train_pairs, found.train)
         self.eval_pairs = reference_logps.attach(self.eval_pairs, found.eval)
-        self.reference = None  # its log-probs are all the run needs from it
+        self._free_reference()
         self.reference_precompute_s = found.seconds
         if env.is_main:
             log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
                      found.source, int((~found.train.isnan().any(1)).sum()), len(self.eval_pairs), found.seconds,
                      found.path)
+
+    def _free_reference(self) -> None:
+        """Drop the reference model once its log-probs are all the run needs from it.
+
+        FSDP's hooks and the bound scoring method (response_logps.py) hold a model in reference cycles,
+        so dropping the last name frees nothing until a full garbage collection: collect now, so that
+        the steps' peak memory holds no reference model (as memory_estimate.py counts it).
+        """
+        self.reference = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""

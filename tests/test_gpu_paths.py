@@ -1,0 +1,153 @@
+"""The paths that run only on GPUs, checked here on a CPU: where models land, what is asked of SLURM,
+how MFU is counted, what memory is freed, and how ranks agree on a run directory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from dpo_sweeps.fsdp import needs_fully_shard, parameter_device, shard_model
+from dpo_sweeps.models import build_reference
+from dpo_sweeps.precision import mixed_precision_policy
+
+PRECISIONS = {
+    "fp32": {"param_dtype": "float32", "reduce_dtype": "float32"},
+    "bf16": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "fp16": {"param_dtype": "float16", "reduce_dtype": "float32"},
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A real one-rank gloo process group in this process (FSDP's meshes need one)."""
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialized in the test process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,), mesh_dim_names=("shard",))
+    dist.destroy_process_group()
+
+
+def tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(config)
+
+
+def fsdp_cfg(cpu_offload: bool = False):
+    return OmegaConf.create({"sharding_strategy": "full_shard", "reshard_after_forward": True,
+                             "hybrid_group_size": None, "activation_checkpointing": False, "cpu_offload": cpu_offload})
+
+
+def roles(precision: str) -> dict[str, MixedPrecisionPolicy]:
+    """The policy gets the precision's policy; the reference (stored in the compute dtype) an empty one."""
+    return {"policy": mixed_precision_policy(OmegaConf.create(PRECISIONS[precision])),
+            "reference": MixedPrecisionPolicy()}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("world_size", [1, 2, 8])
+@pytest.mark.parametrize("cpu_offload", [False, True])
+def test_every_model_is_placed_on_the_runs_device_for_every_precision_and_rank_count(precision, world_size,
+                                                                                      cpu_offload):
+    cuda = torch.device("cuda", 0)
+    for role, mp_policy in roles(precision).items():
+        wrapped = needs_fully_shard(world_size, mp_policy, cpu_offload)
+        placed = parameter_device(world_size, mp_policy, cpu_offload, cuda)
+        # One rank, nothing to cast or offload: moved as it is; anything else is FSDP's to move.
+        assert wrapped == (world_size > 1 or cpu_offload or (role == "policy" and precision != "fp32")), role
+        # Only CPU offload keeps parameter shards in CPU memory (the compute copies go to the GPU).
+        assert placed == (torch.device("cpu") if cpu_offload else cuda), (role, placed)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_one_rank_models_that_fsdp_does_not_wrap_are_moved_to_the_device(one_rank_group, precision):
+    """The `meta` device stands in for a GPU: whatever is not wrapped must end there, buffers included."""
+    policy = tiny_llama()
+    reference = build_reference(policy, DTYPES[precision])
+    for role, mp_policy in roles(precision).items():
+        model = policy if role == "policy" else reference
+        if needs_fully_shard(1, mp_policy, cpu_offload=False):
+            continue  # fully_shard moves it to the mesh's device (below)
+        placed = shard_model(model, fsdp_cfg=fsdp_cfg(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
+                             mp_policy=mp_policy, device=torch.device("meta"), trainable=role == "policy")
+        assert {t.device.type for t in [*placed.parameters(), *placed.buffers()]} == {"meta"}, role
+
+
+def test_one_rank_models_fsdp_wraps_land_on_the_mesh_device(one_rank_group):
+    policy = tiny_llama()
+    placed = shard_model(policy, fsdp_cfg=fsdp_cfg(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
+                         mp_policy=roles("bf16")["policy"], device=torch.device("cpu"))
+    assert all(hasattr(p, "to_local") and p.device.type == "cpu" for p in placed.parameters())
+    with pytest.raises(ValueError, match="cannot place"):
+        shard_model(tiny_llama(), fsdp_cfg=fsdp_cfg(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
+                    mp_policy=roles("bf16")["policy"], device=torch.device("meta"))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_reference_casts_parameters_only_keeping_rope_inv_freq_in_fp32(precision):
+    policy = tiny_llama()
+    reference = build_reference(policy, DTYPES[precision])
+    assert {p.dtype for p in reference.parameters()} == {DTYPES[precision]}
+    inv_freq = dict(reference.named_buffers())["model.rotary_emb.inv_freq"]
+    assert inv_freq.dtype == torch.float32
+    assert torch.equal(inv_freq, dict(policy.named_buffers())["model.rotary_emb.inv_freq"])
+    assert not any(p.requires_grad for p in reference.parameters()) and not reference.training
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}
+
+
+def compose_run_config(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from conftest import QUIET, REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*QUIET, *overrides])
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_group, tmp_path, monkeypatch):
+    """No model may outlive precompute as uncollected garbage (cycles through hooks and bound methods)."""
+    import gc
+
+    from transformers import PreTrainedModel
+
+    from dpo_sweeps.distributed import RankEnv
+    from dpo_sweeps.trainer import RunContext, Trainer
+
+    monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
+    cfg = compose_run_config("model=tiny_llama", "precision=bf16", "train.max_steps=2", "data.num_train_pairs=32",
+                             "data.num_eval_pairs=8", "train.batch_size=8", "train.micro_batch_size=4")
+    ctx = RunContext(run_dir=tmp_path / "run", config=OmegaConf.to_container(cfg), overrides=[], base_dir=tmp_path)
+    env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1", master_port=0)
+    gc.collect()
+    gc.disable()  # what the trainer frees must be freed by the trainer, not by a collection that happens to run
+    try:
+        trainer = Trainer(ctx, cfg, env, torch.device("cpu"))
+        trainer.setup()
+        assert trainer.reference is None and trainer.reference_precompute_s is not None
+        policy_modules = {id(m) for m in trainer.policy.modules()}
+        others = [o for o in gc.get_objects() if isinstance(o, PreTrainedModel) and id(o) not in policy_modules]
+        assert others == [], [type(m).__name__ for m in others]
+    finally:
+        gc.enable()
+
+
+def test_bf16_llamas_step_zero_loss_is_ln_2(tmp_path):
+    """Policy and reference compute the same numbers at step 0 (RoPE's inv_freq in fp32 in both)."""
+    from conftest import run_cli
+
+    result = run_cli(tmp_path / "run", "model=tiny_llama", "precision=bf16", "train.max_steps=1",
+                     "train.eval_every=0", "train.eval_max_pairs=8", "data.num_train_pairs=64",
+                     "data.num_eval_pairs=8", "train.batch_size=8", "train.micro_batch_size=4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.train_losses()[0] == pytest.approx(math.log(2), rel=1e-7)
