@@ -151,3 +151,69 @@ def test_bf16_llamas_step_zero_loss_is_ln_2(tmp_path):
                      "data.num_eval_pairs=8", "train.batch_size=8", "train.micro_batch_size=4")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.train_losses()[0] == pytest.approx(math.log(2), rel=1e-7)
+
+
+# ---------------------------------------------------------------------- SLURM: the GPUs a job asks for
+def sbatch_script(tmp_path, *overrides: str, env: dict | None = None) -> str:
+    """The batch script submitit would hand to sbatch for one run (no job is submitted)."""
+    import submitit
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from conftest import REPO
+    from launchers.jobs import SweepJob
+
+    overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "resources.nproc_per_node=4", *overrides]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    launcher = instantiate(cfg.hydra.launcher)
+    task_config = OmegaConf.to_container(cfg, resolve=False)
+    task_config.pop("hydra")
+    job = SweepJob(num=0, overrides=overrides, config=cfg, task_config=task_config, config_hash="", run_dir=tmp_path / "0")
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / ".submitit" / "%j")
+    executor.update_parameters(**launcher.executor_parameters(launcher._shape(job)))
+    return executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
+
+
+@pytest.mark.parametrize("device,gpus_line", [("cuda", "#SBATCH --gpus-per-node=4"), ("cpu", None)])
+def test_slurm_jobs_ask_for_one_gpu_per_rank_exactly_when_the_run_uses_cuda(tmp_path, device, gpus_line):
+    script = sbatch_script(tmp_path, f"resources.device={device}")
+    assert "#SBATCH --ntasks-per-node=4" in script
+    assert [ln for ln in script.splitlines() if "gpus" in ln or "gres" in ln] == ([gpus_line] if gpus_line else [])
+
+
+def test_slurm_gpus_per_node_set_by_hand_wins_over_the_device(tmp_path):
+    script = sbatch_script(tmp_path, "resources.device=auto", "hydra.launcher.gpus_per_node=8")
+    assert "#SBATCH --gpus-per-node=8" in script
+
+
+def test_gpus_of_a_partition_are_read_from_sinfos_generic_resources():
+    from launchers.slurm.gpus import gpus_in_gres, partition_gpus
+
+    assert [gpus_in_gres(g) for g in ("(null)", "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,tmpfs:100G",
+                                      "tmpfs:100G,gpu:l40s:2(S:0)", "gpu:1g.10gb:7", "mps:100")] == [0, 8, 8, 4, 2, 7, 0]
+    lines = ["cpu*|(null)", "gpu|gpu:h100:8(S:0-1)", "gpu|(null)", "mixed|gpu:a100:4"]
+    assert partition_gpus(lines, None) == 0  # the default partition (marked *) has none
+    assert partition_gpus(lines, "gpu") == 8  # SLURM places GPU jobs on the nodes that have them
+    from dpo_sweeps.errors import InvalidConfig
+
+    with pytest.raises(InvalidConfig, match="hydra.launcher.partition: sinfo lists no partition 'nope'"):
+        partition_gpus(lines, "nope")
+
+
+def test_auto_device_on_slurm_without_an_answer_from_the_cluster_is_refused_with_the_setting(tmp_path, monkeypatch):
+    from dpo_sweeps.errors import InvalidConfig
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    with pytest.raises(InvalidConfig, match=r"^resources.device: auto cannot ask SLURM .*accepted: cuda or cpu"):
+        sbatch_script(tmp_path, "resources.device=auto")
+
+
+@pytest.mark.slurm
+def test_auto_device_asks_for_no_gpu_on_the_local_cpu_only_cluster(tmp_path, monkeypatch):
+    from slurm_fixture import ensure_slurm_cluster
+
+    for key, value in ensure_slurm_cluster().items():
+        monkeypatch.setenv(key, value)
+    script = sbatch_script(tmp_path, "resources.device=auto", "hydra.launcher.partition=debug")
+    assert "#SBATCH --partition=debug" in script and "gpus" not in script
