@@ -36,7 +36,8 @@ from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
 from dpo_sweeps.losses import preference_loss, sft_loss
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
-from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token, resident_bytes
+from dpo_sweeps.mfu import BatchPositions, ModelFlops, device_peak_flops
+from dpo_sweeps.perf import GIB, PerfMeter, resident_bytes
 from dpo_sweeps.probe import apply_probe
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
 from dpo_sweeps.response_logps import batch_logps
@@ -114,6 +115,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
         self.num_params = sum(p.numel() for p in self.policy.parameters())
+        self.model_flops = ModelFlops.of(self.policy, cfg.model.block_name)
         mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
         mp_policy = mixed_precision_policy(cfg.precision)
         shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=self.device)
@@ -275,12 +277,13 @@ class Trainer:
         micro_batches = self._rank_micro_batches(step)
         per_rank_pairs = sum(len(mb) for mb in micro_batches)
         sums = torch.zeros(len(PAIR_STATS), dtype=torch.float64)
-        tokens = 0
+        tokens, flops = 0, 0.0
 
         self.perf.start()
         for pairs in micro_batches:
             batch = self._collate(pairs)
             tokens += int(batch["num_tokens"])
+            flops += self._model_flops(pairs)
             losses, stats = self._pair_losses(batch)
             losses = self._inject_fault(step, losses)
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
@@ -301,7 +304,7 @@ class Trainer:
         self.scaler.update(overflow)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        step_time = self.perf.stop(tokens, per_rank_pairs)
+        step_time = self.perf.stop(tokens, per_rank_pairs, flops)
 
         totals = all_reduce(sums.tolist() + [per_rank_pairs])
         count = totals[-1]
@@ -314,6 +317,12 @@ class Trainer:
             raise NonFiniteLoss(f"train/loss is {record['train/loss']} at step {step + 1} "
                                 f"(lr={lr:g}, precision={cfg.precision.name}, loss.beta={cfg.loss.beta})")
         return record
+
+    def _model_flops(self, pairs: list[EncodedPair]) -> float:
+        """The model FLOPs of one micro-batch's step (mfu.py), for perf/mfu."""
+        positions = BatchPositions.of(pairs, share_prompt=self.share_prompt,
+                                      full_logits=self.cfg.train.get("logps_chunk_size", 0) == 0)
+        return self.model_flops.step(positions, reference_forward=self.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Test hook: `faults.kind` at `faults.step` on `faults.rank` (see conf/config.yaml)."""
@@ -387,12 +396,8 @@ class Trainer:
 
     def final_metrics(self) -> dict[str, Any]:
         """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
-        precision = self.cfg.precision.name
-        perf = self.perf.summary(
-            world_size=self.env.world_size,
-            flops_per_token=flops_per_token(self.num_params, self.reference is not None),
-            peak_flops=device_peak_flops(self.device, precision),
-        )
+        peak, no_peak = device_peak_flops(self.device, self.cfg.precision.name)
+        perf = self.perf.summary(world_size=self.env.world_size, peak_flops=peak, mfu_reason=no_peak)
         metrics: dict[str, Any] = {}
         if self.probing:
             # A probe's losses and rewards are against placeholder reference log-probs, after a few

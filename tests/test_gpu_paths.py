@@ -217,3 +217,84 @@ def test_auto_device_asks_for_no_gpu_on_the_local_cpu_only_cluster(tmp_path, mon
         monkeypatch.setenv(key, value)
     script = sbatch_script(tmp_path, "resources.device=auto", "hydra.launcher.partition=debug")
     assert "#SBATCH --partition=debug" in script and "gpus" not in script
+
+
+# ---------------------------------------------------------------------- MFU: peaks and FLOPs
+@pytest.mark.parametrize("name,precision,tf32,expected", [
+    ("NVIDIA H100 80GB HBM3", "bf16", False, 989.4e12),  # SXM
+    ("NVIDIA H100 PCIe", "bf16", False, 756.5e12),
+    ("NVIDIA H100 NVL", "fp16", False, 835.5e12),
+    ("NVIDIA H200", "bf16", False, 989.4e12),
+    ("NVIDIA A100-SXM4-40GB", "bf16", False, 312e12),
+    ("NVIDIA A100-SXM4-80GB", "fp16", False, 312e12),
+    ("NVIDIA A100 80GB PCIe", "bf16", False, 312e12),
+    ("NVIDIA L40S", "bf16", False, 362.05e12),
+    # fp32 is plain fp32 unless TF32 matmuls are on (torch.set_float32_matmul_precision("high"))
+    ("NVIDIA H100 80GB HBM3", "fp32", False, 66.9e12),
+    ("NVIDIA H100 80GB HBM3", "fp32", True, 494.7e12),
+    ("NVIDIA A100-SXM4-80GB", "fp32", False, 19.5e12),
+    ("NVIDIA A100-SXM4-80GB", "fp32", True, 156e12),
+])
+def test_peak_flops_by_device_name_and_precision(name, precision, tf32, expected):
+    from dpo_sweeps.mfu import peak_flops
+
+    assert peak_flops(name, precision, tf32) == (expected, None)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A10", "NVIDIA H800", "Tesla V100-SXM2-32GB", "NVIDIA GeForce RTX 4090"])
+def test_devices_without_a_known_peak_get_no_mfu_but_a_reason(name):
+    from dpo_sweeps.mfu import peak_flops
+
+    peak, reason = peak_flops(name, "bf16", False)
+    assert peak is None and name in reason
+
+
+def test_a_cpu_run_has_no_mfu_and_says_why():
+    from dpo_sweeps.mfu import device_peak_flops
+    from dpo_sweeps.perf import PerfMeter
+
+    peak, reason = device_peak_flops(torch.device("cpu"), "fp32")
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=0)
+    meter.start()
+    meter.stop(tokens=10, pairs=1, flops=1e9)
+    perf = meter.summary(world_size=1, peak_flops=peak, mfu_reason=reason)
+    assert perf["perf/mfu"] is None and perf["perf/mfu_reason"] == "MFU is measured on GPUs only"
+
+
+def test_mfu_is_the_timed_steps_model_flops_over_the_peak():
+    from dpo_sweeps.perf import PerfMeter
+
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=1)
+    for flops in (5e9, 2e9, 4e9):  # the first step is warm-up, not timed
+        meter.start()
+        meter.stop(tokens=100, pairs=2, flops=flops)
+    perf = meter.summary(world_size=1, peak_flops=1e12)
+    wall = sum(meter.step_times[1:])
+    assert perf["perf/mfu"] == pytest.approx(6e9 / wall / 1e12) and perf["perf/mfu_reason"] is None
+
+
+def test_model_flops_of_one_batch_counted_by_hand_with_and_without_prompt_sharing():
+    """Two pairs (prompt, chosen, rejected lengths 3, 2, 4 and 5, 1, 1) through tiny_llama's matmuls."""
+    from dpo_sweeps.data.encoding import EncodedPair
+    from dpo_sweeps.mfu import BatchPositions, ModelFlops
+
+    flops = ModelFlops.of(tiny_llama(), "LlamaDecoderLayer")
+    # Per block: q 32x32, k and v 32x16 (2 KV heads of 8), o 32x32, gate/up/down 32x64, two norms of 32.
+    assert flops == ModelFlops(block_params=2 * 9280, head_params=64 * 32, num_layers=2, hidden=32)
+    pairs = [EncodedPair([1] * 3, [2] * 2, [3] * 4), EncodedPair([1] * 5, [2], [3])]
+
+    # Chosen and rejected rows (3+2, 5+1, 3+4, 5+1): the prompt runs twice; the head scores 2+4+1+1.
+    rows = BatchPositions.of(pairs, share_prompt=False, full_logits=False)
+    assert rows == BatchPositions(positions=24, scored=8, attention=25 + 36 + 49 + 36)
+    # One row per pair (9, 7): the prompt runs once; the same 8 response positions are scored.
+    shared = BatchPositions.of(pairs, share_prompt=True, full_logits=False)
+    assert shared == BatchPositions(positions=16, scored=8, attention=81 + 49)
+    # Full logits: the head runs on every position.
+    assert BatchPositions.of(pairs, share_prompt=False, full_logits=True).scored == 24
+
+    # Forward: 2 FLOPs per weight per position, attention 4 x layers x hidden x length^2 (PaLM, app. B).
+    forward = 2 * 18560 * 16 + 2 * 2048 * 8 + 4 * 2 * 32 * 130
+    assert flops.forward(shared) == forward == 659_968
+    assert flops.step(shared, reference_forward=False) == 3 * forward  # forward and backward
+    assert flops.step(shared, reference_forward=True) == 4 * forward  # plus the reference's forward
+    assert flops.step(rows, reference_forward=False) == 3 * (2 * 18560 * 24 + 2 * 2048 * 8 + 4 * 2 * 32 * 146)
