@@ -298,3 +298,28 @@ def test_model_flops_of_one_batch_counted_by_hand_with_and_without_prompt_sharin
     assert flops.step(shared, reference_forward=False) == 3 * forward  # forward and backward
     assert flops.step(shared, reference_forward=True) == 4 * forward  # plus the reference's forward
     assert flops.step(rows, reference_forward=False) == 3 * (2 * 18560 * 24 + 2 * 2048 * 8 + 4 * 2 * 32 * 146)
+
+
+# ---------------------------------------------------------------------- the memory estimate
+def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_activations():
+    import dataclasses
+
+    from dpo_sweeps.memory_estimate import ModelShape, RunShape, estimate_peak_memory
+
+    model = ModelShape(num_params=1_236_000_000, num_layers=16, hidden=2048, intermediate=8192, vocab=128256)
+    run = RunShape(sharding_strategy="full_shard", shard_group_size=1, param_dtype="bfloat16", optimizer="adamw",
+                   micro_batch_size=2, seq_len=1024, logps_chunk_size=1024, share_prompt=True)
+    base = estimate_peak_memory(model, run)
+    offloaded = estimate_peak_memory(model, dataclasses.replace(run, cpu_offload=True))
+    # Shards, gradients and AdamW state in CPU memory; the gathered bf16 copies stay on the GPU.
+    assert base.model_states == 16 * model.num_params and offloaded.model_states == 0
+    assert offloaded.gathered_params == base.gathered_params > 0
+    assert offloaded.reference == 2 * 2 * model.block_params  # two gathered bf16 blocks, its shard offloaded
+    assert offloaded.total == base.total - base.model_states - 2 * model.num_params
+
+    checkpointed = estimate_peak_memory(model, dataclasses.replace(run, activation_checkpointing=True))
+    tokens = 2 * 1024  # 2 shared-prompt rows of 1024
+    saved_per_layer = tokens * (8 * 2048 + 5 * 8192) * 2  # one block's activations, in bf16
+    block_inputs = tokens * 16 * 2048 * 2  # every block's input, kept for its recompute
+    assert base.activations - checkpointed.activations == 15 * saved_per_layer - block_inputs
+    assert checkpointed.activations < base.activations / 5
