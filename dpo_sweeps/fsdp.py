@@ -25,7 +25,9 @@ def hybrid_group_size(fsdp_cfg: DictConfig, nproc_per_node: int) -> int:
     return fsdp_cfg.hybrid_group_size or nproc_per_node
 
 
-def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, device_type: str) -> None:
+def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, device_type: str | None) -> None:
+    """`device_type`: cpu or cuda, or None where it is not known yet (resources.device=auto before the
+    job is on its node: the rank checks again with the device it got)."""
     strategy = fsdp_cfg.sharding_strategy
     if strategy not in STRATEGIES:
         raise InvalidConfig("fsdp.sharding_strategy", f"unknown strategy '{strategy}'", ", ".join(STRATEGIES))
@@ -36,8 +38,9 @@ def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int
                 "fsdp.hybrid_group_size", f"{group!r} does not divide the {world_size} ranks",
                 "a divisor of resources.nodes * resources.nproc_per_node (null: the ranks of one node)",
             )
-    if fsdp_cfg.cpu_offload and device_type != "cuda":
-        raise InvalidConfig("fsdp.cpu_offload", "true on a CPU-only run (parameters are already in CPU memory)", "false, or true on GPUs")
+    if fsdp_cfg.cpu_offload and device_type == "cpu":
+        raise InvalidConfig("fsdp.cpu_offload", "true on a CPU-only run (parameters are already in CPU memory)",
+                            "false, or true on GPUs (resources.device=cuda, or auto where there is a GPU)")
 
 
 def dtype_of(name: str, setting: str) -> torch.dtype:

@@ -32,7 +32,7 @@ from dpo_sweeps.data.encoding import (
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
 from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure
-from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
+from dpo_sweeps.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
 from dpo_sweeps.losses import preference_loss, sft_loss
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
@@ -113,6 +113,7 @@ class Trainer:
     def _setup_models(self) -> None:
         """Policy and reference, sharded (or moved) onto this rank's device."""
         cfg, env = self.cfg, self.env
+        check_fsdp_config(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
         self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
         self.num_params = sum(p.numel() for p in self.policy.parameters())
         self.model_flops = ModelFlops.of(self.policy, cfg.model.block_name)

@@ -323,3 +323,24 @@ def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_act
     block_inputs = tokens * 16 * 2048 * 2  # every block's input, kept for its recompute
     assert base.activations - checkpointed.activations == 15 * saved_per_layer - block_inputs
     assert checkpointed.activations < base.activations / 5
+
+
+# ---------------------------------------------------------------------- CPU offload under device=auto
+def test_cpu_offload_is_refused_before_launch_only_where_the_run_is_known_to_use_the_cpu(tmp_path):
+    from dpo_sweeps.errors import InvalidConfig
+    from dpo_sweeps.validate import validate_config
+
+    validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=auto"), tmp_path)
+    validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=cuda"), tmp_path)
+    with pytest.raises(InvalidConfig, match="^fsdp.cpu_offload: true on a CPU-only run"):
+        validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=cpu"), tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a node without a GPU")
+def test_cpu_offload_under_auto_on_a_node_without_a_gpu_fails_at_setup_naming_the_setting(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli(tmp_path / "run", "fsdp.cpu_offload=true", "resources.device=auto", "train.max_steps=1")
+    assert result.returncode == 1
+    failure = result.summary["failure"]
+    assert failure["kind"] == "invalid_config" and failure["message"].startswith("fsdp.cpu_offload: true on a CPU")
