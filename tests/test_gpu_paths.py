@@ -344,3 +344,14 @@ def test_cpu_offload_under_auto_on_a_node_without_a_gpu_fails_at_setup_naming_th
     assert result.returncode == 1
     failure = result.summary["failure"]
     assert failure["kind"] == "invalid_config" and failure["message"].startswith("fsdp.cpu_offload: true on a CPU")
+
+
+def test_each_rank_takes_its_own_gpu_whether_it_sees_the_nodes_gpus_or_only_its_own():
+    from dpo_sweeps.distributed import cuda_index
+
+    # torchrun / srun --gpus-per-node: every task sees the node's 8 GPUs.
+    assert [cuda_index(rank, 8) for rank in range(8)] == list(range(8))
+    # srun --gpus-per-task=1: each task sees only its own GPU, as cuda:0.
+    assert [cuda_index(rank, 1) for rank in range(8)] == [0] * 8
+    # srun --gpus-per-task=2: each task sees two of its own; either index stays within them.
+    assert [cuda_index(rank, 2) for rank in range(4)] == [0, 1, 0, 1]
