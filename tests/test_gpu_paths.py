@@ -355,3 +355,35 @@ def test_each_rank_takes_its_own_gpu_whether_it_sees_the_nodes_gpus_or_only_its_
     assert [cuda_index(rank, 1) for rank in range(8)] == [0] * 8
     # srun --gpus-per-task=2: each task sees two of its own; either index stays within them.
     assert [cuda_index(rank, 2) for rank in range(4)] == [0, 1, 0, 1]
+
+
+# ---------------------------------------------------------------------- the fp16 loss scaler
+def test_the_loss_scaler_reads_one_flag_from_the_device_for_all_gradients():
+    """A host read (bool, item) is a GPU sync; the overflow check makes one, not one per parameter."""
+    from torch.overrides import TorchFunctionMode
+
+    from dpo_sweeps.precision import DynamicLossScaler
+
+    class HostReads(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.count += getattr(func, "__name__", "") in ("__bool__", "item", "tolist", "__float__", "__int__")
+            return func(*args, **(kwargs or {}))
+
+    params = [torch.nn.Parameter(torch.ones(4)) for _ in range(20)]
+    for p in params:
+        p.grad = torch.full((4,), 8.0)
+    scaler = DynamicLossScaler(enabled=True, initial_scale=4.0)
+    with HostReads() as reads:
+        assert scaler.unscale_and_check(params) is False
+    assert reads.count == 1
+    assert all(torch.equal(p.grad, torch.full((4,), 2.0)) for p in params)  # unscaled by 1/4
+
+    params[13].grad[2] = float("inf")
+    with HostReads() as reads:
+        assert scaler.unscale_and_check(params) is True
+    assert reads.count == 1
+    assert torch.equal(params[0].grad, torch.full((4,), 2.0))  # a skipped step leaves the gradients alone
