@@ -3,6 +3,7 @@ how MFU is counted, what memory is freed, and how ranks agree on a run directory
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -387,3 +388,45 @@ def test_the_loss_scaler_reads_one_flag_from_the_device_for_all_gradients():
         assert scaler.unscale_and_check(params) is True
     assert reads.count == 1
     assert torch.equal(params[0].grad, torch.full((4,), 2.0))  # a skipped step leaves the gradients alone
+
+
+# ---------------------------------------------------------------------- torchrun: one run directory
+AGREE = "from dpo_sweeps.launch_time import launch_time; import time, sys; time.sleep(float(sys.argv[1])); " \
+        "print(launch_time().isoformat())"
+
+
+def test_ranks_asking_torchruns_store_at_different_times_agree_on_one_launch_time(tmp_path):
+    """The agent store that torchrun hosts, stood in for by a real TCPStore; ranks ask 1.5 s apart."""
+    import datetime
+    import subprocess
+    import sys
+
+    from conftest import REPO, cli_env
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=60))
+    env = {**cli_env(), "PYTHONPATH": str(REPO), "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_RUN_ID": "test"}
+    env.pop("DPO_SWEEPS_LAUNCH_TIME", None)
+    ranks = [subprocess.Popen([sys.executable, "-c", AGREE, delay], env=env, stdout=subprocess.PIPE, text=True)
+             for delay in ("0", "1.5")]
+    times = [proc.communicate(timeout=120)[0].strip() for proc in ranks]
+    assert all(proc.returncode == 0 for proc in ranks)
+    assert times[0] == times[1] == store.get("dpo_sweeps/launch_time/test").decode()
+
+
+@pytest.mark.slow
+def test_torchrun_without_hydra_run_dir_writes_one_run_directory(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import QUIET, REPO, cli_env
+    from dpo_sweeps.distributed import free_port
+
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}",
+            "-m", "dpo_sweeps", *QUIET, "train.max_steps=2", "train.eval_every=0", "train.batch_size=16",
+            "train.micro_batch_size=4", "data.num_train_pairs=64", "data.num_eval_pairs=8"]
+    proc = subprocess.run(args, cwd=tmp_path, env={**cli_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")  # outputs/DATE/TIME: one, for both ranks
+    assert json.loads((run_dir / "summary.json").read_text())["metrics"]["world_size"] == 2
