@@ -74,19 +74,6 @@ def needs_fully_shard(world_size: int, mp_policy: MixedPrecisionPolicy, cpu_offl
     return world_size > 1 or cpu_offload or casts_dtype(mp_policy)
 
 
-def parameter_device(world_size: int, mp_policy: MixedPrecisionPolicy, cpu_offload: bool,
-                     device: torch.device) -> torch.device:
-    """Where shard_model leaves the parameters it returns (their shards, under FSDP).
-
-    fully_shard moves the shards to the mesh's device, the current CUDA device on GPUs (select_device
-    sets it), except under CPU offload, where they stay in CPU memory and only the gathered compute
-    copies reach the GPU; a model left unwrapped is moved to `device` by shard_model itself.
-    """
-    if needs_fully_shard(world_size, mp_policy, cpu_offload) and cpu_offload:
-        return torch.device("cpu")
-    return device
-
-
 def shard_model(
     model: torch.nn.Module,
     *,
@@ -99,8 +86,10 @@ def shard_model(
 ) -> torch.nn.Module:
     """Apply fully_shard to each `block_name` module, then to the root; returns the model on `device`.
 
-    Models are built on the CPU; fully_shard moves them to the mesh's device. A model that needs no
-    FSDP (`needs_fully_shard`) is moved to `device` here, so a one-GPU run computes on its GPU.
+    Models are built on the CPU. fully_shard moves the shards to the mesh's device (the current CUDA
+    device on GPUs, which select_device sets), except under CPU offload, where they stay in CPU memory
+    and only the gathered compute copies reach the GPU. A model that needs no FSDP
+    (`needs_fully_shard`) is moved to `device` here, so a one-GPU run computes on its GPU.
     """
     blocks = check_block_name(model, block_name)
     if trainable and fsdp_cfg.activation_checkpointing:
