@@ -15,17 +15,13 @@ import os
 
 from omegaconf import OmegaConf
 
-# The agreed time, for the processes this one starts (they resolve nothing again, but may ask).
-ENV = "DPO_SWEEPS_LAUNCH_TIME"
 STORE_KEY = "dpo_sweeps/launch_time"
 STORE_TIMEOUT_S = 120
 
 
 def launch_time() -> datetime.datetime:
-    """The agreed launch time of this run (asked once per process)."""
+    """The launch time of this run: agreed with the other ranks under torchrun, else this clock's now."""
     env = os.environ
-    if ENV in env:
-        return datetime.datetime.fromisoformat(env[ENV])
     now = datetime.datetime.now().isoformat()
     if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and {"MASTER_ADDR", "MASTER_PORT"} <= env.keys():
         import torch.distributed as dist
@@ -34,7 +30,6 @@ def launch_time() -> datetime.datetime:
                               timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
         # Sets the key only where it is not set yet; returns what the store holds.
         now = store.compare_set(f"{STORE_KEY}/{env.get('TORCHELASTIC_RUN_ID', '')}", "", now).decode()
-    env[ENV] = now
     return datetime.datetime.fromisoformat(now)
 
 

@@ -107,7 +107,6 @@ def test_ranks_asking_torchruns_store_at_different_times_agree_on_one_launch_tim
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=60))
     env = {**cli_env(), "PYTHONPATH": str(REPO), "TORCHELASTIC_USE_AGENT_STORE": "True",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_RUN_ID": "test"}
-    env.pop("DPO_SWEEPS_LAUNCH_TIME", None)
     ranks = [subprocess.Popen([sys.executable, "-c", AGREE, delay], env=env, stdout=subprocess.PIPE, text=True)
              for delay in ("0", "1.5")]
     times = [proc.communicate(timeout=120)[0].strip() for proc in ranks]
