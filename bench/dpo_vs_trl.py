@@ -222,7 +222,7 @@ def run_bare(workdir: Path, w: dict, out: Path) -> None:
     tech = w["techniques"]
     chunk, share = tech["logps_chunk_size"], tech["share_prompt"]
     policy = AutoModelForCausalLM.from_pretrained(workdir / "init_model", dtype=torch.float32)
-    reference = build_reference(policy)
+    reference = build_reference(policy, torch.float32)
     pairs = load_pairs(workdir)
     pad_id = policy.config.pad_token_id
     lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) if share else p.length for p in pairs]

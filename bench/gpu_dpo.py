@@ -7,9 +7,9 @@ Each precision is one real run of the CLI (`python -m dpo_sweeps model=llama_1b 
 the Llama-3.2-1B architecture with random weights and a 32,000-token BPE trained on the data), on a
 synthetic preference file the script writes (random words, so nothing is downloaded), with the
 speed and memory techniques at their defaults; a last bf16 run turns them off for comparison.
-Numbers come from each run's summary.json: perf/tokens_per_s, perf/mfu (6N FLOPs per token against
-the GPU's dense peak for the dtype, fp32 counted at its TF32 peak), perf/peak_memory_gib (max
-allocated) beside memory_estimate.py's estimate.
+Numbers come from each run's summary.json: perf/tokens_per_s, perf/mfu (the step's model FLOPs,
+dpo_sweeps/mfu.py, against the GPU's dense peak for the dtype; fp32 against the plain fp32 peak, as
+TF32 is not enabled), perf/peak_memory_gib (max allocated) beside memory_estimate.py's estimate.
 """
 
 from __future__ import annotations

@@ -1,3 +1,8 @@
 """dpo-sweeps: find the best FSDP setup for DPO training, one Hydra sweep at a time."""
 
+from dpo_sweeps.launch_time import register_resolver
+
 __version__ = "0.1.0"
+
+# `${launch_time:...}` (conf/config.yaml's hydra.run.dir) resolves in every process that loads the package.
+register_resolver()

@@ -90,16 +90,27 @@ def wants_cuda(requested: str) -> bool:
     return requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
 
 
+def cuda_index(local_rank: int, visible: int) -> int:
+    """This rank's GPU among the `visible` ones (CUDA_VISIBLE_DEVICES applied).
+
+    A task that sees all of its node's GPUs (torchrun, the local launcher, srun --gpus-per-node) takes
+    the one of its local rank; a task bound to its own GPU(s) (srun --gpus-per-task) sees fewer than
+    its local rank, and takes its local rank modulo what it sees (its first, when it sees one).
+    """
+    return local_rank % visible
+
+
 def select_device(requested: str, local_rank: int) -> torch.device:
-    """cuda:<local_rank> when asked for (or auto and available), else cpu."""
+    """This rank's GPU when asked for (or auto and available), else cpu."""
     if wants_cuda(requested):
         if not torch.cuda.is_available():
             from dpo_sweeps.errors import InvalidConfig
 
             raise InvalidConfig("resources.device", "cuda requested but no GPU is visible",
                                 "auto, cpu, or cuda on a GPU machine")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+        return device
     return torch.device("cpu")
 
 

@@ -25,7 +25,9 @@ def hybrid_group_size(fsdp_cfg: DictConfig, nproc_per_node: int) -> int:
     return fsdp_cfg.hybrid_group_size or nproc_per_node
 
 
-def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, device_type: str) -> None:
+def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, device_type: str | None) -> None:
+    """`device_type`: cpu or cuda, or None where it is not known yet (resources.device=auto before the
+    job is on its node: the rank checks again with the device it got)."""
     strategy = fsdp_cfg.sharding_strategy
     if strategy not in STRATEGIES:
         raise InvalidConfig("fsdp.sharding_strategy", f"unknown strategy '{strategy}'", ", ".join(STRATEGIES))
@@ -36,8 +38,9 @@ def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int
                 "fsdp.hybrid_group_size", f"{group!r} does not divide the {world_size} ranks",
                 "a divisor of resources.nodes * resources.nproc_per_node (null: the ranks of one node)",
             )
-    if fsdp_cfg.cpu_offload and device_type != "cuda":
-        raise InvalidConfig("fsdp.cpu_offload", "true on a CPU-only run (parameters are already in CPU memory)", "false, or true on GPUs")
+    if fsdp_cfg.cpu_offload and device_type == "cpu":
+        raise InvalidConfig("fsdp.cpu_offload", "true on a CPU-only run (parameters are already in CPU memory)",
+                            "false, or true on GPUs (resources.device=cuda, or auto where there is a GPU)")
 
 
 def dtype_of(name: str, setting: str) -> torch.dtype:
@@ -56,6 +59,21 @@ def build_mesh(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, devic
     return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
 
 
+def casts_dtype(mp_policy: MixedPrecisionPolicy) -> bool:
+    """Whether the policy computes or reduces in a dtype other than the parameters' fp32."""
+    return any(d not in (None, torch.float32) for d in (mp_policy.param_dtype, mp_policy.reduce_dtype))
+
+
+def needs_fully_shard(world_size: int, mp_policy: MixedPrecisionPolicy, cpu_offload: bool) -> bool:
+    """Whether a model must be wrapped by fully_shard, or may run as it is (moved to the device).
+
+    On one rank with nothing to cast or offload, FSDP would shard over a single rank and only copy
+    parameters into and out of its buffers around every forward and backward (about 6% of a step of
+    the bench/dpo_vs_trl.py workload); the math is the same.
+    """
+    return world_size > 1 or cpu_offload or casts_dtype(mp_policy)
+
+
 def shard_model(
     model: torch.nn.Module,
     *,
@@ -63,20 +81,23 @@ def shard_model(
     block_name: str,
     mesh: DeviceMesh,
     mp_policy: MixedPrecisionPolicy,
+    device: torch.device,
     trainable: bool = True,
 ) -> torch.nn.Module:
-    """Apply fully_shard to each `block_name` module, then to the root; returns the model.
+    """Apply fully_shard to each `block_name` module, then to the root; returns the model on `device`.
 
-    On one rank with nothing to cast or offload, the model is returned as it is: FSDP would shard
-    over a single rank and only copy parameters into and out of its buffers around every forward and
-    backward (about 6% of a step of the bench/dpo_vs_trl.py workload); the math is the same.
+    Models are built on the CPU. fully_shard moves the shards to the mesh's device (the current CUDA
+    device on GPUs, which select_device sets), except under CPU offload, where they stay in CPU memory
+    and only the gathered compute copies reach the GPU. A model that needs no FSDP
+    (`needs_fully_shard`) is moved to `device` here, so a one-GPU run computes on its GPU.
     """
     blocks = check_block_name(model, block_name)
     if trainable and fsdp_cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    keeps_dtype = mp_policy.param_dtype in (None, torch.float32) and mp_policy.reduce_dtype in (None, torch.float32)
-    if mesh.size() == 1 and keeps_dtype and not fsdp_cfg.cpu_offload:
-        return model
+    if not needs_fully_shard(mesh.size(), mp_policy, bool(fsdp_cfg.cpu_offload)):
+        return model.to(device)
+    if mesh.device_type != device.type:
+        raise ValueError(f"a {mesh.device_type} mesh cannot place a model on {device}")
     # A frozen model never runs backward: keeping its parameters gathered would only cost memory.
     reshard = bool(fsdp_cfg.reshard_after_forward) if trainable else True
     offload: OffloadPolicy = CPUOffloadPolicy() if fsdp_cfg.cpu_offload else OffloadPolicy()

@@ -9,12 +9,15 @@ both for the quickstart grid.
 Bytes per parameter follow ZeRO's accounting (Rajbhandari et al. 2020, arXiv 1910.02054, sec. 3.1):
 fp32 master weights 4, fp32 gradients 4, AdamW moments 8, all divided by the shard group size; plus
 the unsharded compute copies FSDP gathers (every block for shard_grad_op, the root and about two
-blocks for full_shard). Activations per token and layer are counted as in Korthikanti et al. 2022
-(arXiv 2205.05198, sec. 4.1), for attention without a materialised score matrix (SDPA), with the
-counts measured on the Hugging Face blocks (saved-tensor hooks, bench_gpt2): about 8 h values for
-attention and norms and 5 i for the MLP (an activation written as several elementwise ops, such as
-GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the [rows, 1, L, L]
-fp32 padding mask each layer's SDPA keeps. Backward adds a few intermediate-sized gradients at once.
+blocks for full_shard). Under CPU offload (`fsdp.cpu_offload`) the model states live in CPU memory
+and only the gathered copies count. Activations per token and layer are counted as in Korthikanti
+et al. 2022 (arXiv 2205.05198, sec. 4.1), for attention without a materialised score matrix (SDPA),
+with the counts measured on the Hugging Face blocks (saved-tensor hooks, bench_gpt2): about 8 h
+values for attention and norms and 5 i for the MLP (an activation written as several elementwise
+ops, such as GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the
+[rows, 1, L, L] fp32 padding mask each layer's SDPA keeps. With activation checkpointing
+(`fsdp.activation_checkpointing`) a block keeps only its input, and one block's activations exist at
+a time, while backward recomputes it. Backward adds a few intermediate-sized gradients at once.
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
 model exists (Python, libraries, data) is added, plus what a torch CPU process gains once it trains
 beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers: CPU_RUNTIME,
@@ -72,6 +75,8 @@ class RunShape:
     logps_chunk_size: int = 0  # 0: full [rows, L, V] logits
     share_prompt: bool = False
     response_fraction: float = 0.5  # share of a row's tokens that are response tokens (scored)
+    cpu_offload: bool = False  # fsdp.cpu_offload: parameter shards, gradients and optimizer state in CPU memory
+    activation_checkpointing: bool = False  # each block keeps only its input; backward recomputes one at a time
 
 
 @dataclass
@@ -101,23 +106,30 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     s = max(1, run.shard_group_size)
     pb = DTYPE_BYTES[run.param_dtype]
     p = model.num_params
-    model_states = (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * p // s
+    # Under CPU offload the shards (and the optimizer that steps them) live in CPU memory; only the
+    # gathered compute copies and the activations are on the GPU.
+    on_device = 0 if run.cpu_offload else 1
+    model_states = on_device * (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * p // s
     if run.sharding_strategy == "shard_grad_op" or (s == 1 and run.sharding_strategy == "no_shard"):
         gathered = pb * p  # kept unsharded from forward to backward
     else:
         gathered = pb * (model.root_params + 2 * model.block_params)  # root plus the block in use and the next
     reference = 0
     if run.uses_reference and not run.precompute_reference_logps:
-        reference = pb * p // s + pb * 2 * model.block_params  # its shard, and the blocks it gathers
+        reference = on_device * pb * p // s + pb * 2 * model.block_params  # its shard, and the blocks it gathers
     rows = run.micro_batch_size * (1 if run.share_prompt else 2)
     tokens = rows * run.seq_len
-    activations = tokens * model.num_layers * (8 * model.hidden + 5 * model.intermediate) * pb
+    # A checkpointed block saves only its input; its own activations exist for one block at a time, in backward.
+    saving_layers = 1 if run.activation_checkpointing else model.num_layers
+    activations = tokens * saving_layers * (8 * model.hidden + 5 * model.intermediate) * pb
+    if run.activation_checkpointing:
+        activations += tokens * model.num_layers * model.hidden * pb
     activations += tokens * model.hidden * pb * 2  # embeddings output and final norm
     activations += 4 * tokens * model.intermediate * pb  # backward's working gradients
     if run.share_prompt:
         activations += rows * run.seq_len * run.seq_len  # one 4-D boolean mask, shared by the layers
     else:
-        activations += model.num_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
+        activations += saving_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
     if run.logps_chunk_size:
         scored = int(tokens * run.response_fraction)
         logits = scored * model.hidden * pb + 3 * min(run.logps_chunk_size, scored) * model.vocab * 4
@@ -146,5 +158,6 @@ def run_shape_of(cfg, world_size: int, seq_len: int | None = None, response_frac
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=bool(train.get("precompute_reference_logps", False)),
         logps_chunk_size=int(train.get("logps_chunk_size", 0)), share_prompt=bool(train.get("share_prompt", False)),
-        response_fraction=response_fraction,
+        response_fraction=response_fraction, cpu_offload=bool(cfg.fsdp.cpu_offload),
+        activation_checkpointing=bool(cfg.fsdp.activation_checkpointing),
     )

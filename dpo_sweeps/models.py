@@ -95,11 +95,17 @@ def build_policy(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed
         ) from None
 
 
-def build_reference(policy: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the policy as it starts: no grad, eval mode."""
+def build_reference(policy: torch.nn.Module, param_dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of the policy as it starts (no grad, eval mode), its parameters in `param_dtype`.
+
+    Only parameters are cast, as FSDP2's MixedPrecisionPolicy casts the policy's: buffers such as
+    Llama's RoPE `inv_freq` stay fp32, so policy and reference compute the same numbers at step 0.
+    """
     reference = copy.deepcopy(policy)
     reference.eval()
     reference.requires_grad_(False)
+    for param in reference.parameters():
+        param.data = param.data.to(param_dtype)
     return reference
 
 

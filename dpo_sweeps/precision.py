@@ -45,11 +45,11 @@ class DynamicLossScaler:
             return False
         grads = [_local(p.grad) for p in params if p.grad is not None]
         device = grads[0].device if grads else torch.device("cpu")
+        # One flag for all gradients, stacked on the device and read once: a Python test per gradient
+        # would make the CPU wait for the GPU once per parameter.
         overflow = torch.zeros(1, device=device)
-        for g in grads:
-            if not torch.isfinite(g).all():
-                overflow.fill_(1.0)
-                break
+        if grads:
+            overflow = (~torch.stack([torch.isfinite(g).all() for g in grads]).all()).float().reshape(1)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(overflow, op=dist.ReduceOp.MAX)
         found = bool(overflow.item())

@@ -36,7 +36,7 @@ from dpo_sweeps.tokenizers import cache_dir
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when the way pairs are scored changes
+FORMAT = 2  # bump when the way pairs are scored changes
 
 
 @dataclass(frozen=True)

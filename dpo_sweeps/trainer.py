@@ -9,6 +9,7 @@ through the rank-consistent loss scaler; the optimizer steps.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from tqdm import tqdm
 
 from dpo_sweeps.checkpoint import Checkpointer
@@ -30,11 +32,12 @@ from dpo_sweeps.data.encoding import (
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce, rank_layout
 from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned
-from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
+from dpo_sweeps.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
 from dpo_sweeps.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
-from dpo_sweeps.perf import GIB, PerfMeter, device_peak_flops, flops_per_token, resident_bytes
+from dpo_sweeps.mfu import BatchPositions, ModelFlops, device_peak_flops
+from dpo_sweeps.perf import GIB, PerfMeter, resident_bytes
 from dpo_sweeps.probe import apply_probe
 from dpo_sweeps.pruning import TrialReporter, pruning_link
 from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
@@ -91,21 +94,7 @@ class Trainer:
         self._setup_data()
         self.uses_reference = uses_reference(cfg.loss)
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
-        self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
-        reference = build_reference(self.policy) if self.uses_reference else None
-        self.num_params = sum(p.numel() for p in self.policy.parameters())
-
-        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
-        self.layout = rank_layout(mesh, env.local_rank)  # summary.json: the mesh, and the node of each rank
-        mp_policy = mixed_precision_policy(cfg.precision)
-        self.policy = shard_model(self.policy, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
-                                  mesh=mesh, mp_policy=mp_policy)
-        self.reference = None
-        if reference is not None:
-            # The reference never trains: it is stored and run in the run's parameter dtype.
-            reference.to(dtype_of(cfg.precision.param_dtype, "precision.param_dtype"))
-            self.reference = shard_model(reference, fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name,
-                                         mesh=mesh, mp_policy=type(mp_policy)(), trainable=False)
+        self._setup_models()
         self.reference_precompute_s = None
         if self.reference is not None and self.cfg.train.get("precompute_reference_logps", False):
             self._precompute_reference_logps()
@@ -128,6 +117,25 @@ class Trainer:
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
                      self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
+
+    def _setup_models(self) -> None:
+        """Policy and reference, sharded (or moved) onto this rank's device."""
+        cfg, env = self.cfg, self.env
+        check_fsdp_config(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
+        self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
+        self.num_params = sum(p.numel() for p in self.policy.parameters())
+        self.model_flops = ModelFlops.of(self.policy, cfg.model.block_name)
+        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
+        self.layout = rank_layout(mesh, env.local_rank)  # summary.json: the mesh, and the node of each rank
+        mp_policy = mixed_precision_policy(cfg.precision)
+        shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=self.device)
+        # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
+        # cast of its own (an empty policy).
+        self.reference = shard_model(
+            build_reference(self.policy, dtype_of(cfg.precision.param_dtype, "precision.param_dtype")),
+            mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
+        ) if self.uses_reference else None
+        self.policy = shard_model(self.policy, mp_policy=mp_policy, **shard)
 
     def _setup_data(self) -> None:
         cfg = self.cfg
@@ -222,12 +230,24 @@ class Trainer:
                                                     layout, env.rank, self.device)
         self.train_pairs = reference_logps.attach(self.train_pairs, found.train)
         self.eval_pairs = reference_logps.attach(self.eval_pairs, found.eval)
-        self.reference = None  # its log-probs are all the run needs from it
+        self._free_reference()
         self.reference_precompute_s = found.seconds
         if env.is_main:
             log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
                      found.source, int((~found.train.isnan().any(1)).sum()), len(self.eval_pairs), found.seconds,
                      found.path)
+
+    def _free_reference(self) -> None:
+        """Drop the reference model once its log-probs are all the run needs from it.
+
+        FSDP's hooks and the bound scoring method (response_logps.py) hold a model in reference cycles,
+        so dropping the last name frees nothing until a full garbage collection: collect now, so that
+        the steps' peak memory holds no reference model (as memory_estimate.py counts it).
+        """
+        self.reference = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
@@ -266,12 +286,13 @@ class Trainer:
         micro_batches = self._rank_micro_batches(step)
         per_rank_pairs = sum(len(mb) for mb in micro_batches)
         sums = torch.zeros(len(self.stat_names), dtype=torch.float64)
-        tokens = 0
+        tokens, flops = 0, 0.0
 
         self.perf.start()
         for pairs in micro_batches:
             batch = self._collate(pairs)
             tokens += int(batch["num_tokens"])
+            flops += self._model_flops(pairs)
             losses, stats = self._pair_losses(batch)
             losses = self._inject_fault(step, losses)
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
@@ -292,7 +313,7 @@ class Trainer:
         self.scaler.update(overflow)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        step_time = self.perf.stop(tokens, per_rank_pairs)
+        step_time = self.perf.stop(tokens, per_rank_pairs, flops)
 
         totals = all_reduce(sums.tolist() + [per_rank_pairs])
         count = totals[-1]
@@ -305,6 +326,12 @@ class Trainer:
             raise NonFiniteLoss(f"train/loss is {record['train/loss']} at step {step + 1} "
                                 f"(lr={lr:g}, precision={cfg.precision.name}, loss.beta={cfg.loss.beta})")
         return record
+
+    def _model_flops(self, pairs: list[EncodedPair]) -> float:
+        """The model FLOPs of one micro-batch's step (mfu.py), for perf/mfu."""
+        positions = BatchPositions.of(pairs, share_prompt=self.share_prompt,
+                                      full_logits=self.cfg.train.get("logps_chunk_size", 0) == 0)
+        return self.model_flops.step(positions, reference_forward=self.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Test hook: `faults.kind` at `faults.step` on `faults.rank` (see conf/config.yaml)."""
@@ -391,12 +418,8 @@ class Trainer:
 
     def final_metrics(self) -> dict[str, Any]:
         """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
-        precision = self.cfg.precision.name
-        perf = self.perf.summary(
-            world_size=self.env.world_size,
-            flops_per_token=flops_per_token(self.num_params, self.reference is not None),
-            peak_flops=device_peak_flops(self.device, precision),
-        )
+        peak, no_peak = device_peak_flops(self.device, self.cfg.precision.name)
+        perf = self.perf.summary(world_size=self.env.world_size, peak_flops=peak, mfu_reason=no_peak)
         metrics: dict[str, Any] = {}
         if self.probing:
             # A probe's losses and rewards are against placeholder reference log-probs, after a few

@@ -65,7 +65,8 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
         raise InvalidConfig("train.max_grad_norm", f"got {train.max_grad_norm!r}", "a number > 0, or null for no clipping")
 
     check_loss_config(cfg.loss)
-    check_fsdp_config(cfg.fsdp, world, nproc, "cuda" if res.device == "cuda" else "cpu")
+    # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
+    check_fsdp_config(cfg.fsdp, world, nproc, None if res.device == "auto" else res.device)
     for key in ("param_dtype", "reduce_dtype"):
         dtype_of(cfg.precision[key], f"precision.{key}")
 

@@ -1,6 +1,7 @@
 """The benchmarks run: a seconds-long smoke of bench/dpo_vs_trl.py (ours and the bare loop; TRL is an
-optional extra CI does not install), of bench/gpu_dpo.py on a CPU and of bench/steadiness.py; the
-probe bench's ranking and pair-test helpers on known numbers. No timing is asserted."""
+optional extra CI does not install), bench/gpu_check.sh at its CPU size (bench/gpu_dpo.py --tiny
+among its checks) and bench/steadiness.py; the probe bench's ranking and pair-test helpers on known
+numbers. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -36,13 +37,25 @@ def test_dpo_vs_trl_smoke_measures_ours_and_the_bare_loop(tmp_path):
     assert summary["metrics"]["perf/reference_precompute_s"] > 0
 
 
-def test_gpu_script_runs_its_tiny_size_on_a_cpu(tmp_path):
-    proc = run_script("bench/gpu_dpo.py", "--tiny", "--no-baseline", "--precisions", "fp32", "--device", "cpu",
-                      "--workdir", str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
-    assert run["status"] == "completed", run
-    assert run["tokens_per_s"] > 0 and run["peak_gib"] > 0 and run["estimate_gib"] > 0
+@pytest.mark.slow
+def test_gpu_check_runs_every_check_at_its_cpu_size_and_writes_the_table_and_summaries(tmp_path):
+    """bench/gpu_check.sh --cpu: the GPU machine's checks (bench/gpu_dpo.py --tiny among them) on a CPU."""
+    env = {**cli_env(), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu", str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    checks = ["precision_fp32", "precision_bf16", "precision_fp16", "llama1b_bf16", "sweep_job0", "sweep_job1",
+              "kill_and_resume"]
+    table = (tmp_path / "results.md").read_text()
+    for check in checks:
+        assert f"| {check} | ok |" in table, table
+        summary = json.loads((tmp_path / "summaries" / f"{check}.json").read_text())
+        assert summary["status"] == "completed", (check, summary["failure"])
+        m = summary["metrics"]
+        assert m["perf/tokens_per_s"] > 0 and m["perf/peak_memory_gib"] > 0 and m["perf/peak_memory_estimate_gib"] > 0
+        assert m["perf/mfu"] is None and m["perf/mfu_reason"] == "MFU is measured on GPUs only"
+    assert json.loads((tmp_path / "summaries" / "kill_and_resume.json").read_text())["resumed_from_step"] == 2
+    assert "7 of 7 checks passed" in table
 
 
 def test_probe_bench_ranks_ties_at_their_average_and_maps_each_point_to_its_shape():

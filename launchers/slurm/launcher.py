@@ -32,6 +32,7 @@ from launchers.base import (
     SUMMARY_FIELDS, JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp, task_overrides,
 )
 from launchers.jobs import PointLabels, SweepJob
+from launchers.slurm.gpus import query_partition_gpus
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
 GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")
@@ -112,12 +113,22 @@ class SlurmLauncher(SweepLauncher):
         self.max_num_timeout = max_num_timeout
         self.poll_interval_s = poll_interval_s
         self.sbatch_params = {k: v for k, v in self.params.items() if k != "submitit_folder"}
+        self._partition_gpus: dict[str | None, int] = {}  # sinfo's answer, for resources.device=auto
 
     def _gpus_per_node(self, job: SweepJob) -> int:
+        """One GPU per rank for device=cuda, and for auto where the partition has GPUs (gpus.py)."""
         if self.gpus_per_node is not None:
             return self.gpus_per_node
         res = job.task_config.get("resources", {})
-        return int(res.get("nproc_per_node", 1)) if res.get("device") == "cuda" else 0
+        device = res.get("device")
+        if device == "auto":
+            partition = self.sbatch_params.get("partition")
+            if partition not in self._partition_gpus:
+                found = self._partition_gpus[partition] = query_partition_gpus(partition)
+                log.info("resources.device=auto: %s has %d GPUs per node, so jobs ask for %s",
+                         partition or "the default partition", found, "one per rank" if found else "none (CPU)")
+            device = "cuda" if self._partition_gpus[partition] else "cpu"
+        return int(res.get("nproc_per_node", 1)) if device == "cuda" else 0
 
     def _shape(self, job: SweepJob) -> tuple[int, int, int]:
         res = job.task_config.get("resources", {})
