@@ -31,9 +31,10 @@ from dpo_sweeps.distributed import (
     select_device, wants_cuda,
 )
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
-from dpo_sweeps.errors import RunFailure, failure_of
+from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of
 from dpo_sweeps.rundir import (
-    RANK_FAILURES, read_rank_failures, read_summary, redact_files, secret_values, write_rank_failure, write_summary,
+    RANK_FAILURES, config_difference, config_hash, read_rank_failures, read_summary, redact_files, scrub_secrets,
+    secret_values, write_rank_failure, write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
@@ -72,6 +73,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # Hydra saved the composed config before calling us: keep secrets out of it (and everything after).
     secrets = secret_values(ctx.config, dict(os.environ))
     redact_files(sorted((run_dir / ".hydra").glob("*.yaml")), secrets)
+    # A sweep skips its completed runs itself (and `hydra.sweeper.resume=false` means run them again).
+    done = None if multirun else completed_run(ctx)
+    if done is not None:
+        print(f"run already complete: {run_dir / 'summary.json'} (checkpoint.resume=false trains it again)",
+              file=sys.stderr)
+        return done["metrics"]
     summary = run_config(ctx)
     if summary["status"] != "completed":
         failure = summary["failure"]
@@ -82,6 +89,25 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(1)
     return summary["metrics"]
+
+
+def completed_run(ctx: RunContext) -> dict | None:
+    """The summary of the completed run of this config already in the run directory (None: train).
+
+    A completed run of another config there is refused, as checkpoints of another config are;
+    `checkpoint.resume=false` trains the directory again.
+    """
+    summary = read_summary(ctx.run_dir)
+    if summary is None or summary.get("status") != "completed" or not ctx.config["checkpoint"]["resume"]:
+        return None
+    if summary.get("config_hash") == config_hash(scrub_secrets(ctx.config)):
+        return summary
+    failure = failure_of(InvalidConfig(
+        "hydra.run.dir", f"{ctx.run_dir} holds a completed run of a different config "
+        f"({config_difference(summary.get('config') or {}, scrub_secrets(ctx.config))})",
+        "another hydra.run.dir, the same command as that run, or checkpoint.resume=false to train it again"))
+    print(f"error: run refused ({failure['kind']}): {failure['message']}", file=sys.stderr)
+    sys.exit(1)
 
 
 def run_config(ctx: RunContext) -> dict:

@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir import config_hash, write_json_atomic
+from dpo_sweeps.rundir import config_difference, config_hash, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -144,22 +144,6 @@ def _from_rank0(value: Any) -> Any:
     return box[0]
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def _config_difference(saved: dict, current: dict, limit: int = 4) -> str:
-    before, after = _flat(saved), _flat(current)
-    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
 # ---------------------------------------------------------------------- the checkpointer
 def check_checkpoint_config(checkpoint_cfg) -> None:
     every = checkpoint_cfg.get("every_steps")
@@ -247,7 +231,7 @@ class Checkpointer:
             problem = None
             if info is not None and info.marker.get("config_hash") != self.config_hash:
                 problem = (f"{self.folder} holds checkpoints of a different config "
-                           f"({_config_difference(info.marker.get('config', {}), self.config)})")
+                           f"({config_difference(info.marker.get('config', {}), self.config)})")
             choice = (info, problem)
         info, problem = _from_rank0(choice)
         if problem:

@@ -129,6 +129,23 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_difference(saved: dict, current: dict, limit: int = 4) -> str:
+    """The keys that differ between two configs, `key: old -> new`, the first `limit` of them."""
+    before, after = _flat(saved), _flat(current)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
 def _finite_or_none(value: Any) -> Any:
     """JSON has no NaN or inf: they are written as null, at any depth."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from dpo_sweeps.data.encoding import TRUNCATION_MODES, check_lengths
-from dpo_sweeps.data.sources import DATA_SOURCES, looks_local
+from dpo_sweeps.data.sources import DATA_SOURCES, check_eval_size, looks_local
 from dpo_sweeps.errors import DataError, InvalidConfig
 from dpo_sweeps.fsdp import check_fsdp_config, dtype_of
 from dpo_sweeps.losses import check_loss_config
@@ -72,6 +72,7 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     if data.name != "synthetic":
         if not data.path:
             raise InvalidConfig("data.path", "not set", DATA_SOURCES)
+        check_eval_size(data.eval_size)
         local = Path(str(data.path)).expanduser()
         local = local if local.is_absolute() else base_dir / local
         if not local.exists() and looks_local(str(data.path)):
