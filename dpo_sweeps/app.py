@@ -33,8 +33,8 @@ from dpo_sweeps.distributed import (
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of
 from dpo_sweeps.rundir import (
-    RANK_FAILURES, config_difference, config_hash, read_rank_failures, read_summary, redact_files, scrub_secrets,
-    secret_values, write_rank_failure, write_summary,
+    FAILURE_FIELDS, RANK_FAILURES, config_difference, config_hash, first_failure, read_summary, redact_files,
+    scrub_secrets, secret_values, write_rank_failure, write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
@@ -42,6 +42,7 @@ from dpo_sweeps.signals import (
     preemption_signal,
 )
 from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
+from dpo_sweeps.watchdog import Watchdog, heartbeat_dir
 from dpo_sweeps.validate import validate_config, world_size_of
 
 log = logging.getLogger("dpo_sweeps")
@@ -145,8 +146,9 @@ def _refused(exc: RunDirInUse) -> dict:
 
 def _prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
     """What the owner of a run directory does before any rank starts: forget the previous attempt's
-    rank failures, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
+    rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
     shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
+    shutil.rmtree(heartbeat_dir(run_dir), ignore_errors=True)
     remove_partial_checkpoints(run_dir)
     if not (cfg.get("checkpoint") or {}).get("resume", True):
         remove_checkpoints(run_dir, "checkpoint.resume=false")
@@ -217,37 +219,65 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.get("time_limit_min")).install()
     trainer: Trainer | None = None
+    watchdog: Watchdog | None = None
     lock: RunDirLock | None = None
     metrics: dict[str, Any] = {}
     failure = None
     interrupted: RunInterrupted | None = None
+
+    def summary_of(failure: dict | None, metrics: dict[str, Any]) -> dict:
+        extra: dict[str, Any] = {"attempt": ctx.attempt}
+        if trainer is not None:
+            extra["resumed_from_step"] = trainer.resumed_from
+            if hasattr(trainer, "data_counts"):
+                extra["data"] = trainer.data_counts
+            extra.update(trainer.checkpointer_report())
+        return write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
+                             overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+
+    def on_verdict(verdict: dict) -> None:  # rank 0's watchdog, when a peer failed or the run hung
+        partial = _partial_metrics(trainer) if trainer is not None and trainer.state.step else {}
+        summary_of({k: verdict.get(k) for k in FAILURE_FIELDS}, partial)
+        if multiprocessing.parent_process() is None:  # not one of our local ranks: nobody else will say it
+            print(f"error: run failed ({verdict['kind']}): {verdict['message']}  [{ctx.run_dir / 'summary.json'}]",
+                  file=sys.stderr, flush=True)
+
     try:
         try:
             device = select_device(cfg.resources.device, env.local_rank)
             init_process_group(env, device, cfg.resources.collective_timeout_s)
             if claim_run_dir:
                 lock = _claim_run_dir(ctx, env, cfg)
+            hang_timeout_s = cfg.resources.hang_timeout_s or cfg.resources.collective_timeout_s
+            watchdog = Watchdog(ctx.run_dir, env.rank, env.world_size, hang_timeout_s, on_verdict).start()
             if env.world_size > 1:
                 validate_config(cfg, ctx.base_dir)
-            trainer = Trainer(ctx, cfg, env, device, stop_watch=watch)
+            trainer = Trainer(ctx, cfg, env, device, stop_watch=watch, heartbeat=watchdog.progress)
             trainer.setup()
             metrics = trainer.fit()
             if cfg.train.save_model:
                 trainer.save_model()
+            watchdog.begin_ending()
             if env.is_main and not trainer.checkpointer.keep_when_completed:
                 remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
         except RunDirInUse as exc:
             return _refused(exc) if env.is_main else None
         except Exception as exc:
+            if watchdog is not None:
+                watchdog.begin_ending()
             failure = failure_of(exc)
             interrupted = exc if isinstance(exc, RunInterrupted) else None
             if failure["kind"] == "oom":
                 failure["message"] += f" [{_oom_context(cfg, env)}]"
+            if failure["kind"] == "disk_full" and str(ctx.run_dir) not in failure["message"]:
+                failure["message"] += f" [run directory {ctx.run_dir}]"
             collective = is_collective_error(exc)
+            failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])
             if env.world_size > 1:
                 write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
+            failure["rank"] = env.rank
             if env.is_main and collective:
-                failure = _root_cause(ctx.run_dir, failure, env.world_size)
+                failure = _root_cause(ctx.run_dir, failure, watchdog)
             if trainer is not None and trainer.state.step:
                 metrics = _partial_metrics(trainer)
             log.error("rank %d failed: %s", env.rank, failure["message"])
@@ -260,17 +290,13 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
             return None
-        extra: dict[str, Any] = {"attempt": ctx.attempt}
-        if trainer is not None:
-            extra["resumed_from_step"] = trainer.resumed_from
-            if hasattr(trainer, "data_counts"):
-                extra["data"] = trainer.data_counts
-        summary = write_summary(ctx.run_dir, status="failed" if failure else "completed", failure=failure,
-                                overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+        summary = summary_of(failure, metrics)
         if interrupted is not None:
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         watch.uninstall()
         if lock is not None:
             lock.release()
@@ -284,18 +310,17 @@ def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
     return metrics
 
 
-def _root_cause(run_dir: Path, own: dict, world_size: int) -> dict:
-    """The failure of the rank that failed first on its own, rather than rank 0's 'peer went away'."""
+def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None) -> dict:
+    """The failure of the rank that failed first on its own (or hung), rather than rank 0's 'peer went away'."""
     deadline = time.monotonic() + PEER_REPORT_WAIT_S
     while True:
-        reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
-        if reports or time.monotonic() > deadline:
+        found = first_failure(run_dir) or (watchdog.verdict if watchdog is not None else None)
+        if found or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    if not reports:
-        return {"kind": "crash", "message": f"{PEER_STOPPED}: {own['message']}"}
-    first = min(reports, key=lambda r: r["time"])
-    return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
+    if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
+        return {**own, "kind": "crash", "rank": None, "message": f"{PEER_STOPPED}: {own['message']}"}
+    return {k: found.get(k) for k in FAILURE_FIELDS}
 
 
 # ---------------------------------------------------------------------- local rank processes
@@ -324,6 +349,7 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
             proc.start()
             procs.append(proc)
         _wait_for_ranks(procs)
+    shutil.rmtree(heartbeat_dir(ctx.run_dir), ignore_errors=True)  # those of ranks that were killed
 
     summary = read_summary(ctx.run_dir)
     if summary is None or summary.get("attempt") != ctx.attempt:
@@ -334,7 +360,7 @@ def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dic
         return _write_failed(ctx, failure)
     extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
     killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
-    if summary["status"] == "failed" and killed and summary["failure"]["message"].startswith(PEER_STOPPED):
+    if summary["status"] == "failed" and killed and summary["failure"].get("rank", 0) is None:
         # Rank 0 only saw its peer vanish; the exit codes say how.
         summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
         summary = _rewrite_summary(ctx, summary, extra)
@@ -381,13 +407,14 @@ def _wait_for_ranks(procs: list) -> None:
 
 
 def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
-    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
-    if reports:
-        first = min(reports, key=lambda r: r["time"])
-        return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
-    dead = [(p.name, p.exitcode) for p in procs if p.exitcode]
+    found = first_failure(run_dir)
+    if found:
+        return {k: found.get(k) for k in FAILURE_FIELDS}
+    dead = [(int(p.name.removeprefix("rank")), p.exitcode) for p in procs if p.exitcode]
     described = ", ".join(
-        f"{name} killed by {signal.Signals(-code).name}" if code < 0 else f"{name} exited with {code}"
-        for name, code in dead
+        f"rank{rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank{rank} exited with {code}"
+        for rank, code in dead
     )
-    return {"kind": "crash", "message": described or "rank 0 ended without writing summary.json"}
+    message = described or "rank 0 ended without writing summary.json"
+    return {"kind": "crash", "message": message, "rank": dead[0][0] if dead else None, "step": None,
+            "cause": message}

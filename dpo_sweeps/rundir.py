@@ -26,6 +26,7 @@ NON_DEFINING_KEYS = (
     "train.progress_bar",
     "resources.master_port",
     "resources.collective_timeout_s",
+    "resources.hang_timeout_s",
     "train.time_limit_min",
     "checkpoint",  # when and how many checkpoints are kept does not change the results (exact resume)
 )
@@ -238,13 +239,20 @@ def _record_step(line: str) -> float:
         return math.inf
 
 
-def write_rank_failure(run_dir: Path, rank: int, failure: dict, *, collective: bool) -> None:
+def write_rank_failure(run_dir: Path, reported_by: int, failure: dict, *, collective: bool) -> None:
+    """Record what rank `reported_by` saw: its own failure (`failure` without a `rank`), or a verdict
+    about another rank (a hang). `collective`: it only saw a peer go away. Best effort: a full disk
+    must not hide the failure being handled."""
     import time
 
-    write_json_atomic(
-        Path(run_dir) / RANK_FAILURES / f"rank{rank}.json",
-        {**failure, "rank": rank, "time": time.time(), "collective": collective},
-    )
+    record = dict(failure)
+    if record.get("rank") is None:  # this rank's own failure
+        record.update(rank=reported_by, cause=failure["message"], message=f"rank {reported_by}: {failure['message']}")
+    record.update(reported_by=reported_by, time=time.time(), collective=collective)
+    try:
+        write_json_atomic(Path(run_dir) / RANK_FAILURES / f"rank{reported_by}.json", record)
+    except OSError:
+        pass
 
 
 def read_rank_failures(run_dir: Path) -> list[dict]:
@@ -256,3 +264,17 @@ def read_rank_failures(run_dir: Path) -> list[dict]:
         except (OSError, ValueError):
             continue
     return out
+
+
+FAILURE_FIELDS = ("kind", "message", "rank", "step", "cause")
+
+
+def first_failure(run_dir: Path) -> dict | None:
+    """The failure that started it: the earliest a rank recorded of itself, else the earliest verdict
+    about a rank (a hang); ranks that only saw a peer go away do not count. None: no rank said."""
+    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
+    own = [r for r in reports if r.get("rank") == r.get("reported_by")]
+    found = min(own or reports, key=lambda r: r["time"], default=None)
+    if found is None:
+        return None
+    return {k: found.get(k) for k in (*FAILURE_FIELDS, "reported_by")}

@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -29,7 +32,7 @@ from dpo_sweeps.data.encoding import (
 )
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
-from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure
+from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, is_disk_full
 from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
 from dpo_sweeps.losses import preference_loss, sft_loss
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
@@ -43,6 +46,8 @@ from dpo_sweeps.signals import RunInterrupted, StopWatch
 from dpo_sweeps.tracking import Tracker
 
 log = logging.getLogger(__name__)
+
+FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
 
 # Per-pair statistics summed over ranks, then divided by the pair count.
 PAIR_STATS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
@@ -70,8 +75,11 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None):
+    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
+                 heartbeat: Callable[[int, str], None] | None = None):
         self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
+        # Called at each phase of each step (see watchdog.py): a rank that stops calling it is hung.
+        self.heartbeat = heartbeat or (lambda step, phase: None)
         self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
         self.stop_watch = stop_watch or StopWatch()
@@ -262,15 +270,18 @@ class Trainer:
 
         self.perf.start()
         for pairs in micro_batches:
+            self.heartbeat(step + 1, "forward")
             batch = self._collate(pairs)
             tokens += int(batch["num_tokens"])
             losses, stats = self._pair_losses(batch)
             losses = self._inject_fault(step, losses)
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
             loss = losses.sum() / per_rank_pairs  # FSDP averages over ranks: the global-batch mean
+            self.heartbeat(step + 1, "backward")
             self.scaler.scale_loss(loss).backward()
             sums += torch.stack([stats[k].double().sum().cpu() for k in PAIR_STATS])
 
+        self.heartbeat(step + 1, "optimizer")
         params = [p for p in self.policy.parameters() if p.grad is not None]
         overflow = self.scaler.unscale_and_check(params)
         grad_norm = None
@@ -313,10 +324,24 @@ class Trainer:
         if fault.kind == "oom":
             raise torch.OutOfMemoryError(f"injected out of memory {where}")
         if fault.kind == "sigkill":
-            import signal
-
             os.kill(os.getpid(), signal.SIGKILL)
-        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", "nan_loss, crash, oom, sigkill")
+        if fault.kind == "hang":
+            log.warning("injected hang %s", where)
+            while True:
+                time.sleep(3600)
+        if fault.kind == "sigkill_in_checkpoint":
+            return loss  # fires in save_checkpoint
+        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", ", ".join(FAULT_KINDS))
+
+    def _fault_in_checkpoint(self, step: int) -> Callable[[], None] | None:
+        """Test hook: faults.kind=sigkill_in_checkpoint kills the rank inside the save of checkpoint `step`,
+        after its shards are written and before it is complete."""
+        fault = self.cfg.get("faults")
+        if not fault or fault.kind != "sigkill_in_checkpoint" or self.resumed_from is not None:
+            return None
+        if step != fault.step or self.env.rank != fault.rank:
+            return None
+        return lambda: os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -327,6 +352,7 @@ class Trainer:
         count = 0
         self.policy.eval()
         for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
+            self.heartbeat(self.state.step, "eval")
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
             _, stats = self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))
             sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in PAIR_STATS])
@@ -423,7 +449,9 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Checkpoint the training state after the current step (collective)."""
         step = self.state.step
-        return self.checkpointer.save(step, self.policy, self.optimizer, {
+        self.heartbeat(step, "checkpoint")
+        return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=self._fault_in_checkpoint(step),
+                                      train_state={
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -446,6 +474,7 @@ class Trainer:
     # ------------------------------------------------------------------ save
     def save_model(self) -> Path | None:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
+        self.heartbeat(self.state.step, "save_model")
         state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         path = saved_model_path(self.ctx.run_dir)
         if self.env.is_main:
@@ -454,11 +483,22 @@ class Trainer:
             with torch.device("meta"):
                 plain = AutoModelForCausalLM.from_config(self.policy.config)
             plain.load_state_dict(state, assign=True)
-            plain.save_pretrained(path)
-            self.tokenizer.save_pretrained(path)
+            try:
+                plain.save_pretrained(path)
+                self.tokenizer.save_pretrained(path)
+            except Exception as exc:  # safetensors and tokenizers raise their own types for a full disk
+                if not is_disk_full(exc):
+                    raise
+                shutil.rmtree(path, ignore_errors=True)  # half a model is no model
+                raise DiskFull(f"no space left on device writing the final model to {path}") from exc
         if dist.is_initialized():
             dist.barrier()
         return path if self.env.is_main else None
+
+    def checkpointer_report(self) -> dict[str, Any]:
+        """summary.json extras: the broken checkpoints skipped at resume, if any."""
+        broken = getattr(getattr(self, "checkpointer", None), "broken", [])
+        return {"broken_checkpoints": broken} if broken else {}
 
     def close(self, metrics: dict[str, Any], failed: bool) -> None:
         if self.tracker is not None:
