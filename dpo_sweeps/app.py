@@ -2,8 +2,8 @@
 
 `run(cfg)` is a plain function (submitit pickles it; see the notes on Hydra #3038); `__main__`
 wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
-or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes, or trains
-in this process. Rank 0 writes metrics.jsonl and summary.json, for failed runs too.
+or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes
+(`dpo_sweeps.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json, for failed runs too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import time
 import uuid
@@ -34,12 +33,11 @@ from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of
 from dpo_sweeps.rundir import (
     FAILURE_FIELDS, RANK_FAILURES, config_difference, config_hash, first_failure, read_summary, redact_files,
-    scrub_secrets, secret_values, write_rank_failure, write_summary,
+    reserve_summary_space, scrub_secrets, secret_values, write_rank_failure, write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
-    STOP_PREEMPT_SIGNAL, STOP_SIGTERM, RunInterrupted, StopWatch, die_with_parent, forwarding_stop_signals,
-    preemption_signal,
+    RunInterrupted, StopWatch,
 )
 from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
 from dpo_sweeps.watchdog import Watchdog, heartbeat_dir
@@ -47,9 +45,8 @@ from dpo_sweeps.validate import validate_config, world_size_of
 
 log = logging.getLogger("dpo_sweeps")
 
-# How long rank 0 waits for a failed peer to record why, and the launcher for ranks to exit after one fails.
+# How long rank 0 waits for a failed peer to record why.
 PEER_REPORT_WAIT_S = 5.0
-RANK_EXIT_GRACE_S = 15.0
 PEER_STOPPED = "a peer rank stopped"
 
 
@@ -128,9 +125,11 @@ def run_config(ctx: RunContext) -> dict:
         try:
             validate_config(cfg, ctx.base_dir)
         except RunFailure as exc:
-            return _write_failed(ctx, failure_of(exc))
+            return write_failed(ctx, failure_of(exc))
         if world_size_of(cfg) > 1:
-            return _spawn_local_ranks(ctx, world_size_of(cfg), cfg)
+            from dpo_sweeps.local_ranks import spawn_local_ranks  # which imports this module
+
+            return spawn_local_ranks(ctx, world_size_of(cfg), cfg)
         port = cfg.resources.master_port or free_port()
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)
@@ -149,6 +148,7 @@ def _prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
     rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
     shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
     shutil.rmtree(heartbeat_dir(run_dir), ignore_errors=True)
+    reserve_summary_space(run_dir)
     remove_partial_checkpoints(run_dir)
     if not (cfg.get("checkpoint") or {}).get("resume", True):
         remove_checkpoints(run_dir, "checkpoint.resume=false")
@@ -176,7 +176,8 @@ def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
             f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")
 
 
-def _write_failed(ctx: RunContext, failure: dict) -> dict:
+def write_failed(ctx: RunContext, failure: dict) -> dict:
+    """The failed summary.json of a run whose ranks could not report (or never started)."""
     return write_summary(ctx.run_dir, status="failed", failure=failure, overrides=ctx.overrides,
                          config=ctx.config, metrics={}, extra={"attempt": ctx.attempt})
 
@@ -321,100 +322,3 @@ def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None) -> dict:
     if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
         return {**own, "kind": "crash", "rank": None, "message": f"{PEER_STOPPED}: {own['message']}"}
     return {k: found.get(k) for k in FAILURE_FIELDS}
-
-
-# ---------------------------------------------------------------------- local rank processes
-def _rank_process(ctx: RunContext, env: RankEnv) -> None:
-    die_with_parent()
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
-                        format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
-    summary = run_rank(ctx, env, bind_cores=True)
-    failed = summary is None and (ctx.run_dir / "rank_failures" / f"rank{env.rank}.json").exists()
-    sys.exit(1 if failed or (summary is not None and summary["status"] != "completed") else 0)
-
-
-def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict:
-    """Start one process per rank on this machine; a rank that dies takes the others down."""
-    port = cfg.resources.master_port or free_port()
-    if cfg.resources.master_port is None:
-        log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)
-    mp = multiprocessing.get_context("spawn")
-    procs: list = []
-    # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together.
-    with forwarding_stop_signals(procs) as watch:
-        for rank in range(world_size):
-            env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
-                          master_addr="127.0.0.1", master_port=port)
-            proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
-            proc.start()
-            procs.append(proc)
-        _wait_for_ranks(procs)
-    shutil.rmtree(heartbeat_dir(ctx.run_dir), ignore_errors=True)  # those of ranks that were killed
-
-    summary = read_summary(ctx.run_dir)
-    if summary is None or summary.get("attempt") != ctx.attempt:
-        failure = _failure_from_exit_codes(ctx.run_dir, procs)
-        if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
-            name = signal.Signals(watch.signum).name
-            failure = {"kind": "preempted", "message": f"{name} received; {failure['message']}"}
-        return _write_failed(ctx, failure)
-    extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
-    killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
-    if summary["status"] == "failed" and killed and summary["failure"].get("rank", 0) is None:
-        # Rank 0 only saw its peer vanish; the exit codes say how.
-        summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
-        summary = _rewrite_summary(ctx, summary, extra)
-    failure = summary.get("failure") or {}
-    if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
-        # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
-        reason = STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal() else STOP_SIGTERM
-        kind = watch.failure_kind(reason)
-        if kind != failure["kind"]:
-            summary["failure"] = {**failure, "kind": kind}
-            summary = _rewrite_summary(ctx, summary, extra)
-        watch.leave(reason, is_main=True)  # exits here when the job is requeued
-    return summary
-
-
-_SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
-
-
-def _rewrite_summary(ctx: RunContext, summary: dict, extra: dict) -> dict:
-    return write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
-                         metrics=summary["metrics"], extra=extra)
-
-
-def _wait_for_ranks(procs: list) -> None:
-    """Until every rank has exited; once one fails, the others get RANK_EXIT_GRACE_S to follow."""
-    first_failure_at = None
-    try:
-        while any(p.is_alive() for p in procs):
-            if first_failure_at is None and any(p.exitcode not in (None, 0) for p in procs):
-                first_failure_at = time.monotonic()
-            if first_failure_at is not None and time.monotonic() - first_failure_at > RANK_EXIT_GRACE_S:
-                for p in procs:
-                    if p.is_alive():
-                        p.kill()
-            time.sleep(0.2)
-    except BaseException:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        raise
-    finally:
-        for p in procs:
-            p.join()
-
-
-def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
-    found = first_failure(run_dir)
-    if found:
-        return {k: found.get(k) for k in FAILURE_FIELDS}
-    dead = [(int(p.name.removeprefix("rank")), p.exitcode) for p in procs if p.exitcode]
-    described = ", ".join(
-        f"rank{rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank{rank} exited with {code}"
-        for rank, code in dead
-    )
-    message = described or "rank 0 ended without writing summary.json"
-    return {"kind": "crash", "message": message, "rank": dead[0][0] if dead else None, "step": None,
-            "cause": message}

@@ -6,6 +6,7 @@ each metrics.jsonl record is one complete line written in a single call.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -18,6 +19,9 @@ SCHEMA = 1
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 RANK_FAILURES = "rank_failures"
+# Space held for summary.json from the start of a run, so a full disk still gets its summary.
+SUMMARY_RESERVE = ".summary_reserve"
+SUMMARY_RESERVE_BYTES = 256 * 1024
 
 # Keys that do not change what a run computes: they are left out of config_hash, so a resumed or
 # re-launched sweep recognises its finished runs.
@@ -199,8 +203,25 @@ def write_summary(
     if extra:
         summary.update(extra)
     summary = _finite_or_none(summary)
-    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    reserve = Path(run_dir) / SUMMARY_RESERVE
+    try:
+        write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not reserve.exists():
+            raise
+        reserve.unlink()  # the disk is full: the space held for this moment
+        write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    reserve.unlink(missing_ok=True)
     return summary
+
+
+def reserve_summary_space(run_dir: Path) -> None:
+    """Hold SUMMARY_RESERVE_BYTES for summary.json until it is written (best effort)."""
+    try:
+        with open(Path(run_dir) / SUMMARY_RESERVE, "wb") as f:
+            f.write(b"\0" * SUMMARY_RESERVE_BYTES)
+    except OSError:
+        pass
 
 
 def read_summary(run_dir: Path) -> dict | None:

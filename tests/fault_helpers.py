@@ -96,9 +96,13 @@ def summary_of(run_dir: Path) -> dict:
 
 def fault_to_summary(run_dir: Path, fault_at: float, fault: str, test: str) -> float:
     """Seconds from the fault to the failed summary.json, recorded for the issue's note."""
-    seconds = (run_dir / "summary.json").stat().st_mtime - fault_at
-    print(f"fault-to-summary {fault}: {seconds:.1f} s ({test})")
+    return record_seconds(fault, (run_dir / "summary.json").stat().st_mtime - fault_at, test)
+
+
+def record_seconds(what: str, seconds: float, test: str) -> float:
+    """Print a measured duration (and append it to $DPO_SWEEPS_FAULT_TIMES when set); no test asserts on it."""
+    print(f"seconds {what}: {seconds:.1f} ({test})")
     if FAULT_TIMES:
         with open(FAULT_TIMES, "a") as f:
-            f.write(json.dumps({"fault": fault, "seconds": round(seconds, 1), "test": test}) + "\n")
+            f.write(json.dumps({"what": what, "seconds": round(seconds, 1), "test": test}) + "\n")
     return seconds
