@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
@@ -218,12 +219,15 @@ class Checkpointer:
                 before_commit()
             if self.rank == 0:
                 self._commit(step, tmp, final, started)
-        except Exception as exc:
-            if not is_disk_full(exc):
-                raise
-            if self.rank == 0:  # give the space back: the summary and the earlier files need it
+        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+            full = is_disk_full(exc, self.folder)
+            if self.rank == 0 and full:  # give the space back: the summary and the earlier files need it
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise DiskFull(f"no space left on device writing checkpoint {tmp}") from exc
+            if full:
+                raise DiskFull(f"no space left on device writing checkpoint {tmp}") from exc
+            if isinstance(exc, CheckpointException):
+                raise RuntimeError(f"checkpoint {tmp} not written: {str(exc).strip().splitlines()[-1]}") from exc
+            raise
         _barrier()
         self.last_saved_step = step
         return final
@@ -291,7 +295,11 @@ class Checkpointer:
         """Restore policy, optimizer and this rank's RNG states (collective); returns the saved train state."""
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, checkpoint_id=str(info.path))
+        try:
+            dcp.load(state, checkpoint_id=str(info.path))
+        except CheckpointException as exc:  # a BaseException: make it an error the run records
+            raise RuntimeError(f"checkpoint {info.path} cannot be loaded: {str(exc).strip().splitlines()[-1]} "
+                               "(checkpoint.resume=false starts over)") from exc
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
         rank_file = info.path / f"train_state_rank{self.rank}.pt"

@@ -69,13 +69,27 @@ def failure_of(exc: BaseException) -> dict:
     return {"kind": kind, "message": message, "rank": None, "step": None, "cause": message}
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """ENOSPC or EDQUOT, also when a library wrapped it (torch.distributed.checkpoint does)."""
+# Less free space than this where a write failed: the disk is full, whatever the writer said.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def is_disk_full(exc: BaseException, path=None) -> bool:
+    """ENOSPC or EDQUOT, also when a library wrapped it (torch.distributed.checkpoint does), or any
+    write error where `path`'s filesystem is (nearly) full: torch.save reports a full disk as
+    "unexpected pos"."""
     import errno
+    import shutil
 
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    return "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc).lower()
+    if "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc).lower():
+        return True
+    if path is None:
+        return False
+    try:
+        return shutil.disk_usage(path).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

@@ -487,7 +487,7 @@ class Trainer:
                 plain.save_pretrained(path)
                 self.tokenizer.save_pretrained(path)
             except Exception as exc:  # safetensors and tokenizers raise their own types for a full disk
-                if not is_disk_full(exc):
+                if not is_disk_full(exc, path.parent):
                     raise
                 shutil.rmtree(path, ignore_errors=True)  # half a model is no model
                 raise DiskFull(f"no space left on device writing the final model to {path}") from exc
