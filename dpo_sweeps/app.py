@@ -285,8 +285,6 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         finally:
             if trainer is not None:
                 trainer.close(metrics, failure is not None)
-            if dist.is_initialized():
-                dist.destroy_process_group()
         if not env.is_main:
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
@@ -296,6 +294,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
     finally:
+        # After the summary: with NCCL and a dead peer, tearing the process group down can block.
+        if dist.is_initialized():
+            dist.destroy_process_group()
         if watchdog is not None:
             watchdog.stop()
         watch.uninstall()

@@ -199,7 +199,7 @@ class Checkpointer:
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              train_state: dict[str, Any], before_commit: Callable[[], None] | None = None) -> Path:
         """Write checkpoint `step` (collective); returns its folder. `before_commit`: a test hook run
-        once the files are written, before the checkpoint is complete."""
+        once this rank's files are written, before the ranks agree that the checkpoint is complete."""
         final = self.folder / f"step_{step}"
         tmp = self.folder / f"step_{step}.tmp"
         started = time.monotonic()
@@ -214,9 +214,9 @@ class Checkpointer:
             torch.save({**train_state, "step": step, "rng": capture_rng_state(self.device)}, rank_file)
             with open(rank_file, "rb+") as f:
                 os.fsync(f.fileno())
-            _barrier()
             if before_commit is not None:
                 before_commit()
+            _barrier()
             if self.rank == 0:
                 self._commit(step, tmp, final, started)
         except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException

@@ -335,7 +335,7 @@ class Trainer:
 
     def _fault_in_checkpoint(self, step: int) -> Callable[[], None] | None:
         """Test hook: faults.kind=sigkill_in_checkpoint kills the rank inside the save of checkpoint `step`,
-        after its shards are written and before it is complete."""
+        after its own files are written and before the checkpoint is complete."""
         fault = self.cfg.get("faults")
         if not fault or fault.kind != "sigkill_in_checkpoint" or self.resumed_from is not None:
             return None

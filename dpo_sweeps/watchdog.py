@@ -44,8 +44,6 @@ STALE_S = 10.0
 PEER_GRACE_S = 5.0
 # After a verdict, how long a rank other than 0 waits before exiting (rank 0 writes the summary meanwhile).
 EXIT_DELAY_S = 2.0
-# How long a rank's own ending (summary, clean-up) may take once begun before a verdict ends the process.
-ENDING_GRACE_S = 30.0
 
 
 def heartbeat_dir(run_dir: Path) -> Path:
@@ -118,6 +116,7 @@ class Watchdog:
         self._reported = False
         self._stop = threading.Event()
         self._ending = threading.Lock()  # held by whichever of the rank's main thread and this one ends the run
+        self._main_ends = False
         self._thread = threading.Thread(target=self._run, name=f"watchdog-rank{rank}", daemon=True)
 
     # ------------------------------------------------------------------ the training loop's side
@@ -132,9 +131,11 @@ class Watchdog:
         self._armed = True
 
     def begin_ending(self) -> None:
-        """The rank's main thread ends the run itself (its summary, its clean-up); blocks for good when
-        the watchdog is already ending the process."""
-        self._ending.acquire()
+        """The rank's main thread ends the run itself (its summary, its clean-up, a requeue): no verdict
+        acts from now on. Blocks for good when the watchdog is already ending the process."""
+        if not self._main_ends:
+            self._ending.acquire()
+            self._main_ends = True
 
     def stop(self) -> None:
         """The rank is ending: no more verdicts; its heartbeat is removed."""
@@ -204,13 +205,12 @@ class Watchdog:
             self._reported = True
             write_rank_failure(self.run_dir, self.rank, verdict, collective=False)
             self._kill_stopped_peers(beats, now)
-        if self._ending.acquire(blocking=False):
-            if self.rank == 0:
-                self.on_verdict(verdict)
-            else:
-                time.sleep(EXIT_DELAY_S)
-        elif now - self._verdict_at < ENDING_GRACE_S:
-            return  # the main thread is ending the run itself
+        if not self._ending.acquire(blocking=False):
+            return  # the main thread is ending the run itself (its summary, a SLURM requeue): leave it be
+        if self.rank == 0:
+            self.on_verdict(verdict)
+        else:
+            time.sleep(EXIT_DELAY_S)
         log.error("rank %d ends: %s", self.rank, verdict["message"])
         for handler in logging.getLogger().handlers:
             handler.flush()

@@ -41,11 +41,11 @@ def matrix(tmp_path_factory):
             f"hydra.sweep.dir={sweep_dir}"]
     run = run_watched(args, lambda: [p for p in sweep_dir.glob("[0-9]*") if p.is_dir()], timeout=900)
     runs = {summary_of(p)["config"]["faults"]["kind"]: p for p in sweep_dir.glob("[0-9]*") if (p / "summary.json").exists()}
-    return run, runs
+    return run, runs, sweep_dir
 
 
 def test_each_fault_kind_is_recorded_and_the_sweep_goes_on(matrix):
-    run, runs = matrix
+    run, runs, sweep_dir = matrix
     assert run.returncode != 0  # the sweep says some runs failed
     assert set(runs) == {None, *EXPECTED}, run.output[-3000:]
     assert summary_of(runs[None])["status"] == "completed" and summary_of(runs[None])["metrics"]["steps"] == 5
@@ -61,11 +61,12 @@ def test_each_fault_kind_is_recorded_and_the_sweep_goes_on(matrix):
     # The sweep screen counts them.
     assert ": 7 runs =====" in run.output and "completed  1" in run.output, run.output[-3000:]
     assert "failed     6  (crash: 3, hang: 1, nan: 1, oom: 1)" in run.output, run.output[-3000:]
-    fault_to_summary(runs["hang"], injected_at(run.output, "hang"), "hang (local launcher)", MATRIX)
+    rank_logs = "".join(p.read_text() for p in sweep_dir.glob(".submitit/*/*_log.out"))  # each rank logs there
+    fault_to_summary(runs["hang"], injected_at(rank_logs, "hang"), "hang (local launcher)", MATRIX)
 
 
 def test_a_failed_run_keeps_its_logs_and_last_complete_checkpoint(matrix):
-    _, runs = matrix
+    _, runs, _ = matrix
     for kind in EXPECTED:
         steps = [json.loads(line)["step"] for line in (runs[kind] / "metrics.jsonl").read_text().splitlines()]
         assert steps[:3] == [1, 2, 3], kind
@@ -75,6 +76,6 @@ def test_a_failed_run_keeps_its_logs_and_last_complete_checkpoint(matrix):
 
 
 def test_no_rank_process_is_left(matrix):
-    run, _ = matrix
+    run, _, _ = matrix
     assert len(run.pids) >= 2 * len(KINDS) - 1  # every run's ranks were seen (one may die before its first beat)
     assert run.alive() == []
