@@ -39,6 +39,10 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     world = nodes * nproc
     if res.device not in DEVICES:
         raise InvalidConfig("resources.device", f"got {res.device!r}", ", ".join(DEVICES))
+    hang = res.hang_timeout_s
+    if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float)) or hang <= 0):
+        raise InvalidConfig("resources.hang_timeout_s", f"got {hang!r}",
+                            "a number of seconds > 0, or null for resources.collective_timeout_s")
 
     batch = _positive_int(train.batch_size, "train.batch_size")
     micro = _positive_int(train.micro_batch_size, "train.micro_batch_size")
