@@ -63,7 +63,7 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
         failure = _failure_from_exit_codes(ctx.run_dir, procs)
         if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
             name = signal.Signals(watch.signum).name
-            failure = {"kind": "preempted", "message": f"{name} received; {failure['message']}"}
+            failure = {**failure, "kind": "preempted", "message": f"{name} received; {failure['message']}"}
         return write_failed(ctx, failure)
     extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
     killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
