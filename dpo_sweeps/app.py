@@ -3,7 +3,8 @@
 `run(cfg)` is a plain function (submitit pickles it; see the notes on Hydra #3038); `__main__`
 wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
 or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes
-(`dpo_sweeps.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json, for failed runs too.
+(`dpo_sweeps.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json,
+for failed runs too; every rank runs a watchdog (`dpo_sweeps.watchdog`) that ends a failed or hung run.
 """
 
 from __future__ import annotations

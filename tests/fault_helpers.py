@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +55,6 @@ def run_watched(args: list[str], run_dirs: Callable[[], list[Path]], *, act: Cal
     started = time.monotonic()
     proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = Watched(0, "", 0.0)
-    import threading
-
     chunks: list[str] = []
     reader = threading.Thread(target=lambda: chunks.extend(proc.stdout), daemon=True)
     reader.start()

@@ -40,7 +40,8 @@ def matrix(tmp_path_factory):
             "resources.nproc_per_node=2", *HANG_BOUND, f"faults.kind={','.join(KINDS)}",
             f"hydra.sweep.dir={sweep_dir}"]
     run = run_watched(args, lambda: [p for p in sweep_dir.glob("[0-9]*") if p.is_dir()], timeout=900)
-    runs = {summary_of(p)["config"]["faults"]["kind"]: p for p in sweep_dir.glob("[0-9]*") if (p / "summary.json").exists()}
+    runs = {summary_of(p)["config"]["faults"]["kind"]: p
+            for p in sweep_dir.glob("[0-9]*") if (p / "summary.json").exists()}
     return run, runs, sweep_dir
 
 

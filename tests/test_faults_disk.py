@@ -53,7 +53,8 @@ def test_a_full_disk_is_recorded_and_the_sweep_goes_on(sweep_dir):
     assert on_disk["status"] == "completed"
     assert "failed     2  (disk_full: 2)" in output
 
-    for n, steps in ((0, [1, 2]), (1, [1, 2, 3, 4, 4])):  # what each wrote before the disk filled is intact (4: train, eval)
+    # What each wrote before the disk filled is intact (step 4: a train and an eval record).
+    for n, steps in ((0, [1, 2]), (1, [1, 2, 3, 4, 4])):
         run_dir = sweep_dir / str(n)
         assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == steps
         assert (run_dir / ".hydra" / "config.yaml").exists()

@@ -2,7 +2,8 @@
 out: kind `hang` (or the failing rank's kind) naming the rank and the step, within
 resources.collective_timeout_s + 30 s, a summary.json written, and no rank process left.
 
-The local launcher's case is in tests/test_faults.py (the fault matrix), SLURM's in
+A stopped rank under self-spawned ranks here, a crash and a hang under torchrun; a hung rank under
+the local launcher is in tests/test_faults.py (the fault matrix), under SLURM in
 tests/test_faults_slurm.py."""
 
 from __future__ import annotations
@@ -19,22 +20,6 @@ from fault_helpers import HANG_BOUND, SHORT, dpo, fault_to_summary, injected_at,
 
 pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 120  # HANG_BOUND's
-
-
-def test_a_hung_rank_ends_the_run_with_kind_hang(tmp_path):
-    """faults.kind=hang: rank 1 sleeps forever in step 3 while rank 0 waits in a collective."""
-    run_dir = tmp_path / "run"
-    run = run_watched(dpo("resources.nproc_per_node=2", "faults.kind=hang", "faults.rank=1", *HANG_BOUND,
-                          run_dir=run_dir), lambda: [run_dir])
-    assert run.returncode == 1, run.output[-3000:]
-    failure = summary_of(run_dir)["failure"]
-    assert (failure["kind"], failure["rank"], failure["step"]) == ("hang", 1, 3), failure
-    assert failure["message"].startswith("rank 1 made no progress at step 3")
-    seconds = fault_to_summary(run_dir, injected_at(run.output, "hang"), "hang (self-spawned ranks)",
-                               "tests/test_faults_hang.py::test_a_hung_rank_ends_the_run_with_kind_hang")
-    assert seconds < COLLECTIVE_TIMEOUT_S + 30
-    assert len(run.pids) == 2 and run.alive() == []
-    assert summary_of(run_dir)["metrics"]["steps"] == 2  # what it got to
 
 
 def test_a_stopped_rank_is_found_and_killed(tmp_path):
@@ -56,6 +41,32 @@ def test_a_stopped_rank_is_found_and_killed(tmp_path):
     assert "stopped responding" in failure["message"]
     seconds = fault_to_summary(run_dir, run.acted_at, "SIGSTOP (self-spawned ranks)",
                                "tests/test_faults_hang.py::test_a_stopped_rank_is_found_and_killed")
+    assert seconds < COLLECTIVE_TIMEOUT_S + 30
+    assert run.alive() == []
+
+
+def test_a_job_whose_only_rank_is_stopped_is_cancelled_by_the_local_launcher(tmp_path):
+    """No watchdog runs in a stopped process: the local launcher sees every heartbeat of the job go
+    stale, cancels the job and writes its `hang` summary."""
+    sweep_dir = tmp_path / "sweep"
+
+    def stop_rank0(beats: dict) -> bool:
+        beat = beats.get(0)
+        if beat is None or (beat["step"] or 0) < 2:
+            return False
+        os.kill(beat["pid"], signal.SIGSTOP)
+        return True
+
+    args = [sys.executable, "-m", "dpo_sweeps", "-m", *SHORT, "train.max_steps=40", *HANG_BOUND,
+            f"hydra.sweep.dir={sweep_dir}"]
+    run = run_watched(args, lambda: [sweep_dir / "0"], act=stop_rank0)
+    assert run.acted_at is not None and run.returncode != 0, run.output[-3000:]
+    failure = summary_of(sweep_dir / "0")["failure"]
+    assert failure["kind"] == "hang" and failure["rank"] == 0 and failure["step"] >= 2, failure
+    assert "failed     1  (hang: 1)" in run.output
+    seconds = fault_to_summary(sweep_dir / "0", run.acted_at, "SIGSTOP of a 1-rank job (local launcher)",
+                               "tests/test_faults_hang.py::"
+                               "test_a_job_whose_only_rank_is_stopped_is_cancelled_by_the_local_launcher")
     assert seconds < COLLECTIVE_TIMEOUT_S + 30
     assert run.alive() == []
 
