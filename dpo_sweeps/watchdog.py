@@ -5,15 +5,17 @@ own watchdog then aborts the process with no Python error and no summary).
 Each rank runs a `Watchdog` thread. Once a second it writes `<run dir>/heartbeats/rank<r>.json`:
 `alive` (a counter the thread itself advances: it stops only when the process is stopped or gone)
 and `progress` (a counter the training loop advances at each phase of each step, eval batch and
-checkpoint, with that step). It reads every rank's heartbeat and `rank_failures/` and reaches a
-verdict when:
+checkpoint, with that step). It reads `rank_failures/` and the heartbeats (rank 0 every rank's,
+the other ranks rank 0's) and reaches a verdict when:
 
 - another rank recorded a failure of its own (an exception): the run ends with that rank's failure,
   after `PEER_GRACE_S` in which this rank's own error handling may end it the ordinary way;
 - no rank has made progress for `resources.hang_timeout_s` (null: `resources.collective_timeout_s`)
   since training started: the run ends with kind `hang`. The hung rank is one whose `alive` stopped
   (SIGSTOP, a lost process) or else the one furthest behind: ranks run the same phases in lockstep,
-  so the others wait in a collective for the rank that has not reached it.
+  so the others wait in a collective for the rank that has not reached it. Rank 0 judges and
+  records its verdict in `rank_failures/`, which the others follow; they judge only when rank 0
+  itself is the stopped one.
 
 On a verdict rank 0 writes the failed summary.json (`on_verdict`) and every rank exits; a stopped
 rank on this host is killed, as no signal it could handle reaches it. Launchers read the same files
@@ -50,10 +52,12 @@ def heartbeat_dir(run_dir: Path) -> Path:
     return Path(run_dir) / HEARTBEATS
 
 
-def read_heartbeats(run_dir: Path) -> dict[int, dict]:
+def read_heartbeats(run_dir: Path, rank: int | None = None) -> dict[int, dict]:
+    """Every rank's heartbeat (or only `rank`'s), by rank."""
     out = {}
     folder = heartbeat_dir(run_dir)
-    for path in folder.glob("rank*.json") if folder.is_dir() else []:
+    pattern = "rank*.json" if rank is None else f"rank{rank}.json"
+    for path in folder.glob(pattern) if folder.is_dir() else []:
         try:
             beat = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -168,7 +172,9 @@ class Watchdog:
         except OSError as exc:  # a full disk: peers will see this rank as stale, which it is not
             log.debug("watchdog: cannot write %s: %s", self.path, exc)
         now = time.monotonic()
-        beats = read_heartbeats(self.run_dir)
+        # Rank 0 watches every rank; the others watch rank 0 (whose verdicts they follow), so a large
+        # job's shared filesystem sees world_size reads a second, not world_size squared.
+        beats = read_heartbeats(self.run_dir, None if self.rank == 0 else 0)
         for rank, beat in beats.items():
             seen = (beat["alive"], beat["progress"])
             before = self._seen.get(rank)
@@ -189,10 +195,13 @@ class Watchdog:
         failed = first_failure(self.run_dir)
         if failed is not None and failed.get("reported_by") != self.rank:
             return {k: failed[k] for k in ("kind", "message", "rank", "step", "cause") if k in failed}
-        armed = len(beats) == self.world_size and all(b["armed"] for b in beats.values())
+        expected = self.world_size if self.rank == 0 else 1
+        armed = len(beats) == expected and all(b["armed"] for b in beats.values())
         if not armed or now - self._progress_at < self.bound_s:
             return None
         stale = {r for r in beats if now - self._alive_at[r] > STALE_S}
+        if self.rank != 0 and not stale:
+            return None  # rank 0 judges (and says so in rank_failures/), unless it is the one stopped
         return hang_failure(beats, stale, self.bound_s)
 
     def _act(self, beats: dict[int, dict], now: float) -> None:
