@@ -115,7 +115,8 @@ class SweepLauncher(BaseSubmititLauncher):
         ret: JobReturn | None = None
         error: BaseException | None = None
         try:
-            ret = submitted.task(0).result()
+            if known_failure is None:  # a cancelled job has no result (submitit would wait for one)
+                ret = submitted.task(0).result()
         except Exception as exc:  # submitit's UncompletedJobError / FailedJobError, or a lost job
             error = exc
         summary = read_summary(job.run_dir)
