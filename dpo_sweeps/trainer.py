@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
-import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +30,7 @@ from dpo_sweeps.data.encoding import (
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce
 from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, is_disk_full
+from dpo_sweeps.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.fsdp import build_mesh, dtype_of, shard_model
 from dpo_sweeps.losses import preference_loss, sft_loss
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
@@ -46,8 +44,6 @@ from dpo_sweeps.signals import RunInterrupted, StopWatch
 from dpo_sweeps.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
 
 # Per-pair statistics summed over ranks, then divided by the pair count.
 PAIR_STATS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
@@ -310,38 +306,8 @@ class Trainer:
         return record
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (see conf/config.yaml)."""
-        fault = self.cfg.get("faults")
-        if not fault or not fault.kind or step + 1 != fault.step or self.env.rank != fault.rank:
-            return loss
-        if self.resumed_from is not None:  # faults hit the first attempt only: a rerun shows the recovery
-            return loss
-        where = f"at step {step + 1} on rank {self.env.rank}"
-        if fault.kind == "nan_loss":
-            return loss * float("nan")
-        if fault.kind == "crash":
-            raise RuntimeError(f"injected crash {where}")
-        if fault.kind == "oom":
-            raise torch.OutOfMemoryError(f"injected out of memory {where}")
-        if fault.kind == "sigkill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fault.kind == "hang":
-            log.warning("injected hang %s", where)
-            while True:
-                time.sleep(3600)
-        if fault.kind == "sigkill_in_checkpoint":
-            return loss  # fires in save_checkpoint
-        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", ", ".join(FAULT_KINDS))
-
-    def _fault_in_checkpoint(self, step: int) -> Callable[[], None] | None:
-        """Test hook: faults.kind=sigkill_in_checkpoint kills the rank inside the save of checkpoint `step`,
-        after its own files are written and before the checkpoint is complete."""
-        fault = self.cfg.get("faults")
-        if not fault or fault.kind != "sigkill_in_checkpoint" or self.resumed_from is not None:
-            return None
-        if step != fault.step or self.env.rank != fault.rank:
-            return None
-        return lambda: os.kill(os.getpid(), signal.SIGKILL)
+        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/faults.py)."""
+        return inject_in_step(self.cfg.get("faults"), step + 1, self.env.rank, loss, self.resumed_from is not None)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -450,7 +416,8 @@ class Trainer:
         """Checkpoint the training state after the current step (collective)."""
         step = self.state.step
         self.heartbeat(step, "checkpoint")
-        return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=self._fault_in_checkpoint(step),
+        return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=fault_in_checkpoint(
+            self.cfg.get("faults"), step, self.env.rank, self.resumed_from is not None),
                                       train_state={
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
             "scheduler": self.scheduler.state_dict(),
