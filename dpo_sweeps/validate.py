@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from dpo_sweeps.data.encoding import TRUNCATION_MODES, check_lengths
 from dpo_sweeps.data.sources import DATA_SOURCES, check_eval_size, looks_local
 from dpo_sweeps.errors import DataError, InvalidConfig
+from dpo_sweeps.faults import FAULT_KINDS
 from dpo_sweeps.fsdp import check_fsdp_config, dtype_of
 from dpo_sweeps.losses import check_loss_config
 from dpo_sweeps.tracking import check_wandb_config
@@ -85,3 +86,5 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     if cfg.model.block_name in (None, ""):
         raise InvalidConfig("model.block_name", "not set", "the transformer block class FSDP wraps, e.g. GPT2Block")
     check_wandb_config(cfg.wandb)
+    if cfg.faults.kind is not None and cfg.faults.kind not in FAULT_KINDS:
+        raise InvalidConfig("faults.kind", f"unknown fault '{cfg.faults.kind}'", f"null, {', '.join(FAULT_KINDS)}")

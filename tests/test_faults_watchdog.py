@@ -63,3 +63,10 @@ def test_hang_timeout_must_be_a_positive_number():
         cfg = compose("config", overrides=["resources.hang_timeout_s=0"])
     with pytest.raises(InvalidConfig, match=r"resources.hang_timeout_s: got 0 \(accepted: a number of seconds > 0"):
         validate_config(cfg, Path("."))
+
+
+def test_an_unknown_fault_kind_is_refused_before_launch():
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["faults.kind=explode"])
+    with pytest.raises(InvalidConfig, match=r"faults.kind: unknown fault 'explode' \(accepted: null, nan_loss, crash"):
+        validate_config(cfg, Path("."))
