@@ -2,8 +2,9 @@
 
 `run(cfg)` is a plain function (submitit pickles it; see the notes on Hydra #3038); `__main__`
 wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
-or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes, or trains
-in this process. Rank 0 writes metrics.jsonl and summary.json, for failed runs too.
+or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes
+(`dpo_sweeps.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json,
+for failed runs too; every rank runs a watchdog (`dpo_sweeps.watchdog`) that ends a failed or hung run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import time
 import uuid
@@ -31,24 +31,23 @@ from dpo_sweeps.distributed import (
     select_device, wants_cuda,
 )
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
-from dpo_sweeps.errors import PEER_STOPPED, RunFailure, failure_of
+from dpo_sweeps.errors import PEER_STOPPED, InvalidConfig, RunFailure, failure_of
 from dpo_sweeps.rundir import (
-    RANK_FAILURES, read_rank_failures, read_summary, redact_files, run_cost, secret_values, write_rank_failure,
-    write_summary,
+    FAILURE_FIELDS, RANK_FAILURES, config_difference, config_hash, first_failure, read_summary, redact_files,
+    reserve_summary_space, run_cost, scrub_secrets, secret_values, write_rank_failure, write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
-    STOP_PREEMPT_SIGNAL, STOP_SIGTERM, RunInterrupted, StopWatch, die_with_parent, forwarding_stop_signals,
-    preemption_signal,
+    RunInterrupted, StopWatch,
 )
 from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
+from dpo_sweeps.watchdog import Watchdog, heartbeat_dir
 from dpo_sweeps.validate import validate_config, world_size_of
 
 log = logging.getLogger("dpo_sweeps")
 
-# How long rank 0 waits for a failed peer to record why, and the launcher for ranks to exit after one fails.
+# How long rank 0 waits for a failed peer to record why.
 PEER_REPORT_WAIT_S = 5.0
-RANK_EXIT_GRACE_S = 15.0
 
 
 class RunFailed(CompactHydraException):
@@ -73,6 +72,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # Hydra saved the composed config before calling us: keep secrets out of it (and everything after).
     secrets = secret_values(ctx.config, dict(os.environ))
     redact_files(sorted((run_dir / ".hydra").glob("*.yaml")), secrets)
+    # A sweep skips its completed runs itself (and `hydra.sweeper.resume=false` means run them again).
+    done = None if multirun else completed_run(ctx)
+    if done is not None:
+        print(f"run already complete: {run_dir / 'summary.json'} (checkpoint.resume=false trains it again)",
+              file=sys.stderr)
+        return done["metrics"]
     summary = run_config(ctx)
     if summary["status"] != "completed":
         failure = summary["failure"]
@@ -84,6 +89,25 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(1)
     return summary["metrics"]
+
+
+def completed_run(ctx: RunContext) -> dict | None:
+    """The summary of the completed run of this config already in the run directory (None: train).
+
+    A completed run of another config there is refused, as checkpoints of another config are;
+    `checkpoint.resume=false` trains the directory again.
+    """
+    summary = read_summary(ctx.run_dir)
+    if summary is None or summary.get("status") != "completed" or not ctx.config["checkpoint"]["resume"]:
+        return None
+    if summary.get("config_hash") == config_hash(scrub_secrets(ctx.config)):
+        return summary
+    failure = failure_of(InvalidConfig(
+        "hydra.run.dir", f"{ctx.run_dir} holds a completed run of a different config "
+        f"({config_difference(summary.get('config') or {}, scrub_secrets(ctx.config))})",
+        "another hydra.run.dir, the same command as that run, or checkpoint.resume=false to train it again"))
+    print(f"error: run refused ({failure['kind']}): {failure['message']}", file=sys.stderr)
+    sys.exit(1)
 
 
 def run_config(ctx: RunContext) -> dict:
@@ -103,9 +127,11 @@ def run_config(ctx: RunContext) -> dict:
         try:
             validate_config(cfg, ctx.base_dir)
         except RunFailure as exc:
-            return _write_failed(ctx, failure_of(exc))
+            return write_failed(ctx, failure_of(exc))
         if world_size_of(cfg) > 1:
-            return _spawn_local_ranks(ctx, world_size_of(cfg), cfg)
+            from dpo_sweeps.local_ranks import spawn_local_ranks  # which imports this module
+
+            return spawn_local_ranks(ctx, world_size_of(cfg), cfg)
         port = cfg.resources.master_port or free_port()
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)
@@ -121,8 +147,10 @@ def _refused(exc: RunDirInUse) -> dict:
 
 def _prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
     """What the owner of a run directory does before any rank starts: forget the previous attempt's
-    rank failures, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
+    rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
     shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
+    shutil.rmtree(heartbeat_dir(run_dir), ignore_errors=True)
+    reserve_summary_space(run_dir)
     remove_partial_checkpoints(run_dir)
     if not (cfg.get("checkpoint") or {}).get("resume", True):
         remove_checkpoints(run_dir, "checkpoint.resume=false")
@@ -156,7 +184,8 @@ def _cost(ctx: RunContext) -> dict[str, Any]:
     return run_cost(ctx.started_at, int(res["nodes"]) * int(res["nproc_per_node"]), wants_cuda(res["device"]))
 
 
-def _write_failed(ctx: RunContext, failure: dict) -> dict:
+def write_failed(ctx: RunContext, failure: dict) -> dict:
+    """The failed summary.json of a run whose ranks could not report (or never started)."""
     return write_summary(ctx.run_dir, status="failed", failure=failure, overrides=ctx.overrides,
                          config=ctx.config, metrics={}, extra={"attempt": ctx.attempt, **_cost(ctx)})
 
@@ -199,49 +228,13 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.get("time_limit_min")).install()
     trainer: Trainer | None = None
+    watchdog: Watchdog | None = None
     lock: RunDirLock | None = None
     metrics: dict[str, Any] = {}
     failure = None
     interrupted: RunInterrupted | None = None
-    try:
-        try:
-            device = select_device(cfg.resources.device, env.local_rank)
-            init_process_group(env, device, cfg.resources.collective_timeout_s)
-            if claim_run_dir:
-                lock = _claim_run_dir(ctx, env, cfg)
-            if env.world_size > 1:
-                validate_config(cfg, ctx.base_dir)
-            trainer = Trainer(ctx, cfg, env, device, stop_watch=watch)
-            trainer.setup()
-            metrics = trainer.fit()
-            if cfg.train.save_model:
-                trainer.save_model()
-            if env.is_main and not trainer.checkpointer.keep_when_completed:
-                remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
-        except RunDirInUse as exc:
-            return _refused(exc) if env.is_main else None
-        except Exception as exc:
-            failure = failure_of(exc)
-            interrupted = exc if isinstance(exc, RunInterrupted) else None
-            if failure["kind"] == "oom":
-                failure["message"] += f" [{_oom_context(cfg, env)}]"
-            collective = is_collective_error(exc)
-            if env.world_size > 1:
-                write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
-            if env.is_main and collective:
-                failure = _root_cause(ctx.run_dir, failure, env.world_size)
-            if trainer is not None and trainer.state.step:
-                metrics = _partial_metrics(trainer)
-            log.error("rank %d failed: %s", env.rank, failure["message"])
-        finally:
-            if trainer is not None:
-                trainer.close(metrics, failure is not None)
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        if not env.is_main:
-            if interrupted is not None:
-                watch.leave(interrupted.reason, is_main=False)
-            return None
+
+    def summary_of(failure: dict | None, metrics: dict[str, Any]) -> dict:
         extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
         if trainer is not None:
             extra["resumed_from_step"] = trainer.resumed_from
@@ -249,14 +242,75 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 extra["data"] = trainer.data_counts
             if hasattr(trainer, "layout"):
                 extra["layout"] = trainer.layout
+            extra.update(trainer.checkpointer_report())
         # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
         status = "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
-        summary = write_summary(ctx.run_dir, status=status, failure=failure,
-                                overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+        return write_summary(ctx.run_dir, status=status, failure=failure,
+                             overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+
+    def on_verdict(verdict: dict) -> None:  # rank 0's watchdog, when a peer failed or the run hung
+        partial = _partial_metrics(trainer) if trainer is not None and trainer.state.step else {}
+        summary_of({k: verdict.get(k) for k in FAILURE_FIELDS}, partial)
+        if multiprocessing.parent_process() is None:  # not one of our local ranks: nobody else will say it
+            print(f"error: run failed ({verdict['kind']}): {verdict['message']}  [{ctx.run_dir / 'summary.json'}]",
+                  file=sys.stderr, flush=True)
+
+    try:
+        try:
+            device = select_device(cfg.resources.device, env.local_rank)
+            init_process_group(env, device, cfg.resources.collective_timeout_s)
+            if claim_run_dir:
+                lock = _claim_run_dir(ctx, env, cfg)
+            hang_timeout_s = cfg.resources.hang_timeout_s or cfg.resources.collective_timeout_s
+            watchdog = Watchdog(ctx.run_dir, env.rank, env.world_size, hang_timeout_s, on_verdict).start()
+            if env.world_size > 1:
+                validate_config(cfg, ctx.base_dir)
+            trainer = Trainer(ctx, cfg, env, device, stop_watch=watch, heartbeat=watchdog.progress)
+            trainer.setup()
+            metrics = trainer.fit()
+            if cfg.train.save_model:
+                trainer.save_model()
+            watchdog.begin_ending()
+            if env.is_main and not trainer.checkpointer.keep_when_completed:
+                remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
+        except RunDirInUse as exc:
+            return _refused(exc) if env.is_main else None
+        except Exception as exc:
+            if watchdog is not None:
+                watchdog.begin_ending()
+            failure = failure_of(exc)
+            interrupted = exc if isinstance(exc, RunInterrupted) else None
+            if failure["kind"] == "oom":
+                failure["message"] += f" [{_oom_context(cfg, env)}]"
+            if failure["kind"] == "disk_full" and str(ctx.run_dir) not in failure["message"]:
+                failure["message"] += f" [run directory {ctx.run_dir}]"
+            collective = is_collective_error(exc)
+            failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])
+            if env.world_size > 1:
+                write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
+            failure["rank"] = env.rank
+            if env.is_main and collective:
+                failure = _root_cause(ctx.run_dir, failure, watchdog)
+            if trainer is not None and trainer.state.step:
+                metrics = _partial_metrics(trainer)
+            log.error("rank %d failed: %s", env.rank, failure["message"])
+        finally:
+            if trainer is not None:
+                trainer.close(metrics, failure is not None)
+        if not env.is_main:
+            if interrupted is not None:
+                watch.leave(interrupted.reason, is_main=False)
+            return None
+        summary = summary_of(failure, metrics)
         if interrupted is not None:
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
     finally:
+        # After the summary: with NCCL and a dead peer, tearing the process group down can block.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if watchdog is not None:
+            watchdog.stop()
         watch.uninstall()
         if lock is not None:
             lock.release()
@@ -270,110 +324,14 @@ def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
     return metrics
 
 
-def _root_cause(run_dir: Path, own: dict, world_size: int) -> dict:
-    """The failure of the rank that failed first on its own, rather than rank 0's 'peer went away'."""
+def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None) -> dict:
+    """The failure of the rank that failed first on its own (or hung), rather than rank 0's 'peer went away'."""
     deadline = time.monotonic() + PEER_REPORT_WAIT_S
     while True:
-        reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
-        if reports or time.monotonic() > deadline:
+        found = first_failure(run_dir) or (watchdog.verdict if watchdog is not None else None)
+        if found or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    if not reports:
-        return {"kind": "crash", "message": f"{PEER_STOPPED}: {own['message']}"}
-    first = min(reports, key=lambda r: r["time"])
-    return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
-
-
-# ---------------------------------------------------------------------- local rank processes
-def _rank_process(ctx: RunContext, env: RankEnv) -> None:
-    die_with_parent()
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
-                        format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
-    summary = run_rank(ctx, env, bind_cores=True)
-    failed = summary is None and (ctx.run_dir / "rank_failures" / f"rank{env.rank}.json").exists()
-    sys.exit(1 if failed or (summary is not None and summary["status"] != "completed") else 0)
-
-
-def _spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict:
-    """Start one process per rank on this machine; a rank that dies takes the others down."""
-    port = cfg.resources.master_port or free_port()
-    if cfg.resources.master_port is None:
-        log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)
-    mp = multiprocessing.get_context("spawn")
-    procs: list = []
-    # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together.
-    with forwarding_stop_signals(procs) as watch:
-        for rank in range(world_size):
-            env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
-                          master_addr="127.0.0.1", master_port=port)
-            proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
-            proc.start()
-            procs.append(proc)
-        _wait_for_ranks(procs)
-
-    summary = read_summary(ctx.run_dir)
-    if summary is None or summary.get("attempt") != ctx.attempt:
-        failure = _failure_from_exit_codes(ctx.run_dir, procs)
-        if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
-            name = signal.Signals(watch.signum).name
-            failure = {"kind": "preempted", "message": f"{name} received; {failure['message']}"}
-        return _write_failed(ctx, failure)
-    extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
-    killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
-    if summary["status"] == "failed" and killed and summary["failure"]["message"].startswith(PEER_STOPPED):
-        # Rank 0 only saw its peer vanish; the exit codes say how.
-        summary["failure"] = _failure_from_exit_codes(ctx.run_dir, killed)
-        summary = _rewrite_summary(ctx, summary, extra)
-    failure = summary.get("failure") or {}
-    if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
-        # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
-        reason = STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal() else STOP_SIGTERM
-        kind = watch.failure_kind(reason)
-        if kind != failure["kind"]:
-            summary["failure"] = {**failure, "kind": kind}
-            summary = _rewrite_summary(ctx, summary, extra)
-        watch.leave(reason, is_main=True)  # exits here when the job is requeued
-    return summary
-
-
-_SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
-
-
-def _rewrite_summary(ctx: RunContext, summary: dict, extra: dict) -> dict:
-    return write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
-                         metrics=summary["metrics"], extra=extra)
-
-
-def _wait_for_ranks(procs: list) -> None:
-    """Until every rank has exited; once one fails, the others get RANK_EXIT_GRACE_S to follow."""
-    first_failure_at = None
-    try:
-        while any(p.is_alive() for p in procs):
-            if first_failure_at is None and any(p.exitcode not in (None, 0) for p in procs):
-                first_failure_at = time.monotonic()
-            if first_failure_at is not None and time.monotonic() - first_failure_at > RANK_EXIT_GRACE_S:
-                for p in procs:
-                    if p.is_alive():
-                        p.kill()
-            time.sleep(0.2)
-    except BaseException:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        raise
-    finally:
-        for p in procs:
-            p.join()
-
-
-def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
-    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
-    if reports:
-        first = min(reports, key=lambda r: r["time"])
-        return {"kind": first["kind"], "message": f"rank {first['rank']}: {first['message']}"}
-    dead = [(p.name, p.exitcode) for p in procs if p.exitcode]
-    described = ", ".join(
-        f"{name} killed by {signal.Signals(-code).name}" if code < 0 else f"{name} exited with {code}"
-        for name, code in dead
-    )
-    return {"kind": "crash", "message": described or "rank 0 ended without writing summary.json"}
+    if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
+        return {**own, "kind": "crash", "rank": None, "message": f"{PEER_STOPPED}: {own['message']}"}
+    return {k: found.get(k) for k in FAILURE_FIELDS}

@@ -6,12 +6,17 @@ A checkpoint is the whole training state after optimizer step N:
         .metadata, __<rank>_0.distcp    policy and optimizer, sharded as FSDP holds them (DCP)
         train_state_rank<r>.pt          step, data position, LR scheduler, loss scaler, RNG states
                                         (torch CPU/CUDA, Python, NumPy) and the last logged metrics
-        COMPLETE                        JSON marker, written last
+        COMPLETE                        JSON marker, written last, with every file's size
 
 Atomic: every rank writes into `step_<N>.tmp/`; after a barrier rank 0 writes the marker, fsyncs and
 renames the folder to `step_<N>`. Only folders named `step_<N>` holding the marker count, so a run
 killed mid-save (SIGKILL, node loss) still has its previous checkpoint, and the next attempt removes
 the half-written `.tmp` folder. Old checkpoints are renamed away before they are deleted.
+
+A complete checkpoint can still break afterwards (a shard truncated or deleted by a full disk, a
+copy, a user). At resume every file is checked against the sizes in the marker; a broken checkpoint
+is reported in one line, renamed `step_<N>.broken`, and the run resumes from the newest one that is
+intact (`keep_last` >= 2 keeps one to fall back on).
 
 The reference model is not saved: it is rebuilt from the same seed or pretrained weights. The data
 position is the step itself (GlobalBatchSampler is a pure function of the step), so a resumed run
@@ -29,16 +34,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir import config_hash, write_json_atomic
+from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
+from dpo_sweeps.rundir import config_difference, config_hash, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,7 @@ CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
 _COMPLETE_NAME = re.compile(r"^step_(\d+)$")
 _LEFTOVER_SUFFIXES = (".tmp", ".deleting")
+BROKEN_SUFFIX = ".broken"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,20 @@ def complete_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
             continue
         found.append(CheckpointInfo(int(match.group(1)), path, marker))
     return sorted(found, key=lambda c: c.step)
+
+
+def checkpoint_problem(info: CheckpointInfo) -> str | None:
+    """Why a complete checkpoint cannot be loaded (a file missing or of the wrong size), or None.
+    Checkpoints written before markers listed their files pass unchecked."""
+    for name, size in sorted((info.marker.get("files") or {}).items()):
+        path = info.path / name
+        try:
+            found = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if found != size:
+            return f"{name} has {found} of its {size} bytes"
+    return None
 
 
 def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
@@ -144,22 +165,6 @@ def _from_rank0(value: Any) -> Any:
     return box[0]
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def _config_difference(saved: dict, current: dict, limit: int = 4) -> str:
-    before, after = _flat(saved), _flat(current)
-    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
 # ---------------------------------------------------------------------- the checkpointer
 def check_checkpoint_config(checkpoint_cfg) -> None:
     every = checkpoint_cfg.get("every_steps")
@@ -185,44 +190,61 @@ class Checkpointer:
         self.config = config
         self.config_hash = config_hash(config)
         self.last_saved_step: int | None = None
+        self.broken: list[str] = []  # checkpoints found broken at resume, "step_N: why"
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0 and step != self.last_saved_step
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             train_state: dict[str, Any]) -> Path:
-        """Write checkpoint `step` (collective); returns its folder."""
+             train_state: dict[str, Any], before_commit: Callable[[], None] | None = None) -> Path:
+        """Write checkpoint `step` (collective); returns its folder. `before_commit`: a test hook run
+        once this rank's files are written, before the ranks agree that the checkpoint is complete."""
         final = self.folder / f"step_{step}"
         tmp = self.folder / f"step_{step}.tmp"
         started = time.monotonic()
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        _barrier()
-
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
-        rank_file = tmp / f"train_state_rank{self.rank}.pt"
-        torch.save({**train_state, "step": step, "rng": capture_rng_state(self.device)}, rank_file)
-        with open(rank_file, "rb+") as f:
-            os.fsync(f.fileno())
-        _barrier()
-
-        if self.rank == 0:
-            marker = {"step": step, "world_size": self.world_size, "config_hash": self.config_hash,
-                      "time": time.time(), "config": self.config}
-            write_json_atomic(tmp / MARKER, marker)
-            _fsync_dir(tmp)
-            if final.exists():  # a checkpoint of this step from an earlier attempt: same state, replace it
-                self._delete(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.folder)
-            self._prune()
-            log.info("checkpoint step %d saved to %s in %.2f s", step, final, time.monotonic() - started)
+        try:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            _barrier()
+            model_state, optim_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
+            rank_file = tmp / f"train_state_rank{self.rank}.pt"
+            torch.save({**train_state, "step": step, "rng": capture_rng_state(self.device)}, rank_file)
+            with open(rank_file, "rb+") as f:
+                os.fsync(f.fileno())
+            if before_commit is not None:
+                before_commit()
+            _barrier()
+            if self.rank == 0:
+                self._commit(step, tmp, final, started)
+        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+            full = is_disk_full(exc, self.folder)
+            if self.rank == 0 and full:  # give the space back: the summary and the earlier files need it
+                shutil.rmtree(tmp, ignore_errors=True)
+            if full:
+                raise DiskFull(f"no space left on device writing checkpoint {tmp}") from exc
+            if isinstance(exc, CheckpointException):
+                raise RuntimeError(f"checkpoint {tmp} not written: {str(exc).strip().splitlines()[-1]}") from exc
+            raise
         _barrier()
         self.last_saved_step = step
         return final
+
+    def _commit(self, step: int, tmp: Path, final: Path, started: float) -> None:
+        """Rank 0, once every rank has written: the marker, then the rename that makes it count."""
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        marker = {"step": step, "world_size": self.world_size, "config_hash": self.config_hash,
+                  "time": time.time(), "config": self.config, "files": files}
+        write_json_atomic(tmp / MARKER, marker)
+        _fsync_dir(tmp)
+        if final.exists():  # a checkpoint of this step from an earlier attempt: same state, replace it
+            self._delete(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.folder)
+        self._prune()
+        log.info("checkpoint step %d saved to %s in %.2f s", step, final, time.monotonic() - started)
 
     def _delete(self, path: Path) -> None:
         doomed = path.with_name(path.name + ".deleting")
@@ -243,24 +265,41 @@ class Checkpointer:
         """
         choice: tuple[CheckpointInfo | None, str | None] = (None, None)
         if self.rank == 0 and self.resume:
-            info = latest_checkpoint(self.folder.parent)
+            info = self._newest_intact()
             problem = None
             if info is not None and info.marker.get("config_hash") != self.config_hash:
                 problem = (f"{self.folder} holds checkpoints of a different config "
-                           f"({_config_difference(info.marker.get('config', {}), self.config)})")
+                           f"({config_difference(info.marker.get('config', {}), self.config)})")
             choice = (info, problem)
         info, problem = _from_rank0(choice)
+        self.broken = _from_rank0(self.broken)
         if problem:
             raise InvalidConfig("checkpoint.resume", problem,
                                 "the same command in the same hydra.run.dir, another hydra.run.dir, "
                                 "or checkpoint.resume=false to start this directory over")
         return info
 
+    def _newest_intact(self) -> CheckpointInfo | None:
+        """Rank 0: the newest complete checkpoint whose files are all there; broken ones are set aside."""
+        for info in reversed(complete_checkpoints(self.folder.parent)):
+            problem = checkpoint_problem(info)
+            if problem is None:
+                return info
+            self.broken.append(f"{info.path.name}: {problem}")
+            log.warning("checkpoint %s is broken (%s): set aside as %s%s; trying the one before", info.path, problem,
+                        info.path.name, BROKEN_SUFFIX)
+            os.rename(info.path, info.path.with_name(info.path.name + BROKEN_SUFFIX))
+        return None
+
     def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Restore policy, optimizer and this rank's RNG states (collective); returns the saved train state."""
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, checkpoint_id=str(info.path))
+        try:
+            dcp.load(state, checkpoint_id=str(info.path))
+        except CheckpointException as exc:  # a BaseException: make it an error the run records
+            raise RuntimeError(f"checkpoint {info.path} cannot be loaded: {str(exc).strip().splitlines()[-1]} "
+                               "(checkpoint.resume=false starts over)") from exc
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
         rank_file = info.path / f"train_state_rank{self.rank}.pt"

@@ -46,19 +46,28 @@ class RunPruned(RunFailure):
     kind = "pruned"
 
 
+class DiskFull(RunFailure):
+    """No space left (or quota exceeded) where the run writes; the message names the path."""
+
+    kind = "disk_full"
+
+
 class PeerFailure(RunFailure):
     """Another rank failed; this rank stopped because of it."""
 
     kind = "crash"
 
 
-FAILURE_KINDS = ("oom", "nan", "crash", "timeout", "preempted", "node_failure", "invalid_config", "data_error")
+FAILURE_KINDS = ("oom", "nan", "crash", "timeout", "preempted", "node_failure", "invalid_config", "data_error", "hang",
+                 "disk_full")
 
 
 def failure_of(exc: BaseException) -> dict:
     """The summary.json `failure` object for an exception."""
     if isinstance(exc, RunFailure):
         kind = exc.kind
+    elif is_disk_full(exc):
+        kind = "disk_full"
     elif _is_out_of_memory(exc):
         kind = "oom"
     else:
@@ -66,7 +75,32 @@ def failure_of(exc: BaseException) -> dict:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not isinstance(exc, RunFailure):
         message = f"{type(exc).__name__}: {message}"
-    return {"kind": kind, "message": message}
+    # rank and step: where it happened (null: before the ranks started, or not known); cause: what the
+    # failing rank itself reported, without the "rank N:" of `message`.
+    return {"kind": kind, "message": message, "rank": None, "step": None, "cause": message}
+
+
+# Less free space than this where a write failed: the disk is full, whatever the writer said.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def is_disk_full(exc: BaseException, path=None) -> bool:
+    """ENOSPC or EDQUOT, also when a library wrapped it (torch.distributed.checkpoint does), or any
+    write error where `path`'s filesystem is (nearly) full: torch.save reports a full disk as
+    "unexpected pos"."""
+    import errno
+    import shutil
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc).lower():
+        return True
+    if path is None:
+        return False
+    try:
+        return shutil.disk_usage(path).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

@@ -6,6 +6,7 @@ each metrics.jsonl record is one complete line written in a single call.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -20,6 +21,9 @@ SCHEMA = 1
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 RANK_FAILURES = "rank_failures"
+# Space held for summary.json from the start of a run, so a full disk still gets its summary.
+SUMMARY_RESERVE = ".summary_reserve"
+SUMMARY_RESERVE_BYTES = 256 * 1024
 
 # Keys that do not change what a run computes: they are left out of config_hash, so a resumed or
 # re-launched sweep recognises its finished runs.
@@ -28,6 +32,7 @@ NON_DEFINING_KEYS = (
     "train.progress_bar",
     "resources.master_port",
     "resources.collective_timeout_s",
+    "resources.hang_timeout_s",
     "train.time_limit_min",
     "checkpoint",  # when and how many checkpoints are kept does not change the results (exact resume)
 )
@@ -131,6 +136,23 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_difference(saved: dict, current: dict, limit: int = 4) -> str:
+    """The keys that differ between two configs, `key: old -> new`, the first `limit` of them."""
+    before, after = _flat(saved), _flat(current)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
 def _finite_or_none(value: Any) -> Any:
     """JSON has no NaN or inf: they are written as null, at any depth."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -196,8 +218,25 @@ def write_summary(
     if extra:
         summary.update(extra)
     summary = _finite_or_none(summary)
-    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    reserve = Path(run_dir) / SUMMARY_RESERVE
+    try:
+        write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not reserve.exists():
+            raise
+        reserve.unlink()  # the disk is full: the space held for this moment
+        write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    reserve.unlink(missing_ok=True)
     return summary
+
+
+def reserve_summary_space(run_dir: Path) -> None:
+    """Hold SUMMARY_RESERVE_BYTES for summary.json until it is written (best effort)."""
+    try:
+        with open(Path(run_dir) / SUMMARY_RESERVE, "wb") as f:
+            f.write(b"\0" * SUMMARY_RESERVE_BYTES)
+    except OSError:
+        pass
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -236,13 +275,20 @@ def _record_step(line: str) -> float:
         return math.inf
 
 
-def write_rank_failure(run_dir: Path, rank: int, failure: dict, *, collective: bool) -> None:
+def write_rank_failure(run_dir: Path, reported_by: int, failure: dict, *, collective: bool) -> None:
+    """Record what rank `reported_by` saw: its own failure (`failure` without a `rank`), or a verdict
+    about another rank (a hang). `collective`: it only saw a peer go away. Best effort: a full disk
+    must not hide the failure being handled."""
     import time
 
-    write_json_atomic(
-        Path(run_dir) / RANK_FAILURES / f"rank{rank}.json",
-        {**failure, "rank": rank, "time": time.time(), "collective": collective},
-    )
+    record = dict(failure)
+    if record.get("rank") is None:  # this rank's own failure
+        record.update(rank=reported_by, cause=failure["message"], message=f"rank {reported_by}: {failure['message']}")
+    record.update(reported_by=reported_by, time=time.time(), collective=collective)
+    try:
+        write_json_atomic(Path(run_dir) / RANK_FAILURES / f"rank{reported_by}.json", record)
+    except OSError:
+        pass
 
 
 def read_rank_failures(run_dir: Path) -> list[dict]:
@@ -254,3 +300,17 @@ def read_rank_failures(run_dir: Path) -> list[dict]:
         except (OSError, ValueError):
             continue
     return out
+
+
+FAILURE_FIELDS = ("kind", "message", "rank", "step", "cause")
+
+
+def first_failure(run_dir: Path) -> dict | None:
+    """The failure that started it: the earliest a rank recorded of itself, else the earliest verdict
+    about a rank (a hang); ranks that only saw a peer go away do not count. None: no rank said."""
+    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
+    own = [r for r in reports if r.get("rank") == r.get("reported_by")]
+    found = min(own or reports, key=lambda r: r["time"], default=None)
+    if found is None:
+        return None
+    return {k: found.get(k) for k in (*FAILURE_FIELDS, "reported_by")}

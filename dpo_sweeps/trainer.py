@@ -12,10 +12,10 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,8 @@ from dpo_sweeps.data.encoding import (
 )
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.distributed import RankEnv, all_reduce, rank_layout
-from dpo_sweeps.errors import DataError, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned
+from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
+from dpo_sweeps.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
 from dpo_sweeps.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
@@ -75,8 +76,11 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None):
+    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
+                 heartbeat: Callable[[int, str], None] | None = None):
         self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
+        # Called at each phase of each step (see watchdog.py): a rank that stops calling it is hung.
+        self.heartbeat = heartbeat or (lambda step, phase: None)
         self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
         self.stop_watch = stop_watch or StopWatch()
@@ -290,6 +294,7 @@ class Trainer:
 
         self.perf.start()
         for pairs in micro_batches:
+            self.heartbeat(step + 1, "forward")
             batch = self._collate(pairs)
             tokens += int(batch["num_tokens"])
             flops += self._model_flops(pairs)
@@ -297,9 +302,11 @@ class Trainer:
             losses = self._inject_fault(step, losses)
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
             loss = losses.sum() / per_rank_pairs  # FSDP averages over ranks: the global-batch mean
+            self.heartbeat(step + 1, "backward")
             self.scaler.scale_loss(loss).backward()
             sums += torch.stack([stats[k].double().sum().cpu() for k in self.stat_names])
 
+        self.heartbeat(step + 1, "optimizer")
         params = [p for p in self.policy.parameters() if p.grad is not None]
         overflow = self.scaler.unscale_and_check(params)
         grad_norm = None
@@ -334,24 +341,8 @@ class Trainer:
         return self.model_flops.step(positions, reference_forward=self.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (see conf/config.yaml)."""
-        fault = self.cfg.get("faults")
-        if not fault or not fault.kind or step + 1 != fault.step or self.env.rank != fault.rank:
-            return loss
-        if self.resumed_from is not None:  # faults hit the first attempt only: a rerun shows the recovery
-            return loss
-        where = f"at step {step + 1} on rank {self.env.rank}"
-        if fault.kind == "nan_loss":
-            return loss * float("nan")
-        if fault.kind == "crash":
-            raise RuntimeError(f"injected crash {where}")
-        if fault.kind == "oom":
-            raise torch.OutOfMemoryError(f"injected out of memory {where}")
-        if fault.kind == "sigkill":
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", "nan_loss, crash, oom, sigkill")
+        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/faults.py)."""
+        return inject_in_step(self.cfg.get("faults"), step + 1, self.env.rank, loss, self.resumed_from is not None)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -362,6 +353,7 @@ class Trainer:
         count = 0
         self.policy.eval()
         for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
+            self.heartbeat(self.state.step, "eval")
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
             _, stats = self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))
             sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in self.stat_names])
@@ -467,7 +459,10 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Checkpoint the training state after the current step (collective)."""
         step = self.state.step
-        return self.checkpointer.save(step, self.policy, self.optimizer, {
+        self.heartbeat(step, "checkpoint")
+        return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=fault_in_checkpoint(
+            self.cfg.get("faults"), step, self.env.rank, self.resumed_from is not None),
+                                      train_state={
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -490,6 +485,7 @@ class Trainer:
     # ------------------------------------------------------------------ save
     def save_model(self) -> Path | None:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
+        self.heartbeat(self.state.step, "save_model")
         state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         path = saved_model_path(self.ctx.run_dir)
         if self.env.is_main:
@@ -498,11 +494,22 @@ class Trainer:
             with torch.device("meta"):
                 plain = AutoModelForCausalLM.from_config(self.policy.config)
             plain.load_state_dict(state, assign=True)
-            plain.save_pretrained(path)
-            self.tokenizer.save_pretrained(path)
+            try:
+                plain.save_pretrained(path)
+                self.tokenizer.save_pretrained(path)
+            except Exception as exc:  # safetensors and tokenizers raise their own types for a full disk
+                if not is_disk_full(exc, path.parent):
+                    raise
+                shutil.rmtree(path, ignore_errors=True)  # half a model is no model
+                raise DiskFull(f"no space left on device writing the final model to {path}") from exc
         if dist.is_initialized():
             dist.barrier()
         return path if self.env.is_main else None
+
+    def checkpointer_report(self) -> dict[str, Any]:
+        """summary.json extras: the broken checkpoints skipped at resume, if any."""
+        broken = getattr(getattr(self, "checkpointer", None), "broken", [])
+        return {"broken_checkpoints": broken} if broken else {}
 
     def close(self, metrics: dict[str, Any], failed: bool) -> None:
         if self.tracker is not None:

@@ -12,8 +12,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from dpo_sweeps.data.encoding import TRUNCATION_MODES, check_lengths
-from dpo_sweeps.data.sources import DATA_SOURCES, looks_local
+from dpo_sweeps.data.sources import DATA_SOURCES, check_eval_size, looks_local
 from dpo_sweeps.errors import DataError, InvalidConfig
+from dpo_sweeps.faults import FAULT_KINDS
 from dpo_sweeps.fsdp import check_fsdp_config, dtype_of
 from dpo_sweeps.losses import check_loss_config
 from dpo_sweeps.tracking import check_wandb_config
@@ -43,6 +44,10 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
         raise InvalidConfig("resources.device_memory_gib", f"got {limit!r}",
                             "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)")
+    hang = res.hang_timeout_s
+    if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float)) or hang <= 0):
+        raise InvalidConfig("resources.hang_timeout_s", f"got {hang!r}",
+                            "a number of seconds > 0, or null for resources.collective_timeout_s")
 
     batch = _positive_int(train.batch_size, "train.batch_size")
     micro = _positive_int(train.micro_batch_size, "train.micro_batch_size")
@@ -77,6 +82,7 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     if data.name != "synthetic":
         if not data.path:
             raise InvalidConfig("data.path", "not set", DATA_SOURCES)
+        check_eval_size(data.eval_size)
         local = Path(str(data.path)).expanduser()
         local = local if local.is_absolute() else base_dir / local
         if not local.exists() and looks_local(str(data.path)):
@@ -85,3 +91,5 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     if cfg.model.block_name in (None, ""):
         raise InvalidConfig("model.block_name", "not set", "the transformer block class FSDP wraps, e.g. GPT2Block")
     check_wandb_config(cfg.wandb)
+    if cfg.faults.kind is not None and cfg.faults.kind not in FAULT_KINDS:
+        raise InvalidConfig("faults.kind", f"unknown fault '{cfg.faults.kind}'", f"null, {', '.join(FAULT_KINDS)}")

@@ -21,8 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf, open_dict, read_write
 
-from dpo_sweeps.errors import PEER_STOPPED
-from dpo_sweeps.rundir import SUMMARY, read_rank_failures, read_summary, write_summary
+from dpo_sweeps.rundir import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement
@@ -111,12 +110,14 @@ class SweepLauncher(BaseSubmititLauncher):
 
     # ------------------------------------------------------------------ collecting results
     def _collect(self, job: SweepJob, submitted: Any, started: float, earlier_summary: int | None,
-                 timeout_min: float) -> JobReturn:
-        """Rank 0's JobReturn; when rank 0 wrote no summary.json for this attempt, write a failed one."""
+                 timeout_min: float, known_failure: dict | None = None) -> JobReturn:
+        """Rank 0's JobReturn; when rank 0 wrote no summary.json for this attempt, write a failed one
+        (`known_failure`: what the launcher itself found, e.g. every rank stopped)."""
         ret: JobReturn | None = None
         error: BaseException | None = None
         try:
-            ret = submitted.task(0).result()
+            if known_failure is None:  # a cancelled job has no result (submitit would wait for one)
+                ret = submitted.task(0).result()
         except Exception as exc:  # submitit's UncompletedJobError / FailedJobError, or a lost job
             error = exc
         summary = read_summary(job.run_dir)
@@ -139,12 +140,20 @@ class SweepLauncher(BaseSubmititLauncher):
         if kind == "crash" and timeout_min and elapsed >= 60 * timeout_min - 5:
             kind = "timeout"
         message = _failure_message(job.run_dir, state, error, submitted)
+        found = first_failure(job.run_dir) or {}
+        if kind == "crash" and found.get("kind"):  # what a rank recorded beats "the job ended"
+            kind = found["kind"]
+        failure = {"kind": kind, "message": message, "rank": found.get("rank"), "step": found.get("step"),
+                   "cause": found.get("cause") or message}
+        if known_failure is not None:
+            failure = {k: known_failure.get(k) for k in FAILURE_FIELDS}
+            kind, message = failure["kind"], failure["message"]
         try:
             lock = RunDirLock(job.run_dir).acquire()
         except RunDirInUse as exc:  # another live job owns the directory (the run refused to start): leave it be
             return failed_return(job.overrides, JobNotRun(str(exc)), job)
         try:
-            write_summary(job.run_dir, status="failed", failure={"kind": kind, "message": message},
+            write_summary(job.run_dir, status="failed", failure=failure,
                           overrides=task_overrides(job), config=job.task_config, metrics={},
                           extra={"attempt": f"launcher-{job.num}-{int(time.time())}", "written_by": "launcher"})
         finally:
@@ -156,7 +165,7 @@ def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
     """Rank 0 saw only that a peer went away; say which task of the job ended without a result, and
     what SLURM says of the job (an out-of-memory kill, the time limit)."""
     failure = summary.get("failure") or {}
-    if not str(failure.get("message", "")).startswith(PEER_STOPPED):
+    if "rank" not in failure or failure["rank"] is not None:  # the failed rank is known
         return
     # the node each rank ran on, where the run got as far as recording it (summary.json "layout")
     nodes = {r["rank"]: r["node"] for r in (summary.get("layout") or {}).get("ranks", [])}
@@ -165,12 +174,14 @@ def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
         task = submitted.task(i)
         if not task.paths.result_pickle.exists():
             where = f" on node {nodes[i]}" if i in nodes else ""
-            dead.append(f"rank {i} ended abruptly{where} (log: {task.paths.stderr})")
+            dead.append((i, f"rank {i} ended abruptly{where} (log: {task.paths.stderr})"))
     if not dead:
         return
     state = _state_of(submitted)
     kind = STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash"))
-    rewritten = {"kind": kind, "message": f"{'; '.join(dead)}; rank 0 saw: {failure.get('message')}"}
+    cause = "; ".join(text for _, text in dead)
+    rewritten = {"kind": kind, "message": f"{cause}; rank 0 saw: {failure.get('message')}", "rank": dead[0][0],
+                 "step": failure.get("step"), "cause": cause}
     extra = {k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}
     write_summary(run_dir, status="failed", failure=rewritten, overrides=summary.get("overrides") or [],
                   config=summary.get("config") or {}, metrics=summary.get("metrics") or {}, extra=extra)
@@ -184,10 +195,9 @@ def _state_of(submitted: Any) -> str:
 
 
 def _failure_message(run_dir: Path, state: str, error: BaseException | None, submitted: Any) -> str:
-    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
-    if reports:
-        first = min(reports, key=lambda r: r["time"])
-        return f"rank {first['rank']}: {first['message']}"
+    found = first_failure(run_dir)
+    if found:
+        return found["message"]
     detail = ""
     if error is not None:
         lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not set(ln.strip()) <= {"-"}]

@@ -22,7 +22,15 @@ from hydra.core.utils import JobReturn
 
 from launchers.base import JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp
 from launchers.jobs import PointLabels, SweepJob
+from dpo_sweeps.watchdog import STALE_S, hang_verdict
 from launchers.placement import DevicePool, usable_cpus, visible_gpus
+
+
+def _every_rank_stopped(job: SweepJob) -> dict | None:
+    """The `hang` failure of a job none of whose ranks can say it (all stopped: no watchdog runs), or None."""
+    res = job.task_config["resources"]
+    bound = (res["hang_timeout_s"] or res["collective_timeout_s"]) + STALE_S
+    return hang_verdict(job.run_dir, bound, job.world_size)
 
 
 class LocalLauncher(SweepLauncher):
@@ -113,6 +121,7 @@ class LocalLauncher(SweepLauncher):
         pending = deque(range(len(jobs)))
         label = PointLabels([job.overrides for job in jobs])
         running: dict[int, tuple[Any, Any, float, int | None]] = {}
+        hung: dict[int, dict] = {}  # jobs cancelled because every rank stopped: their failure
         log.info("local launcher: %d jobs on %d CPU cores%s%s, into %s", len(jobs), len(pool.cpus),
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
                  f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
@@ -120,11 +129,17 @@ class LocalLauncher(SweepLauncher):
         try:
             while pending or running:
                 self._start_what_fits(executor, jobs, pool, pending, running, results, label)
+                for i, (submitted, *_rest) in running.items():
+                    if i not in hung and (verdict := _every_rank_stopped(jobs[i])) is not None:
+                        log.error("#%d: %s; cancelling the job", jobs[i].num, verdict["message"])
+                        hung[i] = verdict
+                        submitted.cancel()
                 for i in [i for i, (submitted, *_rest) in running.items() if submitted.done()]:
                     submitted, placement, started, earlier = running.pop(i)
                     with self._devices_lock:
                         pool.give_back(placement)
-                    results[i] = self._collect(jobs[i], submitted, started, earlier, self.timeout_min)
+                    results[i] = self._collect(jobs[i], submitted, started, earlier, self.timeout_min,
+                                               known_failure=hung.get(i))
                     log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
                 if pending or running:
                     time.sleep(self.poll_interval_s)

@@ -1,79 +1,88 @@
-"""Injected faults (`faults.kind` at `faults.step` on `faults.rank`) in real sweeps: each failure is
-recorded in its run's summary.json with its kind, no run hangs, and the sweep's other runs complete.
+"""The fault matrix: every injected fault kind in one real sweep (local launcher, 2 ranks per run,
+the fault on rank 1 at step 4, a checkpoint every 2 steps). Each run's summary.json records its
+outcome with the failing rank and step, the earlier files and checkpoint are kept, the healthy run
+completes, the sweep screen counts them, and no rank process is left.
 
-The kinds `timeout` and `preempted` come from stops, not faults: tests/test_checkpoint.py covers them
-(train.time_limit_min, SIGTERM)."""
+Elsewhere: `timeout` and `preempted` (stops, not faults) in tests/test_checkpoint.py; broken
+checkpoints in tests/test_faults_checkpoint.py; a full disk in tests/test_faults_disk.py; hung and
+stopped ranks under self-spawned ranks and torchrun in tests/test_faults_hang.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
-# Faults at step 3, a checkpoint every 2 steps: a failed run has one to keep.
-SHORT = ["data.num_train_pairs=512", "data.num_eval_pairs=64", "train.max_steps=5", "train.eval_every=0",
-         "checkpoint.every_steps=2", "faults.step=3"]
+import pytest
 
+from conftest import QUIET
+from dpo_sweeps.rundir import read_rank_failures
+from fault_helpers import HANG_BOUND, fault_to_summary, injected_at, run_watched, summary_of
 
-def run_sweep(sweep_dir: Path, *overrides: str, timeout: float) -> tuple[subprocess.CompletedProcess, float, dict]:
-    """`python -m dpo_sweeps -m ...`; returns the process, its wall time and {faults.kind: run dir}."""
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dpo_sweeps", "-m", *QUIET, *SHORT, *overrides,
-                           f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    elapsed = time.monotonic() - started
-    runs = {}
-    for summary_path in sweep_dir.glob("*/summary.json"):
-        summary = json.loads(summary_path.read_text())
-        runs[summary["config"]["faults"]["kind"]] = summary_path.parent
-    return proc, elapsed, runs
+pytestmark = pytest.mark.slow
 
-
-def summary_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+KINDS = ("null", "nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
+MATRIX = "tests/test_faults.py::test_each_fault_kind_is_recorded_and_the_sweep_goes_on"
+# kind -> (summary failure.kind, failure.rank, failure.step); a killed rank's step is rank 0's
+EXPECTED = {
+    "nan_loss": ("nan", 0, 4),  # every rank sees the reduced loss; rank 0 reports it
+    "crash": ("crash", 1, 4),
+    "oom": ("oom", 1, 4),
+    "sigkill": ("crash", 1, 4),
+    "hang": ("hang", 1, 4),
+    "sigkill_in_checkpoint": ("crash", 1, 4),
+}
 
 
-def logged_steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    sweep_dir = tmp_path_factory.mktemp("faults") / "sweep"
+    args = [sys.executable, "-m", "dpo_sweeps", "-m", *QUIET, "data.num_train_pairs=256", "data.num_eval_pairs=32",
+            "train.max_steps=5", "train.eval_every=0", "checkpoint.every_steps=2", "faults.step=4", "faults.rank=1",
+            "resources.nproc_per_node=2", *HANG_BOUND, f"faults.kind={','.join(KINDS)}",
+            f"hydra.sweep.dir={sweep_dir}"]
+    run = run_watched(args, lambda: [p for p in sweep_dir.glob("[0-9]*") if p.is_dir()], timeout=900)
+    runs = {summary_of(p)["config"]["faults"]["kind"]: p
+            for p in sweep_dir.glob("[0-9]*") if (p / "summary.json").exists()}
+    return run, runs, sweep_dir
 
 
-def test_nan_and_oom_are_recorded_and_the_other_run_completes(tmp_path):
-    proc, _, runs = run_sweep(tmp_path / "sweep", "faults.kind=null,nan_loss,oom", timeout=400)
-    assert proc.returncode != 0  # the sweep says some runs failed
-    assert set(runs) == {None, "nan_loss", "oom"}, proc.stderr[-3000:]
+def test_each_fault_kind_is_recorded_and_the_sweep_goes_on(matrix):
+    run, runs, sweep_dir = matrix
+    assert run.returncode != 0  # the sweep says some runs failed
+    assert set(runs) == {None, *EXPECTED}, run.output[-3000:]
+    assert summary_of(runs[None])["status"] == "completed" and summary_of(runs[None])["metrics"]["steps"] == 5
+    for kind, (recorded, rank, step) in EXPECTED.items():
+        failure = summary_of(runs[kind])["failure"]
+        assert summary_of(runs[kind])["status"] == "failed", kind
+        assert (failure["kind"], failure["rank"], failure["step"]) == (recorded, rank, step), (kind, failure)
+    assert "train/loss is nan at step 4" in summary_of(runs["nan_loss"])["failure"]["message"]
+    assert summary_of(runs["crash"])["failure"]["cause"] == "RuntimeError: injected crash at step 4 on rank 1"
+    assert "train.micro_batch_size=8" in summary_of(runs["oom"])["failure"]["message"]
+    assert summary_of(runs["sigkill"])["failure"]["message"].startswith("rank 1 ended abruptly")
+    assert "rank 1 made no progress at step 4" in summary_of(runs["hang"])["failure"]["message"]
+    # The sweep screen counts them.
+    assert ": 7 runs =====" in run.output and "completed  1" in run.output, run.output[-3000:]
+    assert "failed     6  (crash: 3, hang: 1, nan: 1, oom: 1)" in run.output, run.output[-3000:]
+    rank_logs = "".join(p.read_text() for p in sweep_dir.glob(".submitit/*/*_log.out"))  # each rank logs there
+    fault_to_summary(runs["hang"], injected_at(rank_logs, "hang"), "hang (local launcher)", MATRIX)
+    for kind in ("nan_loss", "crash", "oom"):  # from the first rank's own record of it
+        fault_at = min(r["time"] for r in read_rank_failures(runs[kind]) if r["rank"] == r["reported_by"])
+        fault_to_summary(runs[kind], fault_at, f"{kind} (local launcher)", MATRIX)
+    for kind in ("sigkill", "sigkill_in_checkpoint"):  # killed in step 4: from the last record, of step 3
+        fault_to_summary(runs[kind], (runs[kind] / "metrics.jsonl").stat().st_mtime, f"{kind} (local launcher)", MATRIX)
 
-    healthy = summary_of(runs[None])
-    assert healthy["status"] == "completed" and healthy["metrics"]["steps"] == 5
 
-    nan = summary_of(runs["nan_loss"])
-    assert nan["status"] == "failed" and nan["failure"]["kind"] == "nan"
-    assert "train/loss is nan at step 3" in nan["failure"]["message"]
-    assert logged_steps(runs["nan_loss"]) == [1, 2]  # stopped in the step the NaN appeared
-
-    oom = summary_of(runs["oom"])
-    assert oom["failure"]["kind"] == "oom"
-    for setting in ("model=tiny-gpt2", "fsdp=full_shard", "precision=fp32", "train.batch_size=32",
-                    "train.micro_batch_size=8"):
-        assert setting in oom["failure"]["message"], setting
-
-    for kind in ("nan_loss", "oom"):  # a failed run keeps its logs and checkpoints
-        assert (runs[kind] / "checkpoints" / "step_2" / "COMPLETE").exists()
-        assert logged_steps(runs[kind])[-1] == 2
+def test_a_failed_run_keeps_its_logs_and_last_complete_checkpoint(matrix):
+    _, runs, _ = matrix
+    for kind in EXPECTED:
+        steps = [json.loads(line)["step"] for line in (runs[kind] / "metrics.jsonl").read_text().splitlines()]
+        assert steps[:3] == [1, 2, 3], kind
+        assert (runs[kind] / "checkpoints" / "step_2" / "COMPLETE").exists(), kind
+    # Killed inside the save of step 4: that checkpoint never counts.
+    assert not (runs["sigkill_in_checkpoint"] / "checkpoints" / "step_4" / "COMPLETE").exists()
 
 
-def test_a_crashed_or_killed_rank_ends_its_run_quickly(tmp_path):
-    """Rank 1 of 2 raises, or is SIGKILLed: rank 0 stops too, well before the collective timeout."""
-    proc, elapsed, runs = run_sweep(tmp_path / "sweep", "faults.kind=crash,sigkill", "faults.rank=1",
-                                    "resources.nproc_per_node=2", "resources.collective_timeout_s=120", timeout=400)
-    assert proc.returncode != 0
-    assert set(runs) == {"crash", "sigkill"}, proc.stderr[-3000:]
-    crash = summary_of(runs["crash"])["failure"]
-    assert crash["kind"] == "crash" and crash["message"] == "rank 1: RuntimeError: injected crash at step 3 on rank 1"
-    killed = summary_of(runs["sigkill"])
-    assert killed["failure"]["kind"] == "crash" and killed["metrics"]["steps"] == 2
-    assert elapsed < 2 * 120  # both runs, start-up included, in less than two collective timeouts
-    for run_dir in runs.values():
-        assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists()
+def test_no_rank_process_is_left(matrix):
+    run, _, _ = matrix
+    assert len(run.pids) >= 2 * len(KINDS) - 1  # every run's ranks were seen (one may die before its first beat)
+    assert run.alive() == []

@@ -88,7 +88,8 @@ def test_a_rank_killed_by_sigkill_is_named_in_the_failure(tmp_path):
     result = run_cli(tmp_path / "run", *SHORT, "resources.nproc_per_node=2", "faults.kind=sigkill",
                      "faults.step=2", "faults.rank=1", timeout=240)
     assert result.returncode == 1
-    assert result.summary["failure"] == {"kind": "crash", "message": "rank1 killed by SIGKILL"}
+    assert result.summary["failure"] == {"kind": "crash", "message": "rank 1 killed by SIGKILL", "rank": 1, "step": 2,
+                                         "cause": "rank 1 killed by SIGKILL"}
 
 
 def test_saved_model_is_gathered_to_rank_zero_and_loads_with_from_pretrained(tmp_path):

@@ -25,6 +25,9 @@ HH_PROMPT_END = "\n\nAssistant:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 EVAL_SPLIT_NAMES = ("test", "validation", "eval", "valid")
 DATA_SOURCES = "a local .jsonl/.jsonl.gz/.json/.parquet file, a folder of them, or a hub dataset name"
+# data.eval_size=auto: hold out this many pairs, but never more than this share of a small source.
+AUTO_EVAL_PAIRS = 256
+AUTO_EVAL_FRACTION = 0.2
 
 
 @dataclass
@@ -40,6 +43,9 @@ def load_preference_rows(data_cfg: DictConfig, base_dir: Path) -> PreferenceRows
     if data_cfg.name == "synthetic":
         return _synthetic(data_cfg)
     splits, described = _read_source(data_cfg, base_dir)
+    if not any(splits.values()):
+        raise DataError(f"data.path: {described} holds no preference pairs (it is empty; "
+                        f"accepted: {DATA_SOURCES} with at least 2 rows)")
     if data_cfg.name == "hh":
         counts: dict[str, int] = {}
         splits = {name: _split_hh_dialogues(rows, name, described, counts) for name, rows in splits.items()}
@@ -129,7 +135,7 @@ def _read_file(path: Path) -> list[dict]:
         opener = gzip.open if name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
             if ".jsonl" in name:
-                return [json.loads(line) for line in f if line.strip()]
+                return _read_json_lines(f, path)
             data = json.load(f)
     except (OSError, ValueError) as exc:
         raise DataError(f"data.path: cannot read '{path}' ({type(exc).__name__}: {exc})") from None
@@ -138,6 +144,22 @@ def _read_file(path: Path) -> list[dict]:
     if not isinstance(data, list):
         raise DataError(f"data.path: '{path}' is not a JSON list of rows (accepted: JSON Lines, a JSON list, Parquet)")
     return data
+
+
+def _read_json_lines(lines, path: Path) -> list[dict]:
+    """One row per non-blank line; a malformed row is reported with its line number in the file."""
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as exc:
+            column = f", column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise DataError(f"data.path: '{path}' line {number}{column}: not a JSON object ({reason}; "
+                            "accepted: JSON Lines, one JSON object per line)") from None
+    return rows
 
 
 def _read_hub(name: str, data_dir: str | None) -> dict[str, list[dict]]:
@@ -206,15 +228,33 @@ def _require_columns(rows: list[dict], columns: dict[str, str], described: str, 
             )
 
 
-def _hold_out(rows: list[dict], eval_size: float | int, seed: int) -> tuple[list[dict], list[dict]]:
+def check_eval_size(eval_size: Any) -> None:
+    if eval_size == "auto":
+        return
+    if isinstance(eval_size, bool) or not isinstance(eval_size, (int, float)) or eval_size <= 0:
+        raise InvalidConfig("data.eval_size", f"got {eval_size!r}",
+                            "auto, a number of pairs >= 1 or a fraction in (0, 1)")
+
+
+def held_out_count(eval_size: float | int | str, num_rows: int) -> int:
+    """How many of `num_rows` pairs `data.eval_size` holds out (`auto`: AUTO_EVAL_PAIRS, at most
+    AUTO_EVAL_FRACTION of the rows, at least 1)."""
+    check_eval_size(eval_size)
+    if eval_size == "auto":
+        return max(1, min(AUTO_EVAL_PAIRS, int(AUTO_EVAL_FRACTION * num_rows)))
+    return int(round(eval_size * num_rows)) if eval_size < 1 else int(eval_size)
+
+
+def _hold_out(rows: list[dict], eval_size: float | int | str, seed: int) -> tuple[list[dict], list[dict]]:
     """A deterministic split: a seeded permutation, the last `eval_size` rows held out."""
-    if eval_size is None or eval_size <= 0:
-        raise InvalidConfig("data.eval_size", f"got {eval_size!r}", "a number of pairs >= 1 or a fraction in (0, 1)")
-    n_eval = int(round(eval_size * len(rows))) if eval_size < 1 else int(eval_size)
+    n_eval = held_out_count(eval_size, len(rows))
     if n_eval >= len(rows):
         raise InvalidConfig(
             "data.eval_size", f"{n_eval} held-out pairs leave no training pairs out of {len(rows)}",
-            f"fewer than {len(rows)} pairs, or a fraction in (0, 1)",
+            f"fewer than {len(rows)} pairs, a fraction in (0, 1), or auto",
         )
+    if eval_size == "auto" and n_eval < AUTO_EVAL_PAIRS:
+        log.info("data.eval_size=auto: holding out %d of %d pairs (%g of a source under %d pairs)", n_eval,
+                 len(rows), AUTO_EVAL_FRACTION, int(AUTO_EVAL_PAIRS / AUTO_EVAL_FRACTION))
     order = np.random.default_rng(seed).permutation(len(rows))
     return [rows[i] for i in order[: len(rows) - n_eval]], [rows[i] for i in order[len(rows) - n_eval :]]

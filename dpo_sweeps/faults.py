@@ -1,0 +1,54 @@
+"""Fault injection for tests: `faults.kind` at optimizer step `faults.step` on rank `faults.rank`
+(conf/config.yaml). Faults hit only an attempt that started from step 0, so running the same
+command again shows the recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Callable
+
+import torch
+
+from dpo_sweeps.errors import InvalidConfig
+
+log = logging.getLogger(__name__)
+
+FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
+
+
+def _due(fault, step: int, rank: int, resumed: bool) -> bool:
+    return bool(fault) and bool(fault.kind) and step == fault.step and rank == fault.rank and not resumed
+
+
+def inject_in_step(fault, step: int, rank: int, loss: torch.Tensor, resumed: bool) -> torch.Tensor:
+    """In training step `step` (1-based), after the forward pass: the loss, or the fault instead."""
+    if not _due(fault, step, rank, resumed):
+        return loss
+    where = f"at step {step} on rank {rank}"
+    if fault.kind == "nan_loss":
+        return loss * float("nan")
+    if fault.kind == "crash":
+        raise RuntimeError(f"injected crash {where}")
+    if fault.kind == "oom":
+        raise torch.OutOfMemoryError(f"injected out of memory {where}")
+    if fault.kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "hang":
+        log.warning("injected hang %s", where)
+        while True:
+            time.sleep(3600)
+    if fault.kind == "sigkill_in_checkpoint":
+        return loss  # fires in the checkpoint's save (fault_in_checkpoint)
+    raise InvalidConfig("faults.kind", f"unknown fault '{fault.kind}'", ", ".join(FAULT_KINDS))
+
+
+def fault_in_checkpoint(fault, step: int, rank: int, resumed: bool) -> Callable[[], None] | None:
+    """faults.kind=sigkill_in_checkpoint: what kills the rank inside the save of checkpoint `step`,
+    after its own files are written and before the checkpoint is complete (None: no fault)."""
+    if not _due(fault, step, rank, resumed) or fault.kind != "sigkill_in_checkpoint":
+        return None
+    return lambda: os.kill(os.getpid(), signal.SIGKILL)

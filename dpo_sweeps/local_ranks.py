@@ -1,0 +1,128 @@
+"""Local rank processes: `python -m dpo_sweeps resources.nproc_per_node=N` starts N ranks on this
+machine and supervises them. A rank that fails takes the others down (their watchdogs end them
+within seconds; any still running after RANK_EXIT_GRACE_S are killed); when rank 0 could not write
+summary.json, this process writes it from the ranks' failure records and exit codes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from dpo_sweeps.app import run_rank, write_failed
+from dpo_sweeps.distributed import RankEnv, free_port
+from dpo_sweeps.rundir import FAILURE_FIELDS, first_failure, read_summary, write_summary
+from dpo_sweeps.signals import (
+    STOP_PREEMPT_SIGNAL, STOP_SIGTERM, die_with_parent, forwarding_stop_signals, preemption_signal,
+)
+from dpo_sweeps.trainer import RunContext
+from dpo_sweeps.watchdog import heartbeat_dir
+
+log = logging.getLogger("dpo_sweeps")
+
+# How long the other ranks get to exit after one failed, before they are killed.
+RANK_EXIT_GRACE_S = 15.0
+
+
+def _rank_process(ctx: RunContext, env: RankEnv) -> None:
+    die_with_parent()
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
+                        format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
+    summary = run_rank(ctx, env, bind_cores=True)
+    failed = summary is None and (ctx.run_dir / "rank_failures" / f"rank{env.rank}.json").exists()
+    sys.exit(1 if failed or (summary is not None and summary["status"] != "completed") else 0)
+
+
+def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict:
+    """Start one process per rank on this machine; a rank that dies takes the others down."""
+    port = cfg.resources.master_port or free_port()
+    if cfg.resources.master_port is None:
+        log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)
+    mp = multiprocessing.get_context("spawn")
+    procs: list = []
+    # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together.
+    with forwarding_stop_signals(procs) as watch:
+        for rank in range(world_size):
+            env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                          master_addr="127.0.0.1", master_port=port)
+            proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
+            proc.start()
+            procs.append(proc)
+        _wait_for_ranks(procs)
+    shutil.rmtree(heartbeat_dir(ctx.run_dir), ignore_errors=True)  # those of ranks that were killed
+
+    summary = read_summary(ctx.run_dir)
+    if summary is None or summary.get("attempt") != ctx.attempt:
+        failure = _failure_from_exit_codes(ctx.run_dir, procs)
+        if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
+            name = signal.Signals(watch.signum).name
+            failure = {**failure, "kind": "preempted", "message": f"{name} received; {failure['message']}"}
+        return write_failed(ctx, failure)
+    extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
+    killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
+    if summary["status"] == "failed" and killed and summary["failure"].get("rank", 0) is None:
+        # Rank 0 only saw its peer vanish; the exit codes say how.
+        found = _failure_from_exit_codes(ctx.run_dir, killed)
+        summary["failure"] = {**found, "step": found["step"] or summary["failure"].get("step")}
+        summary = _rewrite_summary(ctx, summary, extra)
+    failure = summary.get("failure") or {}
+    if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
+        # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
+        reason = STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal() else STOP_SIGTERM
+        kind = watch.failure_kind(reason)
+        if kind != failure["kind"]:
+            summary["failure"] = {**failure, "kind": kind}
+            summary = _rewrite_summary(ctx, summary, extra)
+        watch.leave(reason, is_main=True)  # exits here when the job is requeued
+    return summary
+
+
+_SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
+
+
+def _rewrite_summary(ctx: RunContext, summary: dict, extra: dict) -> dict:
+    return write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
+                         metrics=summary["metrics"], extra=extra)
+
+
+def _wait_for_ranks(procs: list) -> None:
+    """Until every rank has exited; once one fails, the others get RANK_EXIT_GRACE_S to follow."""
+    first_failure_at = None
+    try:
+        while any(p.is_alive() for p in procs):
+            if first_failure_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                first_failure_at = time.monotonic()
+            if first_failure_at is not None and time.monotonic() - first_failure_at > RANK_EXIT_GRACE_S:
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+            time.sleep(0.2)
+    except BaseException:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise
+    finally:
+        for p in procs:
+            p.join()
+
+
+def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
+    found = first_failure(run_dir)
+    if found:
+        return {k: found.get(k) for k in FAILURE_FIELDS}
+    dead = [(int(p.name.removeprefix("rank")), p.exitcode) for p in procs if p.exitcode]
+    described = ", ".join(
+        f"rank {rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank {rank} exited with {code}"
+        for rank, code in dead
+    )
+    message = described or "rank 0 ended without writing summary.json"
+    return {"kind": "crash", "message": message, "rank": dead[0][0] if dead else None, "step": None,
+            "cause": message}
