@@ -16,11 +16,22 @@ import yaml
 
 from analysis.loss_metrics import loss_metric_rows
 from analysis.optuna_study import Study
-from analysis.recommendation import Recommendation, recommendation_html
 from analysis.ranking import CRITERIA, Ranking
+from analysis.recommendation import Recommendation, recommendation_html
 from analysis.runs import SUMMARY_METRICS, Run
-from analysis.tables import (PROBES_NO_ACCURACY, comparison_text, config_rows, cost_text, format_failures, format_number,
-                             format_stat, missing_text, run_columns, run_rows, status_line)
+from analysis.tables import (
+    PROBES_NO_ACCURACY,
+    comparison_text,
+    config_rows,
+    cost_text,
+    format_failures,
+    format_number,
+    format_stat,
+    missing_text,
+    run_columns,
+    run_rows,
+    status_line,
+)
 
 STYLE = """
 :root { --ink:#1f2430; --muted:#5d6576; --line:#dde1e8; --accent:#d1495b; --bg:#f6f7f9; }

@@ -15,8 +15,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from analysis.runs import (FINISHED_STATUSES, PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run,
-                           count_probes)
+from analysis.runs import (
+    FINISHED_STATUSES,
+    PREFERENCE_ACCURACY,
+    SEED_KEYS,
+    SPEED_PER_MEMORY,
+    SUMMARY_METRICS,
+    Run,
+    count_probes,
+)
 
 CRITERIA = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.loss_metrics import LossMetric, loss_metric_rows
-from analysis.recommendation import Recommendation, recommendation_lines
 from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
+from analysis.recommendation import Recommendation, recommendation_lines
 from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, count_probes
 
 # The metrics the terminal table shows, besides the two criteria.

@@ -64,7 +64,8 @@ def ours_overrides(w: dict, extra: list[str] = ()) -> list[str]:
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         return hydra_compose(config_name="config", overrides=overrides)
@@ -321,7 +322,7 @@ def report(rows: dict[str, list[dict]], w: dict) -> str:
     lines = [f"{'run':<14} {'pairs/s':>20} {'tokens/s':>22} {'step s':>20} {'CPU s/step':>18} "
              f"{'epoch pairs/s':>20} {'one-time s':>18} {'peak RSS GB':>20}"]
     for name, runs in rows.items():
-        col = lambda key, d=2: fmt([r[key] for r in runs], d)  # noqa: E731
+        col = lambda key, d=2, runs=runs: fmt([r[key] for r in runs], d)  # noqa: E731
         lines.append(f"{name:<14} {col('pairs_per_s'):>20} {col('tokens_per_s', 0):>22} {col('step_time_s', 3):>20} "
                      f"{col('cpu_s_per_step', 3):>18} {col('epoch_pairs_per_s'):>20} {col('one_time_s', 1):>18} "
                      f"{col('peak_rss_gb', 3):>20}")

@@ -108,7 +108,7 @@ def main() -> None:
         r = run(args.workdir, name, w, precision, extra, args.device)
         results.append(r)
 
-        def num(key, fmt):
+        def num(key, fmt, r=r):
             return format(r[key], fmt) if isinstance(r[key], (int, float)) else "-"
 
         print(f"{name:<22}{r['status']:<11}{r['params_m']:>9.1f}{num('tokens_per_s', '.0f'):>11}"

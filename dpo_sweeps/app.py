@@ -26,23 +26,43 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.distributed import (
-    OWN_CORES_ENV, RankEnv, all_reduce, free_port, from_submitit_env, from_torchrun_env, init_process_group, rank_cores,
-    select_device, wants_cuda,
-)
 from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
+from dpo_sweeps.distributed import (
+    OWN_CORES_ENV,
+    RankEnv,
+    all_reduce,
+    free_port,
+    from_submitit_env,
+    from_torchrun_env,
+    init_process_group,
+    rank_cores,
+    select_device,
+    wants_cuda,
+)
 from dpo_sweeps.errors import PEER_STOPPED, InvalidConfig, RunFailure, failure_of
 from dpo_sweeps.rundir import (
-    FAILURE_FIELDS, RANK_FAILURES, config_difference, config_hash, first_failure, read_summary, redact_files,
-    reserve_summary_space, run_cost, scrub_secrets, secret_values, write_rank_failure, write_summary,
+    FAILURE_FIELDS,
+    RANK_FAILURES,
+    config_difference,
+    config_hash,
+    first_failure,
+    read_summary,
+    redact_files,
+    reserve_summary_space,
+    run_cost,
+    scrub_secrets,
+    secret_values,
+    write_rank_failure,
+    write_summary,
 )
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 from dpo_sweeps.signals import (
-    RunInterrupted, StopWatch,
+    RunInterrupted,
+    StopWatch,
 )
 from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
-from dpo_sweeps.watchdog import Watchdog, heartbeat_dir
 from dpo_sweeps.validate import validate_config, world_size_of
+from dpo_sweeps.watchdog import Watchdog, heartbeat_dir
 
 log = logging.getLogger("dpo_sweeps")
 

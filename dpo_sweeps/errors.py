@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 # How rank 0's failure message starts when it only saw a peer go away (the cause is another rank's).
 PEER_STOPPED = "a peer rank stopped"
 
@@ -50,16 +49,6 @@ class DiskFull(RunFailure):
     """No space left (or quota exceeded) where the run writes; the message names the path."""
 
     kind = "disk_full"
-
-
-class PeerFailure(RunFailure):
-    """Another rank failed; this rank stopped because of it."""
-
-    kind = "crash"
-
-
-FAILURE_KINDS = ("oom", "nan", "crash", "timeout", "preempted", "node_failure", "invalid_config", "data_error", "hang",
-                 "disk_full")
 
 
 def failure_of(exc: BaseException) -> dict:

@@ -26,7 +26,7 @@ measured on the bench and quickstart runs).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from dpo_sweeps.losses import uses_reference
 
@@ -45,7 +45,7 @@ class ModelShape:
     vocab: int
 
     @classmethod
-    def of(cls, model) -> "ModelShape":
+    def of(cls, model) -> ModelShape:
         """From a Hugging Face causal LM (its config and parameter count)."""
         c = model.config
         hidden = c.hidden_size
@@ -93,8 +93,6 @@ class MemoryEstimate:
     def total_gib(self) -> float:
         return self.total / GIB
 
-    def as_gib(self) -> dict[str, float]:
-        return {k: round(v / GIB, 4) for k, v in asdict(self).items()}
 
 
 def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:

@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +187,7 @@ def run_cost(started_at: float, ranks: int, on_gpu: bool, ended_at: float | None
     wall = max(0.0, ended_at - started_at)
 
     def iso(t: float) -> str:
-        return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
     return {"started_at": iso(started_at), "ended_at": iso(ended_at), "wall_s": round(wall, 3),
             "device_seconds": round(ranks * wall, 3), "device_kind": "gpu" if on_gpu else "cpu"}

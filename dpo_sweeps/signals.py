@@ -18,8 +18,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 from dpo_sweeps.distributed import all_reduce
 from dpo_sweeps.errors import RunFailure

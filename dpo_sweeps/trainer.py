@@ -13,9 +13,10 @@ import gc
 import logging
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,10 +24,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from tqdm import tqdm
 
-from dpo_sweeps.checkpoint import Checkpointer
 from dpo_sweeps import reference_logps
+from dpo_sweeps.checkpoint import Checkpointer
 from dpo_sweeps.data.encoding import (
-    EncodedPair, GlobalBatchSampler, collate, encode_pairs, eval_micro_batch_indices, rank_micro_batch_indices,
+    EncodedPair,
+    GlobalBatchSampler,
+    collate,
+    encode_pairs,
+    eval_micro_batch_indices,
+    rank_micro_batch_indices,
     render_pair,
 )
 from dpo_sweeps.data.sources import load_preference_rows
@@ -36,12 +42,12 @@ from dpo_sweeps.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
 from dpo_sweeps.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
-from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.mfu import BatchPositions, ModelFlops, device_peak_flops
+from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.perf import GIB, PerfMeter, resident_bytes
+from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
 from dpo_sweeps.probe import apply_probe
 from dpo_sweeps.pruning import TrialReporter, pruning_link
-from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
 from dpo_sweeps.response_logps import response_logps
 from dpo_sweeps.rundir import MetricsLog
 from dpo_sweeps.signals import RunInterrupted, StopWatch

@@ -31,8 +31,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dpo_sweeps.rundir import first_failure, write_rank_failure
 

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf, open_dict, read_write
 
 from dpo_sweeps.rundir import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
 from dpo_sweeps.runlock import RunDirInUse, RunDirLock
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement
 
@@ -73,12 +74,12 @@ class SweepLauncher(BaseSubmititLauncher):
     # ------------------------------------------------------------------ the job side
     def __call__(  # type: ignore[override]
         self,
-        sweep_overrides: List[str],
+        sweep_overrides: list[str],
         job_dir_key: str,
         job_num: int,
         job_id: str,
-        singleton_state: Dict[type, Singleton],
-        placement: Optional[Placement] = None,
+        singleton_state: dict[type, Singleton],
+        placement: Placement | None = None,
     ) -> JobReturn:
         """Runs in each task (rank) of the submitted job."""
         import submitit

@@ -20,9 +20,10 @@ import json
 import logging
 import math
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn
 
@@ -30,7 +31,12 @@ from dpo_sweeps.rundir import read_summary, write_json_atomic
 from launchers.jobs import SweepJob, override_key
 from launchers.outcome import Outcome, device_time, outcome_of, sweep_cost, sweep_screen
 from launchers.preflight import (
-    InvalidSweep, PredictedOOM, compose_and_check, predicted_ooms, record_predicted_oom, refusal_message,
+    InvalidSweep,
+    PredictedOOM,
+    compose_and_check,
+    predicted_ooms,
+    record_predicted_oom,
+    refusal_message,
 )
 from launchers.resume import plan_resume
 

@@ -21,8 +21,9 @@ nonzero if any failed (`launchers.outcome`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -32,7 +33,12 @@ from omegaconf import OmegaConf
 from launchers.jobs import PointLabels, SweepJob
 from launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from launchers.preflight import (
-    InvalidSweep, PredictedOOM, compose_and_check, predicted_ooms, record_predicted_oom, refusal_message,
+    InvalidSweep,
+    PredictedOOM,
+    compose_and_check,
+    predicted_ooms,
+    record_predicted_oom,
+    refusal_message,
 )
 from launchers.resume import ResumePlan, plan_resume
 
@@ -42,8 +48,8 @@ log = logging.getLogger("launchers")
 class GridSweeper(BasicSweeper):
     def __init__(
         self,
-        max_batch_size: Optional[int] = None,
-        params: Optional[Dict[str, str]] = None,
+        max_batch_size: int | None = None,
+        params: dict[str, str] | None = None,
         dry_run: bool = False,
         resume: bool = True,
         skip_predicted_oom: bool = True,
@@ -61,14 +67,14 @@ class GridSweeper(BasicSweeper):
         self.skip_predicted_oom = skip_predicted_oom
         self.stages = stages
 
-    def grid(self, arguments: List[str]) -> list[list[str]]:
+    def grid(self, arguments: list[str]) -> list[list[str]]:
         """Every point of the sweep, in Hydra's order: one override list per job."""
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         return [point for batch in self.split_arguments(overrides, None) for point in batch]
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         if self.stages:  # the staged search of +sweep=find_best
             from launchers.find_best import FindBest, Stages

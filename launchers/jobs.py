@@ -10,9 +10,10 @@ not known here: a task config key that interpolates them cannot be matched on re
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import filter_overrides
@@ -45,7 +46,7 @@ class SweepJob:
         res = self.task_config.get("resources", {})
         return int(res.get("nodes", 1)) * int(res.get("nproc_per_node", 1))
 
-    def renumbered(self, num: int) -> "SweepJob":
+    def renumbered(self, num: int) -> SweepJob:
         """The same job under another number, hence (usually) another run directory."""
         config = copy.deepcopy(self.config)
         _set_job_num(config, num)

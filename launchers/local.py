@@ -16,13 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn
 
+from dpo_sweeps.watchdog import STALE_S, hang_verdict
 from launchers.base import JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp
 from launchers.jobs import PointLabels, SweepJob
-from dpo_sweeps.watchdog import STALE_S, hang_verdict
 from launchers.placement import DevicePool, usable_cpus, visible_gpus
 
 

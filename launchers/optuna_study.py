@@ -18,15 +18,16 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.utils import JobStatus
-from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 from omegaconf import OmegaConf
 
 from dpo_sweeps.pruning import TrialLink
 from dpo_sweeps.rundir import read_summary
+from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 from launchers.trial_slots import SlotRun, TrialSlots
 
 log = logging.getLogger("launchers")

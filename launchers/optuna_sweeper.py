@@ -24,22 +24,23 @@ Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from hydra.core.config_store import ConfigStore
-from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf as PluginOptunaSweeperConf
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
 from dpo_sweeps.pruning import make_pruner
 from dpo_sweeps.rundir import write_summary
-from launchers.base import JobNotRun, failed_return, task_overrides, log
+from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf as PluginOptunaSweeperConf
+from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
+from launchers.base import JobNotRun, failed_return, log, task_overrides
 from launchers.grid_sweeper import launch_numbered
 from launchers.jobs import SweepJob
 from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
@@ -126,8 +127,8 @@ class TrialLauncher(Launcher):
 
 class OptunaSweeper(PluginOptunaSweeper):
     def __init__(self, objectives: Sequence[str] | str = ("eval/rewards/accuracies",), dry_run: bool = False,
-                 pruner: str = "none", pruner_settings: Optional[dict] = None,
-                 enqueue_trials: Optional[Sequence[dict]] = None, skip_predicted_oom: bool = True,
+                 pruner: str = "none", pruner_settings: dict | None = None,
+                 enqueue_trials: Sequence[dict] | None = None, skip_predicted_oom: bool = True,
                  **plugin_params: Any) -> None:
         super().__init__(**plugin_params)
         self.objectives = [objectives] if isinstance(objectives, str) else list(objectives)
@@ -170,7 +171,7 @@ class OptunaSweeper(PluginOptunaSweeper):
                                "train.eval_every)")
         return pruner
 
-    def sweep(self, arguments: List[str]) -> None:
+    def sweep(self, arguments: list[str]) -> None:
         impl = self.sweeper
         directions = impl._get_directions()
         pruner = self._check(directions)
@@ -235,12 +236,12 @@ class OptunaSweeperConf(PluginOptunaSweeperConf):
     _target_: str = "hydra_plugins.dpo_sweeps_launchers.OptunaSweeper"
     # The summary.json metrics each trial returns, one per direction (INTERFACE.md names), e.g.
     # [eval/rewards/accuracies, perf/speed_per_memory] with direction [maximize, maximize].
-    objectives: List[str] = field(default_factory=lambda: ["eval/rewards/accuracies"])
+    objectives: list[str] = field(default_factory=lambda: ["eval/rewards/accuracies"])
     # maximize or minimize, one per objective.
     direction: Any = field(default_factory=lambda: ["maximize"])
     # The study, in the sweep directory: the same command again continues it.
-    storage: Optional[Any] = "sqlite:///${hydra.sweep.dir}/optuna.db"
-    study_name: Optional[str] = "dpo_sweeps"
+    storage: Any | None = "sqlite:///${hydra.sweep.dir}/optuna.db"
+    study_name: str | None = "dpo_sweeps"
     # Trials running at once: a new one is asked for and launched as soon as any running trial ends.
     n_jobs: int = 1
     # Failed trials are told to the study as FAIL and the search goes on (1.0); 0.0 stops at the first.

@@ -8,9 +8,9 @@ a job that died without one is reported from what its launcher saw. `SweepFailed
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException

@@ -9,9 +9,10 @@ with every invalid point listed beside its overrides.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hydra.errors import CompactHydraException
 from hydra.types import HydraContext

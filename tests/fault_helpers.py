@@ -11,11 +11,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from conftest import QUIET, REPO, cli_env
+
 from dpo_sweeps.watchdog import read_heartbeats
 
 # A few steps on small synthetic data, a checkpoint every 2 steps, the fault at step 3.

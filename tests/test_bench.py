@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, cli_env
 
 sys.path.insert(0, str(REPO / "bench"))  # the bench scripts' helpers, imported by the unit tests below

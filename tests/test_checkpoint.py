@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dpo_sweeps.checkpoint import MARKER, capture_rng_state, complete_checkpoints, latest_checkpoint, restore_rng_state
-from dpo_sweeps.runlock import RunDirLock, RunDirInUse
+from dpo_sweeps.runlock import RunDirInUse, RunDirLock
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]

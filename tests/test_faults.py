@@ -13,10 +13,10 @@ import json
 import sys
 
 import pytest
-
 from conftest import QUIET
-from dpo_sweeps.rundir import read_rank_failures
 from fault_helpers import HANG_BOUND, fault_to_summary, injected_at, run_watched, summary_of
+
+from dpo_sweeps.rundir import read_rank_failures
 
 pytestmark = pytest.mark.slow
 

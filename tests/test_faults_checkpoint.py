@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from dpo_sweeps.checkpoint import MARKER, CheckpointInfo, checkpoint_problem
 
 RUN = ["data.num_train_pairs=256", "data.num_eval_pairs=32", "train.max_steps=8", "train.eval_every=4",

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import QUIET, REPO, cli_env
 from fault_helpers import fault_to_summary
 

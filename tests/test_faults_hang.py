@@ -14,9 +14,9 @@ import signal
 import sys
 
 import pytest
+from fault_helpers import HANG_BOUND, SHORT, dpo, fault_to_summary, injected_at, run_watched, summary_of
 
 from dpo_sweeps.distributed import free_port
-from fault_helpers import HANG_BOUND, SHORT, dpo, fault_to_summary, injected_at, run_watched, summary_of
 
 pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 120  # HANG_BOUND's

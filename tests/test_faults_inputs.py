@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import REPO, run_cli
 from omegaconf import OmegaConf
 
-from conftest import REPO, run_cli
 from dpo_sweeps.data.sources import AUTO_EVAL_PAIRS, held_out_count, load_preference_rows
 from dpo_sweeps.errors import DataError, InvalidConfig
 

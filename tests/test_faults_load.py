@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import QUIET, REPO, cli_env
 from fault_helpers import record_seconds, run_watched, summary_of
 

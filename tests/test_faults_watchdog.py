@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.rundir import first_failure, write_rank_failure
 from dpo_sweeps.validate import validate_config

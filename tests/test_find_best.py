@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
 from sweep_helpers import run_sweep
 

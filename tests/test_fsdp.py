@@ -10,8 +10,7 @@ import time
 
 import pytest
 import torch
-
-from conftest import REPO, QUIET, cli_env, run_cli
+from conftest import QUIET, REPO, cli_env, run_cli
 
 # A short 2-rank run: 10 optimizer steps of 16 pairs, 4 per rank per micro-batch (2 accumulation steps).
 SHORT = ["train.max_steps=10", "train.eval_every=0", "train.batch_size=16", "train.micro_batch_size=4",

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 def sbatch_script(tmp_path, *overrides: str) -> str:
     """The batch script submitit would hand to sbatch for one run (no job is submitted)."""
     import submitit
+    from conftest import REPO
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from conftest import REPO
     from launchers.jobs import SweepJob
 
     overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "resources.nproc_per_node=4", *overrides]
@@ -120,6 +120,7 @@ def test_torchrun_without_hydra_run_dir_writes_one_run_directory(tmp_path):
     import sys
 
     from conftest import QUIET, REPO, cli_env
+
     from dpo_sweeps.distributed import free_port
 
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}",

@@ -104,9 +104,8 @@ def test_the_reference_casts_parameters_only_keeping_rope_inv_freq_in_fp32(preci
 
 
 def compose_run_config(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
     from conftest import QUIET, REPO
+    from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*QUIET, *overrides])

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, cli_env
 from sweep_helpers import FAST
 

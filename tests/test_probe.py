@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
 from sweep_helpers import run_sweep
+
 from dpo_sweeps.memory_estimate import CPU_RUNTIME, ModelShape, RunShape, estimate_peak_memory
 
 SHORT = ["train.eval_every=0", "data.num_train_pairs=256", "data.num_eval_pairs=64", "train.batch_size=16",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from report_fixtures import grid_sweep, optuna_sweep, resolved_config, write_completed, write_run
 
 from analysis.report import main
-from report_fixtures import grid_sweep, optuna_sweep, resolved_config, write_completed, write_run
 
 REPO = Path(__file__).resolve().parent.parent
 SPM, ACCURACY = "perf/speed_per_memory", "eval/rewards/accuracies"
@@ -173,11 +173,11 @@ def test_terminal_names_the_best_config_by_each_criterion_and_the_pareto_set(rep
     expected = expected_configs(grid)
     for metric in (SPM, ACCURACY):
         best = max((c for c in expected if expected[c]["n"]), key=lambda c: expected[c][f"mean {metric}"])
-        line = next(l for l in out.splitlines() if l.startswith(f"Best by {metric}:"))
+        line = next(text for text in out.splitlines() if text.startswith(f"Best by {metric}:"))
         # Labels drop the overrides every config shares; each remaining one must be the best's.
         label = line.split("'")[1]
         assert set(label.split()) <= set(best.split()) and label
-    pareto_line = next(l for l in out.splitlines() if l.startswith("Pareto set"))
+    pareto_line = next(text for text in out.splitlines() if text.startswith("Pareto set"))
     assert pareto_line.startswith(f"Pareto set ({len(brute_force_pareto(expected))}):")
     assert "11 runs: 9 completed, 1 failed (oom ×1), 1 pending" in out
 
@@ -268,7 +268,7 @@ def test_top_two_within_their_spread_are_called_too_close(tmp_path, capsys):
     # Means 100 and 99, standard deviations about 7 and 1.4: the gap is inside the noise.
     _two_seed_configs(tmp_path / "sweep", {"full_shard": (95.0, 105.0), "shard_grad_op": (98.0, 100.0)})
     assert main([str(tmp_path / "sweep")]) == 0
-    note = next(l for l in capsys.readouterr().out.splitlines() if l.startswith(f"Note: {SPM}"))
+    note = next(text for text in capsys.readouterr().out.splitlines() if text.startswith(f"Note: {SPM}"))
     assert "within their spread" in note and "too close to call" in note
     assert "fsdp=full_shard" in note and "fsdp=shard_grad_op" in note
 
@@ -276,7 +276,7 @@ def test_top_two_within_their_spread_are_called_too_close(tmp_path, capsys):
 def test_a_clear_lead_is_called_so(tmp_path, capsys):
     _two_seed_configs(tmp_path / "sweep", {"full_shard": (150.0, 152.0), "shard_grad_op": (98.0, 100.0)})
     assert main([str(tmp_path / "sweep")]) == 0
-    note = next(l for l in capsys.readouterr().out.splitlines() if l.startswith(f"Note: {SPM}"))
+    note = next(text for text in capsys.readouterr().out.splitlines() if text.startswith(f"Note: {SPM}"))
     assert "the leader is ahead by 52.0" in note
 
 
@@ -293,7 +293,7 @@ def test_optuna_sweep_shows_every_trial_and_the_studys_own_pareto_trials(tmp_pat
     assert "Optuna study 'dpo-pareto'" in out and "6 trials (5 complete, 1 fail)" in out
     assert "2 more planned by the sweep, not started yet" in out  # n_trials: 8
     assert "objectives: perf/speed_per_memory (maximize), eval/rewards/accuracies (maximize)" in out
-    assert {int(l.split("#")[1].split()[0]) for l in out.splitlines() if "Pareto trials: #" in l} == pareto_numbers
+    assert {int(text.split("#")[1].split()[0]) for text in out.splitlines() if "Pareto trials: #" in text} == pareto_numbers
 
     trials = html_table(sweep / "report" / "report.html", "trials-0")
     assert [int(t["trial"]) for t in trials] == [t.number for t in study.trials]

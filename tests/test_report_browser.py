@@ -20,15 +20,16 @@ import select
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
+from report_fixtures import grid_sweep, optuna_sweep, probe_sweep
 
 from analysis.report import main
-from report_fixtures import grid_sweep, optuna_sweep, probe_sweep
 
 pytestmark = pytest.mark.browser
 

@@ -82,11 +82,10 @@ def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_
 def test_sbatch_script_takes_each_runs_shape_and_the_launcher_settings(tmp_path):
     """No cluster needed: the batch script submitit would hand to sbatch for a 2-node GPU run."""
     submitit = pytest.importorskip("submitit")
+    from conftest import REPO
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
-
-    from conftest import REPO
 
     overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.launcher.partition=gpu",
                  "hydra.launcher.account=dpo", "hydra.launcher.qos=high", "hydra.launcher.timeout_min=90",

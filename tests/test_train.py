@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-
 from conftest import run_cli
 
 FEW_STEPS = ["train.max_steps=8", "train.eval_every=0"]

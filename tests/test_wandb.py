@@ -1,7 +1,6 @@
 """wandb: every run logs its config and metrics from rank 0, offline by default; no secret is saved."""
 
 import json
-import os
 import subprocess
 import sys
 

@@ -16,8 +16,17 @@ import torch
 
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.losses.pairwise import LossTerms, PairLogps, nll
-from dpo_sweeps.losses.registry import (F_DIVERGENCE_TERMS, HYPERPARAMETERS, LOSSES, MIX, MIX_TERMS, NAMES,
-                                       Hyperparameter, LossSpec, mix_keys)
+from dpo_sweeps.losses.registry import (
+    F_DIVERGENCE_TERMS,
+    HYPERPARAMETERS,
+    LOSSES,
+    MIX,
+    MIX_TERMS,
+    NAMES,
+    Hyperparameter,
+    LossSpec,
+    mix_keys,
+)
 
 __all__ = ["LOSSES", "NAMES", "LossSpec", "LossTerms", "PairLogps", "check_loss_config", "ld_alpha_of",
            "loss_keys", "metric_names", "preference_loss", "uses_reference"]

@@ -23,13 +23,21 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn
 
 from dpo_sweeps.rundir import read_summary, write_summary
 from launchers.base import (
-    SUMMARY_FIELDS, JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp, task_overrides,
+    SUMMARY_FIELDS,
+    JobNotRun,
+    SweepLauncher,
+    failed_return,
+    log,
+    progress_line,
+    summary_stamp,
+    task_overrides,
 )
 from launchers.jobs import PointLabels, SweepJob
 from launchers.slurm.gpus import query_partition_gpus
