@@ -70,8 +70,10 @@ def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
 
 @pytest.mark.slurm
 def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_path):
+    # device=cpu: under auto the launcher asks sinfo about the partition first and refuses the sweep
+    # before launch (tests/test_gpu_launch.py); here the job must reach sbatch.
     result = run_sweep(tmp_path / "sweep", *ON_SLURM, "hydra.launcher.partition=no_such_partition",
-                       "train.max_steps=2", env=slurm_env)
+                       "resources.device=cpu", "train.max_steps=2", env=slurm_env)
     assert result.returncode != 0
     failure = result.summary(0)["failure"]
     assert failure["kind"] == "crash" and failure["message"].startswith("sbatch refused the job:")
