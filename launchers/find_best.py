@@ -25,20 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn
-
 from dpo_sweeps.rundir import read_summary, write_json_atomic
 from launchers.jobs import SweepJob, override_key
-from launchers.outcome import Outcome, device_time, outcome_of, sweep_cost, sweep_screen
+from launchers.outcome import Outcome, device_time, sweep_cost, sweep_screen
 from launchers.preflight import (
     InvalidSweep,
-    PredictedOOM,
     compose_and_check,
-    predicted_ooms,
-    record_predicted_oom,
     refusal_message,
 )
-from launchers.resume import plan_resume
 
 log = logging.getLogger("launchers")
 
@@ -138,18 +132,7 @@ class FindBest:
         return [o for o in job.overrides if override_key(o) in self.stages.systems]
 
     def _run_stage(self, jobs: list[SweepJob]) -> list[Outcome]:
-        plan = plan_resume(jobs, self.sweep_dir, skip_completed=self.sweeper.resume)
-        unfit: list[PredictedOOM] = []
-        if self.sweeper.skip_predicted_oom:
-            plan.to_run, unfit = predicted_ooms(plan.to_run)
-        for point in unfit:
-            record_predicted_oom(point)
-            log.warning("#%d not started: %s", point.job.num, point.message)
-        returns: list[JobReturn] = self.sweeper._launch(plan.to_run)
-        outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
-        outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]
-        outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
-        outcomes.sort(key=lambda o: o.job.num)
+        outcomes, _ = self.sweeper.run_plan(*self.sweeper.plan(jobs, self.sweep_dir))
         self.outcomes += outcomes
         return outcomes
 

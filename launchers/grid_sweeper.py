@@ -90,10 +90,7 @@ class GridSweeper(BasicSweeper):
         jobs, invalid = compose_and_check(self.hydra_context, self.config, points, 0, self.launcher)
         if invalid:
             raise InvalidSweep(refusal_message(invalid, points))
-        plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
-        unfit: list[PredictedOOM] = []
-        if self.skip_predicted_oom:
-            plan.to_run, unfit = predicted_ooms(plan.to_run)
+        plan, unfit = self.plan(jobs, sweep_dir)
         if self.dry_run:
             print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit))
             return []
@@ -102,21 +99,33 @@ class GridSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         if plan.skipped:
             log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
+        try:
+            outcomes, returns = self.run_plan(plan, unfit)
+        except KeyboardInterrupt:
+            raise SystemExit(interrupted_message(sweep_dir)) from None
+        print(sweep_screen(sweep_dir, outcomes), flush=True)
+        raise_if_failed(outcomes)
+        return [returns]
+
+    def plan(self, jobs: list[SweepJob], sweep_dir: Path) -> tuple[ResumePlan, list[PredictedOOM]]:
+        """Which checked jobs run: completed ones are reused (resume), unfit ones skipped (fit check)."""
+        plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
+        unfit: list[PredictedOOM] = []
+        if self.skip_predicted_oom:
+            plan.to_run, unfit = predicted_ooms(plan.to_run)
+        return plan, unfit
+
+    def run_plan(self, plan: ResumePlan, unfit: list[PredictedOOM]) -> tuple[list[Outcome], list[JobReturn]]:
+        """Record the skipped points, launch the rest; every point's outcome, by number, and the returns."""
         for point in unfit:
             record_predicted_oom(point)
             log.warning("#%d not started: %s", point.job.num, point.message)
-        try:
-            returns = self._launch(plan.to_run)
-        except KeyboardInterrupt:
-            raise SystemExit(interrupted_message(sweep_dir)) from None
-
+        returns = self._launch(plan.to_run)
         outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
         outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]
         outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
         outcomes.sort(key=lambda o: o.job.num)
-        print(sweep_screen(sweep_dir, outcomes), flush=True)
-        raise_if_failed(outcomes)
-        return [returns]
+        return outcomes, returns
 
     def _launch(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
         """Hand the jobs to the launcher, `max_batch_size` at a time (default: all at once)."""
