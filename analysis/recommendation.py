@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpo_sweeps.rundir import device_time_text
+
 RESULT_FILE = "find_best.json"
 
 
@@ -38,21 +40,13 @@ def _figures(chosen: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _device_time(seconds: dict[str, float] | None) -> str:
-    seconds = seconds or {}
-    parts = [f"{seconds['gpu'] / 3600:.2f} GPU-hours"] if seconds.get("gpu") else []
-    if seconds.get("cpu") or not parts:
-        parts.append(f"{seconds.get('cpu', 0.0):.0f} CPU rank-seconds")
-    return " + ".join(parts)
-
-
 def stages_text(rec: Recommendation) -> str:
     probes, train = rec.stages.get("probes") or {}, rec.stages.get("train") or {}
     return (f"stage 1-2: {probes.get('runs', 0)} plans checked and probed ({probes.get('skipped_oom_predicted', 0)} "
-            f"predicted out of memory, {probes.get('completed', 0)} probed; {_device_time(probes.get('device_seconds'))}); "
+            f"predicted out of memory, {probes.get('completed', 0)} probed; {device_time_text(probes.get('device_seconds'))}); "
             f"stage 3: {train.get('runs', 0)} full runs on the best plans "
             f"({'; '.join(train.get('plans') or []) or 'none'}), {train.get('completed', 0)} completed "
-            f"({_device_time(train.get('device_seconds'))})")
+            f"({device_time_text(train.get('device_seconds'))})")
 
 
 def recommendation_lines(rec: Recommendation) -> list[str]:

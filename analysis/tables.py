@@ -17,6 +17,7 @@ from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
 from analysis.recommendation import Recommendation, recommendation_lines
 from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, count_probes
+from dpo_sweeps.rundir import device_time_text
 
 # The metrics the terminal table shows, besides the two criteria.
 TERMINAL_METRICS = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY, "perf/tokens_per_s_per_device", "perf/peak_memory_gib")
@@ -163,12 +164,7 @@ def cost_text(runs: list[Run]) -> str:
     for run in runs:
         if run.device_seconds is not None:
             spent[run.device_kind] = spent.get(run.device_kind, 0.0) + run.device_seconds
-    parts = []
-    if spent.get("gpu"):
-        parts.append(f"{spent['gpu'] / 3600:.2f} GPU-hours")
-    if spent.get("cpu") or not parts:
-        parts.append(f"{spent.get('cpu', 0.0):.0f} CPU rank-seconds")
-    return "cost: " + " + ".join(parts) + " (ranks x wall time, summed over runs)"
+    return f"cost: {device_time_text(spent)} (ranks x wall time, summed over runs)"
 
 
 def status_line(runs: list[Run], not_started: int | None = None) -> str:

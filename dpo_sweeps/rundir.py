@@ -193,6 +193,15 @@ def run_cost(started_at: float, ranks: int, on_gpu: bool, ended_at: float | None
             "device_seconds": round(ranks * wall, 3), "device_kind": "gpu" if on_gpu else "cpu"}
 
 
+def device_time_text(seconds: dict[str, float] | None) -> str:
+    """Summed device_seconds by device_kind, for people: '1.25 GPU-hours' and/or '740 CPU rank-seconds'."""
+    seconds = seconds or {}
+    parts = [f"{seconds['gpu'] / 3600:.2f} GPU-hours"] if seconds.get("gpu") else []
+    if seconds.get("cpu") or not parts:
+        parts.append(f"{seconds.get('cpu', 0.0):.0f} CPU rank-seconds")
+    return " + ".join(parts)
+
+
 def write_summary(
     run_dir: Path,
     *,

@@ -16,7 +16,6 @@ Running the same command again skips what completed, as any grid sweep does.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shlex
@@ -25,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir import read_summary, write_json_atomic
+from dpo_sweeps.rundir import device_time_text, read_summary, write_json_atomic
 from launchers.jobs import SweepJob, override_key
-from launchers.outcome import Outcome, device_time, sweep_cost, sweep_screen
+from launchers.outcome import Outcome, sweep_cost, sweep_screen
 from launchers.preflight import (
     InvalidSweep,
     compose_and_check,
@@ -218,7 +217,7 @@ def recommend(candidates: list[Candidate]) -> dict | None:
 
 def recommendation_text(result: dict) -> str:
     stages = result.get("stages") or {}
-    cost = ", ".join(f"{name} {device_time(stage.get('device_seconds') or {})}" for name, stage in stages.items())
+    cost = ", ".join(f"{name} {device_time_text(stage.get('device_seconds'))}" for name, stage in stages.items())
     rec = result.get("recommendation")
     if rec is None:
         return "find_best: no training run completed, so there is no recommendation (see the failed runs above)."
@@ -233,11 +232,3 @@ def recommendation_text(result: dict) -> str:
         f"cost     {cost}",
     ]
     return "\n".join(lines)
-
-
-def read_result(sweep_dir: Path) -> dict | None:
-    path = Path(sweep_dir) / RESULT_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -15,7 +15,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 
-from dpo_sweeps.rundir import read_summary
+from dpo_sweeps.rundir import device_time_text, read_summary
 from launchers.jobs import PointLabels, SweepJob
 
 MAX_FAILED_LISTED = 20
@@ -58,16 +58,6 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def device_time(seconds: dict[str, float]) -> str:
-    """'1.25 GPU-hours' and/or '740 CPU rank-seconds'."""
-    parts = []
-    if seconds.get("gpu"):
-        parts.append(f"{seconds['gpu'] / 3600:.2f} GPU-hours")
-    if seconds.get("cpu") or not parts:
-        parts.append(f"{seconds.get('cpu', 0.0):.0f} CPU rank-seconds")
-    return " + ".join(parts)
-
-
 def sweep_cost(outcomes: Sequence[Outcome]) -> tuple[dict[str, float], dict[str, float]]:
     """Device-seconds the sweep's runs spent (by device kind), and estimates of what it saved:
     points the fit check did not start (at the median cost of the runs that completed) and the rest of
@@ -98,7 +88,7 @@ def sweep_cost(outcomes: Sequence[Outcome]) -> tuple[dict[str, float], dict[str,
 
 def cost_lines(outcomes: Sequence[Outcome]) -> list[str]:
     spent, saved = sweep_cost(outcomes)
-    lines = [f"cost       {device_time(spent)} (ranks x wall time, summed over runs)"]
+    lines = [f"cost       {device_time_text(spent)} (ranks x wall time, summed over runs)"]
     notes = [f"~{saved['fit_check']:.0f} by the fit check" if saved["fit_check"] else "",
              f"~{saved['pruning']:.0f} by pruning" if saved["pruning"] else ""]
     if any(notes):
