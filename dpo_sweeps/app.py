@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +311,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
             failure["rank"] = env.rank
             if env.is_main and collective:
-                failure = _root_cause(ctx.run_dir, failure, watchdog)
+                # A stop signal now means the job step is being torn down (srun ends a step whose task
+                # died, and kills what is left after KillWait): write the summary at once, not after the wait.
+                failure = _root_cause(ctx.run_dir, failure, watchdog, ending=lambda: watch.signum is not None)
             if trainer is not None and trainer.state.step:
                 metrics = _partial_metrics(trainer)
             log.error("rank %d failed: %s", env.rank, failure["message"])
@@ -344,12 +347,15 @@ def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
     return metrics
 
 
-def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None) -> dict:
-    """The failure of the rank that failed first on its own (or hung), rather than rank 0's 'peer went away'."""
+def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None, ending: Callable[[], bool]) -> dict:
+    """The failure of the rank that failed first on its own (or hung), rather than rank 0's 'peer went away'.
+
+    Waits up to PEER_REPORT_WAIT_S for that rank's report, less when `ending()` says the process is being
+    stopped (a peer killed outright never reports; the launcher then names it from the job's tasks)."""
     deadline = time.monotonic() + PEER_REPORT_WAIT_S
     while True:
         found = first_failure(run_dir) or (watchdog.verdict if watchdog is not None else None)
-        if found or time.monotonic() > deadline:
+        if found or ending() or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it

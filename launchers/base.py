@@ -12,6 +12,7 @@ preemption, a node failure), the launcher writes a failed one, so every launched
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -211,7 +212,34 @@ def _failure_message(run_dir: Path, state: str, error: BaseException | None, sub
     except Exception:
         pass
     what = f"job ended without rank 0 writing summary.json (state {state or 'UNKNOWN'})"
+    first = _first_dead_tasks(submitted)
+    if first is not None:  # rank 0 was killed with the step: srun's log still says which tasks ended first
+        node, ranks, how = first
+        what = "; ".join(f"rank {r} ended abruptly on node {node} ({how})" for r in ranks) + f"; {what}"
     return what + (f": {detail}" if detail else "") + logs
+
+
+# srun's line for tasks that ended abnormally, e.g. "srun: error: node2: tasks 2-3: Killed".
+SRUN_TASK_END = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<how>.+)$", re.M)
+
+
+def first_dead_tasks(log_text: str) -> tuple[str, list[int], str] | None:
+    """The node, ranks and way of ending of the first tasks srun reports ended abnormally in a job's log."""
+    found = SRUN_TASK_END.search(log_text)
+    if found is None:
+        return None
+    ranks: list[int] = []
+    for part in found["tasks"].split(","):
+        low, _, high = part.partition("-")
+        ranks.extend(range(int(low), int(high or low) + 1))
+    return found["node"], ranks, found["how"].strip()
+
+
+def _first_dead_tasks(submitted: Any) -> tuple[str, list[int], str] | None:
+    try:  # the batch step's stderr, where srun writes, is task 0's log file
+        return first_dead_tasks(Path(submitted.paths.stderr).read_text(errors="replace"))
+    except (OSError, AttributeError, ValueError):
+        return None
 
 
 def task_overrides(job: SweepJob) -> list[str]:

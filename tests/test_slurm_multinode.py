@@ -75,6 +75,22 @@ def test_submitit_rank_takes_the_first_node_over_a_master_addr_already_set(monke
     assert from_submitit_env().master_port != env.master_port
 
 
+def test_the_first_tasks_srun_reports_dead_are_named_from_the_job_log():
+    """No cluster needed: srun's own lines when a node's tasks are killed and the step is torn down (rank 0
+    then dies with it, before it can write summary.json; the launcher names the node from this)."""
+    from launchers.base import first_dead_tasks
+
+    log = ("[W1201 11:11:23.576 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.\n"
+           "srun: error: dpo-n2: tasks 2-3: Killed\n"
+           "srun: launch/slurm: _step_signal: Terminating StepId=156.0\n"
+           "srun: error: dpo-n1: task 1: Terminated\n"
+           "srun: error: dpo-n1: task 0: Killed\n")
+    assert first_dead_tasks(log) == ("dpo-n2", [2, 3], "Killed")
+    assert first_dead_tasks("srun: error: n7: tasks 0,4-5: Exited with exit code 1\n") == (
+        "n7", [0, 4, 5], "Exited with exit code 1")
+    assert first_dead_tasks(log.split("srun: error")[0]) is None
+
+
 @pytest.mark.slurm
 def test_srun_on_two_nodes_runs_on_two_hosts(slurm2):
     env = {**os.environ, **slurm2}
