@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir import device_time_text
+from dpo_sweeps.rundir.outputs import device_time_text
 
 RESULT_FILE = "find_best.json"
 

@@ -17,7 +17,7 @@ from analysis.optuna_study import Study
 from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
 from analysis.recommendation import Recommendation, recommendation_lines
 from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, count_probes
-from dpo_sweeps.rundir import device_time_text
+from dpo_sweeps.rundir.outputs import device_time_text
 
 # The metrics the terminal table shows, besides the two criteria.
 TERMINAL_METRICS = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY, "perf/tokens_per_s_per_device", "perf/peak_memory_gib")

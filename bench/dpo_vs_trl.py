@@ -75,7 +75,7 @@ def prepare(workdir: Path, w: dict) -> None:
     """Tokenizer folder, initial weights and tokenized pairs, through dpo-sweeps' own data path."""
     from dpo_sweeps.data.encoding import encode_pairs, render_pair
     from dpo_sweeps.data.sources import load_preference_rows
-    from dpo_sweeps.models import build_policy, build_tokenizer
+    from dpo_sweeps.models.build import build_policy, build_tokenizer
 
     cfg = compose(ours_overrides(w))
     rows = load_preference_rows(cfg.data, REPO)
@@ -120,7 +120,7 @@ class StepClock:
 
 def run_ours(workdir: Path, w: dict, out: Path, extra: list[str]) -> None:
     """The real CLI in this process; only the step boundaries are observed (train_step is wrapped)."""
-    import dpo_sweeps.trainer as trainer_module
+    import dpo_sweeps.train.trainer as trainer_module
     from dpo_sweeps.__main__ import main
 
     clock = StepClock()
@@ -217,8 +217,8 @@ def run_bare(workdir: Path, w: dict, out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from dpo_sweeps.data.encoding import GlobalBatchSampler, collate
-    from dpo_sweeps.models import build_reference
-    from dpo_sweeps.response_logps import batch_logps
+    from dpo_sweeps.dpo.response_logps import batch_logps
+    from dpo_sweeps.models.build import build_reference
 
     tech = w["techniques"]
     chunk, share = tech["logps_chunk_size"], tech["share_prompt"]

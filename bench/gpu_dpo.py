@@ -8,7 +8,7 @@ the Llama-3.2-1B architecture with random weights and a 32,000-token BPE trained
 synthetic preference file the script writes (random words, so nothing is downloaded), with the
 speed and memory techniques at their defaults; a last bf16 run turns them off for comparison.
 Numbers come from each run's summary.json: perf/tokens_per_s, perf/mfu (the step's model FLOPs,
-dpo_sweeps/mfu.py, against the GPU's dense peak for the dtype; fp32 against the plain fp32 peak, as
+dpo_sweeps/parallel/mfu.py, against the GPU's dense peak for the dtype; fp32 against the plain fp32 peak, as
 TF32 is not enabled), perf/peak_memory_gib (max allocated) beside memory_estimate.py's estimate.
 """
 

@@ -7,7 +7,7 @@ Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, m
 techniques as a full run) on synthetic data; its summary.json has the measured peak
 (`perf/peak_memory_gib`: the busiest rank's peak resident memory) and the run's own estimate
 (`perf/peak_memory_estimate_gib`, from the model it built and the longest row it saw). Beside them,
-the estimate the fit check makes before launch (dpo_sweeps/fit.py: the config alone, `data.max_length`
+the estimate the fit check makes before launch (dpo_sweeps/parallel/fit.py: the config alone, `data.max_length`
 rows), computed here from the same config. The shapes cover three models (tiny_gpt2, tiny_llama and
 bench_gpt2 with its 4,096-token BPE), full_shard / shard_grad_op / no_shard on 2 ranks and 1 rank,
 fp32 and bf16, micro-batches of 4 and 16 pairs, and activation checkpointing. CPU offload is refused on
@@ -63,11 +63,11 @@ def probe(run_dir: Path, overrides: list[str]) -> dict:
 
 
 def prelaunch_estimate(overrides: list[str]) -> float:
-    """The fit check's estimate of the same config, before anything runs (dpo_sweeps/fit.py)."""
+    """The fit check's estimate of the same config, before anything runs (dpo_sweeps/parallel/fit.py)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from dpo_sweeps.fit import predicted_peak_gib
+    from dpo_sweeps.parallel.fit import predicted_peak_gib
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*COMMON, *overrides])

@@ -1,6 +1,6 @@
 """dpo-sweeps: find the best FSDP setup for DPO training, one Hydra sweep at a time."""
 
-from dpo_sweeps.launch_time import register_resolver
+from dpo_sweeps.runtime.launch_time import register_resolver
 
 __version__ = "0.1.0"
 

@@ -3,8 +3,8 @@
 `run(cfg)` is a plain function (submitit pickles it; see the notes on Hydra #3038); `__main__`
 wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
 or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes
-(`dpo_sweeps.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json,
-for failed runs too; every rank runs a watchdog (`dpo_sweeps.watchdog`) that ends a failed or hung run.
+(`dpo_sweeps.runtime.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json,
+for failed runs too; every rank runs a watchdog (`dpo_sweeps.runtime.watchdog`) that ends a failed or hung run.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.checkpoint import remove_checkpoints, remove_partial_checkpoints
-from dpo_sweeps.distributed import (
+from dpo_sweeps.config.validate import validate_config, world_size_of
+from dpo_sweeps.errors import PEER_STOPPED, InvalidConfig, RunFailure, failure_of
+from dpo_sweeps.parallel.distributed import (
     OWN_CORES_ENV,
     RankEnv,
     all_reduce,
@@ -40,8 +41,8 @@ from dpo_sweeps.distributed import (
     select_device,
     wants_cuda,
 )
-from dpo_sweeps.errors import PEER_STOPPED, InvalidConfig, RunFailure, failure_of
-from dpo_sweeps.rundir import (
+from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
+from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
     RANK_FAILURES,
     config_difference,
@@ -56,14 +57,13 @@ from dpo_sweeps.rundir import (
     write_rank_failure,
     write_summary,
 )
-from dpo_sweeps.runlock import RunDirInUse, RunDirLock
-from dpo_sweeps.signals import (
+from dpo_sweeps.runtime.signals import (
     RunInterrupted,
     StopWatch,
 )
-from dpo_sweeps.trainer import RunContext, Trainer, is_collective_error
-from dpo_sweeps.validate import validate_config, world_size_of
-from dpo_sweeps.watchdog import Watchdog, heartbeat_dir
+from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
+from dpo_sweeps.train.checkpoint import remove_checkpoints, remove_partial_checkpoints
+from dpo_sweeps.train.trainer import RunContext, Trainer, is_collective_error
 
 log = logging.getLogger("dpo_sweeps")
 
@@ -150,7 +150,7 @@ def run_config(ctx: RunContext) -> dict:
         except RunFailure as exc:
             return write_failed(ctx, failure_of(exc))
         if world_size_of(cfg) > 1:
-            from dpo_sweeps.local_ranks import spawn_local_ranks  # which imports this module
+            from dpo_sweeps.runtime.local_ranks import spawn_local_ranks  # which imports this module
 
             return spawn_local_ranks(ctx, world_size_of(cfg), cfg)
         port = cfg.resources.master_port or free_port()

@@ -40,7 +40,7 @@ class NonFiniteLoss(RunFailure):
 
 
 class RunPruned(RunFailure):
-    """The Optuna pruner stopped this trial at an evaluation (dpo_sweeps/pruning.py): summary status `pruned`."""
+    """The Optuna pruner stopped this trial at an evaluation (dpo_sweeps/train/pruning.py): summary status `pruned`."""
 
     kind = "pruned"
 

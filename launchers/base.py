@@ -22,8 +22,8 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict, read_write
 
-from dpo_sweeps.rundir import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
-from dpo_sweeps.runlock import RunDirInUse, RunDirLock
+from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
+from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement

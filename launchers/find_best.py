@@ -3,7 +3,7 @@
 Settings come in two kinds: the parallel plan (sharding, precision, micro-batch, activation
 checkpointing) decides speed and memory; the algorithm (beta, learning rate, loss) decides accuracy.
 So instead of training every combination of both, the grid sweeper, given `hydra.sweeper.stages`:
-1. checks that every plan fits its device (dpo_sweeps/fit.py: `resources.device_memory_gib`); the
+1. checks that every plan fits its device (dpo_sweeps/parallel/fit.py: `resources.device_memory_gib`); the
    ones that would not are recorded as skipped, kind oom_predicted, and never start;
 2. probes every plan (`probe.steps`: a few steps for speed and memory only) into `<sweep>/probes/`;
 3. fully trains every algorithm setting on the `top_k` plans with the best speed per memory, into
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir import device_time_text, read_summary, write_json_atomic
+from dpo_sweeps.rundir.outputs import device_time_text, read_summary, write_json_atomic
 from launchers.jobs import SweepJob, override_key
 from launchers.outcome import Outcome, sweep_cost, sweep_screen
 from launchers.preflight import (

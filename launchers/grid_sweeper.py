@@ -7,7 +7,7 @@ The grid is Hydra's basic sweep (every combination of the comma-separated values
 2. points whose run already completed in this sweep directory (same `config_hash`) are skipped
    (`launchers.resume`; `hydra.sweeper.resume=false` runs them again);
 3. points whose estimated peak memory exceeds `resources.device_memory_gib` are not started and
-   are recorded as skipped, kind `oom_predicted` (`dpo_sweeps.fit`; `hydra.sweeper.skip_predicted_oom=false`
+   are recorded as skipped, kind `oom_predicted` (`dpo_sweeps.parallel.fit`; `hydra.sweeper.skip_predicted_oom=false`
    runs them anyway);
 4. with `hydra.sweeper.dry_run=true`, the jobs that would run are listed and nothing starts.
 With `hydra.sweeper.stages` (conf/sweep/find_best.yaml) the sweep is a staged search instead:

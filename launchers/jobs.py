@@ -20,7 +20,7 @@ from hydra.core.utils import filter_overrides
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from dpo_sweeps.rundir import config_hash, scrub_secrets
+from dpo_sweeps.rundir.outputs import config_hash, scrub_secrets
 
 
 @dataclass

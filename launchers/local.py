@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 
-from dpo_sweeps.watchdog import STALE_S, hang_verdict
+from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
 from launchers.base import JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp
 from launchers.jobs import PointLabels, SweepJob
 from launchers.placement import DevicePool, usable_cpus, visible_gpus

@@ -3,7 +3,7 @@
 The search space, sampler, storage and trial count come from hydra-optuna-sweeper's configuration
 (its `OptunaSweeperImpl`, which parses `hydra.sweeper.params` and the command line); the loop is
 ours, so that trials run asynchronously (launchers/trial_slots.py) and can be pruned
-(dpo_sweeps/pruning.py). A trial the pruner stopped ends with summary status `pruned` and is told
+(dpo_sweeps/train/pruning.py). A trial the pruner stopped ends with summary status `pruned` and is told
 to the study as PRUNED, with its last reported value.
 
 Optuna's cached RDB storage keeps its own copy of the trials a study object created and does not
@@ -25,8 +25,8 @@ from typing import Any
 from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 
-from dpo_sweeps.pruning import TrialLink
-from dpo_sweeps.rundir import read_summary
+from dpo_sweeps.rundir.outputs import read_summary
+from dpo_sweeps.train.pruning import TrialLink
 from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 from launchers.trial_slots import SlotRun, TrialSlots
 
@@ -101,9 +101,9 @@ class AsyncStudy:
     # ------------------------------------------------------------------ the loop
     def run(self, n_jobs: int) -> None:
         """Run n_trials trials, n_jobs at a time; a slot gets its next trial the moment it is free."""
-        # Each trial is checked before it starts (dpo_sweeps.validate); import the checker now, not
+        # Each trial is checked before it starts (dpo_sweeps.config.validate); import the checker now, not
         # while the first slots wait for it.
-        import dpo_sweeps.validate  # noqa: F401
+        import dpo_sweeps.config.validate  # noqa: F401
 
         self.slots = slots = TrialSlots(self.trials.inner, n_jobs)
         self.started_at = time.time()

@@ -15,7 +15,7 @@ hydra_plugins/dpo_sweeps_launchers). What this adds to the plugin's sweeper:
 - asynchronous trials: `n_jobs` run at once and a new one starts as soon as any ends
   (launchers/optuna_study.py), instead of batches that wait for their slowest;
 - pruning (`pruner`, `pruner_settings`): each evaluation of a trial is reported to the study and a
-  hopeless trial stops there, with summary status `pruned` (dpo_sweeps/pruning.py);
+  hopeless trial stops there, with summary status `pruned` (dpo_sweeps/train/pruning.py);
 - `enqueue_trials`: trials to run first, with the values given;
 - the end-of-sweep screen and a nonzero exit when any trial of this invocation failed.
 Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run at a time.
@@ -36,8 +36,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
-from dpo_sweeps.pruning import make_pruner
-from dpo_sweeps.rundir import write_summary
+from dpo_sweeps.rundir.outputs import write_summary
+from dpo_sweeps.train.pruning import make_pruner
 from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf as PluginOptunaSweeperConf
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
 from launchers.base import JobNotRun, failed_return, log, task_overrides

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dpo_sweeps.cpu_binding import OWN_CORES_ENV, rank_cores
+from dpo_sweeps.parallel.cpu_binding import OWN_CORES_ENV, rank_cores
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Check every point of a sweep before any job starts.
 
-Each point is composed (`launchers.jobs.compose_job`), checked by `dpo_sweeps.validate.validate_config`
+Each point is composed (`launchers.jobs.compose_job`), checked by `dpo_sweeps.config.validate.validate_config`
 (cheap: no data or model is loaded) and by the launcher (`check_job`: what this launcher can place,
 e.g. a 2-node job on the local launcher). A sweep with any invalid point is refused as a whole,
 with every invalid point listed beside its overrides.
@@ -19,7 +19,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
-from dpo_sweeps.rundir import write_summary
+from dpo_sweeps.rundir.outputs import write_summary
 from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 
 log = logging.getLogger("launchers")
@@ -48,7 +48,7 @@ def check_job(job: SweepJob, base_dir: Path,
     """The reason this composed job cannot run, or None."""
     try:
         # The training stack loads here, when a sweep is checked, not when Hydra imports the plugins.
-        from dpo_sweeps.validate import validate_config
+        from dpo_sweeps.config.validate import validate_config
 
         validate_config(OmegaConf.create(job.task_config), base_dir)
     except RunFailure as exc:
@@ -90,7 +90,7 @@ def compose_and_check(
 
 @dataclass
 class PredictedOOM:
-    """A valid point that would not fit its device (dpo_sweeps/fit.py): not started, recorded as skipped."""
+    """A valid point that would not fit its device (dpo_sweeps/parallel/fit.py): not started, recorded as skipped."""
 
     job: SweepJob
     estimate_gib: float
@@ -100,7 +100,7 @@ class PredictedOOM:
 
 def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM]]:
     """Split jobs into those that fit (or have no limit to check) and those predicted out of memory."""
-    from dpo_sweeps.fit import check_fit  # the training stack loads when a sweep is checked
+    from dpo_sweeps.parallel.fit import check_fit  # the training stack loads when a sweep is checked
 
     fit: list[SweepJob] = []
     unfit: list[PredictedOOM] = []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from conftest import QUIET, REPO, cli_env
 
-from dpo_sweeps.watchdog import read_heartbeats
+from dpo_sweeps.runtime.watchdog import read_heartbeats
 
 # A few steps on small synthetic data, a checkpoint every 2 steps, the fault at step 3.
 SHORT = [*QUIET, "data.num_train_pairs=256", "data.num_eval_pairs=32", "train.max_steps=5", "train.eval_every=0",

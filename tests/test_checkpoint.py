@@ -16,8 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from dpo_sweeps.checkpoint import MARKER, capture_rng_state, complete_checkpoints, latest_checkpoint, restore_rng_state
-from dpo_sweeps.runlock import RunDirInUse, RunDirLock
+from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
+from dpo_sweeps.train.checkpoint import (
+    MARKER,
+    capture_rng_state,
+    complete_checkpoints,
+    latest_checkpoint,
+    restore_rng_state,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
@@ -141,7 +147,7 @@ def test_second_job_on_a_live_run_dir_is_refused_without_touching_it(tmp_path):
 
 
 def test_lock_is_exclusive_and_released_with_its_holder(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dpo_sweeps.runlock import RunDirLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dpo_sweeps.rundir.lock import RunDirLock; "
                                f"RunDirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -12,7 +12,7 @@ from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, collate, 
 from dpo_sweeps.data.sources import load_preference_rows, split_hh_dialogue
 from dpo_sweeps.data.synthetic import generate_pairs, topic_preferences
 from dpo_sweeps.errors import DataError, InvalidConfig
-from dpo_sweeps.tokenizers import byte_tokenizer
+from dpo_sweeps.models.tokenizers import byte_tokenizer
 
 REPO_CONF = __import__("pathlib").Path(__file__).resolve().parent.parent / "conf" / "data"
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import QUIET
 from fault_helpers import HANG_BOUND, fault_to_summary, injected_at, run_watched, summary_of
 
-from dpo_sweeps.rundir import read_rank_failures
+from dpo_sweeps.rundir.outputs import read_rank_failures
 
 pytestmark = pytest.mark.slow
 

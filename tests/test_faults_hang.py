@@ -16,7 +16,7 @@ import sys
 import pytest
 from fault_helpers import HANG_BOUND, SHORT, dpo, fault_to_summary, injected_at, run_watched, summary_of
 
-from dpo_sweeps.distributed import free_port
+from dpo_sweeps.parallel.distributed import free_port
 
 pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 120  # HANG_BOUND's
@@ -100,6 +100,6 @@ def test_under_torchrun_a_failing_or_hung_rank_still_gets_its_summary(tmp_path, 
 
 
 def _reports(run_dir):
-    from dpo_sweeps.rundir import read_rank_failures
+    from dpo_sweeps.rundir.outputs import read_rank_failures
 
     return read_rank_failures(run_dir)

@@ -73,7 +73,7 @@ def test_a_small_file_trains_with_the_defaults_and_a_completed_run_is_not_traine
     again = run_cli(run_dir, *args)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"run already complete: {run_dir / 'summary.json'}" in again.stderr
-    assert "dpo_sweeps.trainer" not in again.stdout + again.stderr  # no training started
+    assert "dpo_sweeps.train.trainer" not in again.stdout + again.stderr  # no training started
     changed = run_cli(run_dir, *args, "train.lr=0.01")
     assert changed.returncode == 1
     assert "holds a completed run of a different config (train.lr: 0.003 -> 0.01)" in changed.stderr

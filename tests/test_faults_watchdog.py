@@ -11,10 +11,10 @@ import pytest
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
+from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir import first_failure, write_rank_failure
-from dpo_sweeps.validate import validate_config
-from dpo_sweeps.watchdog import hang_failure, hang_verdict, heartbeat_dir
+from dpo_sweeps.rundir.outputs import first_failure, write_rank_failure
+from dpo_sweeps.runtime.watchdog import hang_failure, hang_verdict, heartbeat_dir
 
 
 def beat(rank: int, progress: int, step: int, phase: str, **extra) -> dict:

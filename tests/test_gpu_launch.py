@@ -80,7 +80,7 @@ def test_auto_device_asks_for_no_gpu_on_the_local_cpu_only_cluster(tmp_path, mon
 
 # ---------------------------------------------------------------------- the GPU of each rank
 def test_each_rank_takes_its_own_gpu_whether_it_sees_the_nodes_gpus_or_only_its_own():
-    from dpo_sweeps.distributed import cuda_index
+    from dpo_sweeps.parallel.distributed import cuda_index
 
     # torchrun / srun --gpus-per-node: every task sees the node's 8 GPUs.
     assert [cuda_index(rank, 8) for rank in range(8)] == list(range(8))
@@ -92,7 +92,7 @@ def test_each_rank_takes_its_own_gpu_whether_it_sees_the_nodes_gpus_or_only_its_
 
 
 # ---------------------------------------------------------------------- torchrun: one run directory
-AGREE = "from dpo_sweeps.launch_time import launch_time; import time, sys; time.sleep(float(sys.argv[1])); " \
+AGREE = "from dpo_sweeps.runtime.launch_time import launch_time; import time, sys; time.sleep(float(sys.argv[1])); " \
         "print(launch_time().isoformat())"
 
 
@@ -111,7 +111,7 @@ def test_ranks_asking_torchruns_store_at_different_times_agree_on_one_launch_tim
              for delay in ("0", "1.5")]
     times = [proc.communicate(timeout=120)[0].strip() for proc in ranks]
     assert all(proc.returncode == 0 for proc in ranks)
-    assert times[0] == times[1] == store.get("dpo_sweeps/launch_time/test").decode()
+    assert times[0] == times[1] == store.get("dpo_sweeps/runtime/launch_time/test").decode()
 
 
 @pytest.mark.slow
@@ -121,7 +121,7 @@ def test_torchrun_without_hydra_run_dir_writes_one_run_directory(tmp_path):
 
     from conftest import QUIET, REPO, cli_env
 
-    from dpo_sweeps.distributed import free_port
+    from dpo_sweeps.parallel.distributed import free_port
 
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}",
             "-m", "dpo_sweeps", *QUIET, "train.max_steps=2", "train.eval_every=0", "train.batch_size=16",

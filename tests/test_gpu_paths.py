@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from dpo_sweeps.fsdp import needs_fully_shard, shard_model
-from dpo_sweeps.models import build_reference
-from dpo_sweeps.precision import mixed_precision_policy
+from dpo_sweeps.models.build import build_reference
+from dpo_sweeps.parallel.fsdp import needs_fully_shard, shard_model
+from dpo_sweeps.parallel.precision import mixed_precision_policy
 
 PRECISIONS = {
     "fp32": {"param_dtype": "float32", "reduce_dtype": "float32"},
@@ -118,8 +118,8 @@ def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_g
 
     from transformers import PreTrainedModel
 
-    from dpo_sweeps.distributed import RankEnv
-    from dpo_sweeps.trainer import RunContext, Trainer
+    from dpo_sweeps.parallel.distributed import RankEnv
+    from dpo_sweeps.train.trainer import RunContext, Trainer
 
     monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
     cfg = compose_run_config("model=tiny_llama", "precision=bf16", "train.max_steps=2", "data.num_train_pairs=32",
@@ -167,22 +167,22 @@ def test_bf16_llamas_step_zero_loss_is_ln_2(tmp_path):
     ("NVIDIA A100-SXM4-80GB", "fp32", True, 156e12),
 ])
 def test_peak_flops_by_device_name_and_precision(name, precision, tf32, expected):
-    from dpo_sweeps.mfu import peak_flops
+    from dpo_sweeps.parallel.mfu import peak_flops
 
     assert peak_flops(name, precision, tf32) == (expected, None)
 
 
 @pytest.mark.parametrize("name", ["NVIDIA A10", "NVIDIA H800", "Tesla V100-SXM2-32GB", "NVIDIA GeForce RTX 4090"])
 def test_devices_without_a_known_peak_get_no_mfu_but_a_reason(name):
-    from dpo_sweeps.mfu import peak_flops
+    from dpo_sweeps.parallel.mfu import peak_flops
 
     peak, reason = peak_flops(name, "bf16", False)
     assert peak is None and name in reason
 
 
 def test_a_cpu_run_has_no_mfu_and_says_why():
-    from dpo_sweeps.mfu import device_peak_flops
-    from dpo_sweeps.perf import PerfMeter
+    from dpo_sweeps.parallel.mfu import device_peak_flops
+    from dpo_sweeps.train.perf import PerfMeter
 
     peak, reason = device_peak_flops(torch.device("cpu"), "fp32")
     meter = PerfMeter(torch.device("cpu"), warmup_steps=0)
@@ -193,7 +193,7 @@ def test_a_cpu_run_has_no_mfu_and_says_why():
 
 
 def test_mfu_is_the_timed_steps_model_flops_over_the_peak():
-    from dpo_sweeps.perf import PerfMeter
+    from dpo_sweeps.train.perf import PerfMeter
 
     meter = PerfMeter(torch.device("cpu"), warmup_steps=1)
     for flops in (5e9, 2e9, 4e9):  # the first step is warm-up, not timed
@@ -207,7 +207,7 @@ def test_mfu_is_the_timed_steps_model_flops_over_the_peak():
 def test_model_flops_of_one_batch_counted_by_hand_with_and_without_prompt_sharing():
     """Two pairs (prompt, chosen, rejected lengths 3, 2, 4 and 5, 1, 1) through tiny_llama's matmuls."""
     from dpo_sweeps.data.encoding import EncodedPair
-    from dpo_sweeps.mfu import BatchPositions, ModelFlops
+    from dpo_sweeps.parallel.mfu import BatchPositions, ModelFlops
 
     flops = ModelFlops.of(tiny_llama(), "LlamaDecoderLayer")
     # Per block: q 32x32, k and v 32x16 (2 KV heads of 8), o 32x32, gate/up/down 32x64, two norms of 32.
@@ -235,7 +235,7 @@ def test_model_flops_of_one_batch_counted_by_hand_with_and_without_prompt_sharin
 def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_activations():
     import dataclasses
 
-    from dpo_sweeps.memory_estimate import ModelShape, RunShape, estimate_peak_memory
+    from dpo_sweeps.parallel.memory_estimate import ModelShape, RunShape, estimate_peak_memory
 
     model = ModelShape(num_params=1_236_000_000, num_layers=16, hidden=2048, intermediate=8192, vocab=128256)
     run = RunShape(sharding_strategy="full_shard", shard_group_size=1, param_dtype="bfloat16", optimizer="adamw",
@@ -258,8 +258,8 @@ def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_act
 
 # ---------------------------------------------------------------------- CPU offload under device=auto
 def test_cpu_offload_is_refused_before_launch_only_where_the_run_is_known_to_use_the_cpu(tmp_path):
+    from dpo_sweeps.config.validate import validate_config
     from dpo_sweeps.errors import InvalidConfig
-    from dpo_sweeps.validate import validate_config
 
     validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=auto"), tmp_path)
     validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=cuda"), tmp_path)
@@ -282,7 +282,7 @@ def test_the_loss_scaler_reads_one_flag_from_the_device_for_all_gradients():
     """A host read (bool, item) is a GPU sync; the overflow check makes one, not one per parameter."""
     from torch.overrides import TorchFunctionMode
 
-    from dpo_sweeps.precision import DynamicLossScaler
+    from dpo_sweeps.parallel.precision import DynamicLossScaler
 
     class HostReads(TorchFunctionMode):
         def __init__(self):

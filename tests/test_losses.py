@@ -7,8 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.losses import (
+from dpo_sweeps.dpo.losses import (
     LOSSES,
     NAMES,
     PairLogps,
@@ -17,7 +16,8 @@ from dpo_sweeps.losses import (
     preference_loss,
     uses_reference,
 )
-from dpo_sweeps.token_logps import labelled_token_logps, length_desensitized_sums
+from dpo_sweeps.dpo.token_logps import labelled_token_logps, length_desensitized_sums
+from dpo_sweeps.errors import InvalidConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "loss"
 

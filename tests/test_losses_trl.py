@@ -23,9 +23,9 @@ from conftest import REPO
 from omegaconf import OmegaConf
 
 from dpo_sweeps.data.encoding import EncodedPair, collate
-from dpo_sweeps.losses import PairLogps, check_loss_config, ld_alpha_of, preference_loss
-from dpo_sweeps.response_logps import response_logps
-from dpo_sweeps.tokenizers import byte_tokenizer
+from dpo_sweeps.dpo.losses import PairLogps, check_loss_config, ld_alpha_of, preference_loss
+from dpo_sweeps.dpo.response_logps import response_logps
+from dpo_sweeps.models.tokenizers import byte_tokenizer
 
 REL = 1e-5
 BETA = 0.5

@@ -1,4 +1,4 @@
-"""Probe mode (probe.steps) and the peak-memory estimate (dpo_sweeps/memory_estimate.py)."""
+"""Probe mode (probe.steps) and the peak-memory estimate (dpo_sweeps/parallel/memory_estimate.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, run_cli
 from sweep_helpers import run_sweep
 
-from dpo_sweeps.memory_estimate import CPU_RUNTIME, ModelShape, RunShape, estimate_peak_memory
+from dpo_sweeps.parallel.memory_estimate import CPU_RUNTIME, ModelShape, RunShape, estimate_peak_memory
 
 SHORT = ["train.eval_every=0", "data.num_train_pairs=256", "data.num_eval_pairs=64", "train.batch_size=16",
          "train.micro_batch_size=8"]

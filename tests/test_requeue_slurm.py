@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_fixture import ensure_slurm_cluster  # noqa: E402
 
-from dpo_sweeps.checkpoint import latest_checkpoint  # noqa: E402
+from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 

@@ -26,7 +26,7 @@ from conftest import QUIET, REPO, run_cli  # noqa: E402
 from slurm_fixture import ensure_slurm_cluster  # noqa: E402
 from sweep_helpers import FAST, SweepResult, run_sweep  # noqa: E402
 
-from dpo_sweeps.checkpoint import latest_checkpoint  # noqa: E402
+from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 from launchers.jobs import SweepJob  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=20",
@@ -58,7 +58,7 @@ def two_node_sweep(slurm2, tmp_path_factory) -> SweepResult:
 
 def test_submitit_rank_takes_the_first_node_over_a_master_addr_already_set(monkeypatch):
     """No cluster needed: the environment SLURM gives rank 2 of a 2-node x 2-task job."""
-    from dpo_sweeps.distributed import from_submitit_env
+    from dpo_sweeps.parallel.distributed import from_submitit_env
 
     for key, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "4",
                        "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "dpo-n[1-2]",
@@ -348,7 +348,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
 
 def test_a_failed_run_that_slurm_requeued_is_cancelled_but_a_preempted_one_is_not(tmp_path):
     """No cluster needed: the launcher's rule for a job SLURM holds pending again after a node failure."""
-    from dpo_sweeps.rundir import write_summary
+    from dpo_sweeps.rundir.outputs import write_summary
     from launchers.base import summary_stamp
     from launchers.slurm.launcher import failed_but_held
 

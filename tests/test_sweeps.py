@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_helpers import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
-from dpo_sweeps.distributed import rank_cores  # noqa: E402
+from dpo_sweeps.parallel.distributed import rank_cores  # noqa: E402
 from launchers.placement import DevicePool  # noqa: E402
 
 # Four jobs, one of which fails: only the 2-rank job that reaches step 5 has the faulty rank 1.

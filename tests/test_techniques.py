@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 from dpo_sweeps.data.encoding import GlobalBatchSampler, collate, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
-from dpo_sweeps.models import build_policy
-from dpo_sweeps.response_logps import batch_logps
-from dpo_sweeps.token_logps import chunked_token_logps
-from dpo_sweeps.tokenizers import byte_tokenizer
+from dpo_sweeps.dpo.response_logps import batch_logps
+from dpo_sweeps.dpo.token_logps import chunked_token_logps
+from dpo_sweeps.models.build import build_policy
+from dpo_sweeps.models.tokenizers import byte_tokenizer
 
 SHORT = ["train.max_steps=6", "train.eval_every=0", "data.num_train_pairs=64", "data.num_eval_pairs=16",
          "train.batch_size=16", "train.micro_batch_size=4"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 
-from dpo_sweeps.rundir import read_summary, write_summary
+from dpo_sweeps.rundir.outputs import read_summary, write_summary
 from launchers.base import (
     SUMMARY_FIELDS,
     JobNotRun,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpo_sweeps.losses import pairwise
+from dpo_sweeps.dpo.losses import pairwise
 
 
 def _number(value: Any) -> bool:

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
-from dpo_sweeps.distributed import all_reduce
 from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.parallel.distributed import all_reduce
 
 log = logging.getLogger(__name__)
 

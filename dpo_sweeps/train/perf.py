@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from dpo_sweeps.distributed import all_reduce
+from dpo_sweeps.parallel.distributed import all_reduce
 
 GIB = 1024**3
 

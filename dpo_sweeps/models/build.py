@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.tokenizers import bpe_tokenizer, byte_tokenizer
+from dpo_sweeps.models.tokenizers import bpe_tokenizer, byte_tokenizer
 
 SAVED_MODEL_DIR = "model"
 MODEL_SOURCES = "a preset in conf/model/, a local folder with config.json, or a hub name in the local cache"

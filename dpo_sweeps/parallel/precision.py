@@ -12,7 +12,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from dpo_sweeps.fsdp import dtype_of
+from dpo_sweeps.parallel.fsdp import dtype_of
 
 
 def mixed_precision_policy(precision_cfg: DictConfig) -> MixedPrecisionPolicy:

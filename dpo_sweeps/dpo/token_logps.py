@@ -1,6 +1,6 @@
 """Log-prob kernels: per-token response log-probs (fp32), and their per-sequence sums.
 
-`response_logps.py` runs the model and calls these; the losses (dpo_sweeps/losses/) only ever see
+`response_logps.py` runs the model and calls these; the losses (dpo_sweeps/dpo/losses/) only ever see
 per-sequence sums and token counts.
 """
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.losses.pairwise import LossTerms, PairLogps, nll
-from dpo_sweeps.losses.registry import (
+from dpo_sweeps.dpo.losses.pairwise import LossTerms, PairLogps, nll
+from dpo_sweeps.dpo.losses.registry import (
     F_DIVERGENCE_TERMS,
     HYPERPARAMETERS,
     LOSSES,
@@ -27,6 +26,7 @@ from dpo_sweeps.losses.registry import (
     LossSpec,
     mix_keys,
 )
+from dpo_sweeps.errors import InvalidConfig
 
 __all__ = ["LOSSES", "NAMES", "LossSpec", "LossTerms", "PairLogps", "check_loss_config", "ld_alpha_of",
            "loss_keys", "metric_names", "preference_loss", "uses_reference"]

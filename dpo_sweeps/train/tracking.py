@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir import scrub_secrets
+from dpo_sweeps.rundir.outputs import scrub_secrets
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")

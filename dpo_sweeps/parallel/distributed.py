@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpo_sweeps.cpu_binding import OWN_CORES_ENV, rank_cores  # noqa: F401  (the rank side binds with them)
+from dpo_sweeps.parallel.cpu_binding import OWN_CORES_ENV, rank_cores  # noqa: F401  (the rank side binds with them)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, eval_micro_batch_indices, rank_micro_batch_indices
-from dpo_sweeps.tokenizers import cache_dir
+from dpo_sweeps.models.tokenizers import cache_dir
 
 log = logging.getLogger(__name__)
 

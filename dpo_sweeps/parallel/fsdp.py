@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.models import check_block_name
+from dpo_sweeps.models.build import check_block_name
 
 STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from dpo_sweeps.data.encoding import EncodedPair
-from dpo_sweeps.models import check_block_name
+from dpo_sweeps.models.build import check_block_name
 
 _SXM = {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}
 _NVL = {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60.0e12}
@@ -46,7 +46,7 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | No
             if dtype not in peaks:
                 return None, f"no {dtype} peak for {device_name}"
             return peaks[dtype], None
-    return None, f"no peak FLOP/s known for '{device_name}' (dpo_sweeps/mfu.py PEAK_FLOPS)"
+    return None, f"no peak FLOP/s known for '{device_name}' (dpo_sweeps/parallel/mfu.py PEAK_FLOPS)"
 
 
 def device_peak_flops(device: torch.device, precision: str) -> tuple[float | None, str | None]:

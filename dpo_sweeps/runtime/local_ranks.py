@@ -17,17 +17,17 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from dpo_sweeps.app import run_rank, write_failed
-from dpo_sweeps.distributed import RankEnv, free_port
-from dpo_sweeps.rundir import FAILURE_FIELDS, first_failure, read_summary, write_summary
-from dpo_sweeps.signals import (
+from dpo_sweeps.parallel.distributed import RankEnv, free_port
+from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, write_summary
+from dpo_sweeps.runtime.signals import (
     STOP_PREEMPT_SIGNAL,
     STOP_SIGTERM,
     die_with_parent,
     forwarding_stop_signals,
     preemption_signal,
 )
-from dpo_sweeps.trainer import RunContext
-from dpo_sweeps.watchdog import heartbeat_dir
+from dpo_sweeps.runtime.watchdog import heartbeat_dir
+from dpo_sweeps.train.trainer import RunContext
 
 log = logging.getLogger("dpo_sweeps")
 

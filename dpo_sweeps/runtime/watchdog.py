@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dpo_sweeps.rundir import first_failure, write_rank_failure
+from dpo_sweeps.rundir.outputs import first_failure, write_rank_failure
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from tqdm import tqdm
 
-from dpo_sweeps import reference_logps
-from dpo_sweeps.checkpoint import Checkpointer
 from dpo_sweeps.data.encoding import (
     EncodedPair,
     GlobalBatchSampler,
@@ -36,22 +34,24 @@ from dpo_sweeps.data.encoding import (
     render_pair,
 )
 from dpo_sweeps.data.sources import load_preference_rows
-from dpo_sweeps.distributed import RankEnv, all_reduce, rank_layout
+from dpo_sweeps.dpo import reference_logps
+from dpo_sweeps.dpo.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
+from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
-from dpo_sweeps.faults import fault_in_checkpoint, inject_in_step
-from dpo_sweeps.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
-from dpo_sweeps.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
-from dpo_sweeps.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
-from dpo_sweeps.mfu import BatchPositions, ModelFlops, device_peak_flops
-from dpo_sweeps.models import build_policy, build_reference, build_tokenizer, saved_model_path
-from dpo_sweeps.perf import GIB, PerfMeter, resident_bytes
-from dpo_sweeps.precision import DynamicLossScaler, mixed_precision_policy
-from dpo_sweeps.probe import apply_probe
-from dpo_sweeps.pruning import TrialReporter, pruning_link
-from dpo_sweeps.response_logps import response_logps
-from dpo_sweeps.rundir import MetricsLog
-from dpo_sweeps.signals import RunInterrupted, StopWatch
-from dpo_sweeps.tracking import Tracker
+from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, saved_model_path
+from dpo_sweeps.parallel.distributed import RankEnv, all_reduce, rank_layout
+from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
+from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
+from dpo_sweeps.parallel.mfu import BatchPositions, ModelFlops, device_peak_flops
+from dpo_sweeps.parallel.precision import DynamicLossScaler, mixed_precision_policy
+from dpo_sweeps.rundir.outputs import MetricsLog
+from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.train.checkpoint import Checkpointer
+from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
+from dpo_sweeps.train.perf import GIB, PerfMeter, resident_bytes
+from dpo_sweeps.train.probe import apply_probe
+from dpo_sweeps.train.pruning import TrialReporter, pruning_link
+from dpo_sweeps.train.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class Trainer:
         return self.model_flops.step(positions, reference_forward=self.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/faults.py)."""
+        """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/train/faults.py)."""
         return inject_in_step(self.cfg.get("faults"), step + 1, self.env.rank, loss, self.resumed_from is not None)
 
     # ------------------------------------------------------------------ eval

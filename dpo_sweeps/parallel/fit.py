@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dpo_sweeps.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
+from dpo_sweeps.parallel.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def device_memory_limit_gib(cfg) -> float | None:
     will use CUDA; None (no check) on a CPU or where no GPU is visible to the sweep."""
     if cfg.resources.device_memory_gib is not None:
         return float(cfg.resources.device_memory_gib)
-    from dpo_sweeps.distributed import wants_cuda
+    from dpo_sweeps.parallel.distributed import wants_cuda
 
     if wants_cuda(cfg.resources.device):
         import torch
@@ -50,8 +50,8 @@ def device_memory_limit_gib(cfg) -> float | None:
 
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
-    from dpo_sweeps.distributed import wants_cuda
-    from dpo_sweeps.perf import resident_bytes
+    from dpo_sweeps.parallel.distributed import wants_cuda
+    from dpo_sweeps.train.perf import resident_bytes
 
     shape = _model_shape(_architecture_key(cfg.model))
     baseline = 0 if wants_cuda(cfg.resources.device) else resident_bytes()
@@ -86,14 +86,14 @@ def _model_shape(key: tuple) -> ModelShape:
 
     init_from, name_or_path, spec_json, tokenizer_kind, vocab_size = key
     if init_from is not None:
-        from dpo_sweeps.models import saved_model_path
+        from dpo_sweeps.models.build import saved_model_path
 
         config = AutoConfig.from_pretrained(saved_model_path(init_from))
     elif spec_json != "null":
         spec = json.loads(spec_json)
         config = AutoConfig.for_model(spec.pop("model_type"), **spec)
         if tokenizer_kind == "byte":
-            from dpo_sweeps.tokenizers import byte_tokenizer
+            from dpo_sweeps.models.tokenizers import byte_tokenizer
 
             config.vocab_size = len(byte_tokenizer())
         elif tokenizer_kind == "bpe" and vocab_size:

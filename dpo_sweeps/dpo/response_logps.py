@@ -21,8 +21,13 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.fsdp import register_fsdp_forward_method
 
+from dpo_sweeps.dpo.token_logps import (
+    chunked_token_logps,
+    labelled_token_logps,
+    length_desensitized_sums,
+    sum_by_sequence,
+)
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.token_logps import chunked_token_logps, labelled_token_logps, length_desensitized_sums, sum_by_sequence
 
 METHOD = "dpo_response_token_logps"
 # Config fields of architectures whose logits are not plain `lm_head(hidden)`.

@@ -1,0 +1,1 @@
+"""Building the policy and reference models and their tokenizers."""

@@ -1,0 +1,1 @@
+"""The parallel plan: process groups, FSDP sharding, precision, memory and FLOPs estimates."""
