@@ -111,7 +111,7 @@ def test_ranks_asking_torchruns_store_at_different_times_agree_on_one_launch_tim
              for delay in ("0", "1.5")]
     times = [proc.communicate(timeout=120)[0].strip() for proc in ranks]
     assert all(proc.returncode == 0 for proc in ranks)
-    assert times[0] == times[1] == store.get("dpo_sweeps/runtime/launch_time/test").decode()
+    assert times[0] == times[1] == store.get("dpo_sweeps/launch_time/test").decode()
 
 
 @pytest.mark.slow
