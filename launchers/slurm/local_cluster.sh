@@ -416,6 +416,10 @@ SlurmdDebug=info
 MailProg=/bin/true
 InactiveLimit=0
 KillWait=5
+# A loaded CI machine (2 cores, many ranks) answers slowly: without room here a requeued job's step
+# launch can fail with "Application launch failed: Communication connection failure".
+MessageTimeout=30
+TCPTimeout=10
 MinJobAge=300
 Waittime=0
 # a node whose slurmd stops answering is marked down (and its jobs fail) after this many seconds
