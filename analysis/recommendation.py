@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.outputs import device_time_text
-
-RESULT_FILE = "find_best.json"
+from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text
 
 
 @dataclass
@@ -24,7 +22,7 @@ def load_recommendations(sweep_dirs: list[Path]) -> list[Recommendation]:
     found = []
     for sweep in sweep_dirs:
         try:
-            result = json.loads((Path(sweep) / RESULT_FILE).read_text(encoding="utf-8"))
+            result = json.loads((Path(sweep) / FIND_BEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         found.append(Recommendation(Path(sweep), result.get("stages") or {}, result.get("recommendation")))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.outputs import device_time_text, read_summary, write_json_atomic
+from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text, read_summary, write_json_atomic
 from launchers.jobs import SweepJob, override_key
 from launchers.outcome import Outcome, sweep_cost, sweep_screen
 from launchers.preflight import (
@@ -37,7 +37,6 @@ log = logging.getLogger("launchers")
 
 SPEED = "perf/speed_per_memory"
 ACCURACY = "eval/rewards/accuracies"
-RESULT_FILE = "find_best.json"
 
 
 @dataclass
@@ -166,7 +165,7 @@ class FindBest:
             },
             "recommendation": recommend(candidates),
         }
-        write_json_atomic(self.sweep_dir / RESULT_FILE, result)
+        write_json_atomic(self.sweep_dir / FIND_BEST, result)
         return result
 
 

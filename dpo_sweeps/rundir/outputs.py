@@ -21,6 +21,8 @@ SCHEMA = 1
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 RANK_FAILURES = "rank_failures"
+# In a sweep directory: the staged search's answer (launchers/find_best.py writes it, the report reads it).
+FIND_BEST = "find_best.json"
 # Space held for summary.json from the start of a run, so a full disk still gets its summary.
 SUMMARY_RESERVE = ".summary_reserve"
 SUMMARY_RESERVE_BYTES = 256 * 1024
