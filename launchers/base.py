@@ -3,7 +3,7 @@
 Both launchers submit one submitit job per run with `resources.nodes` x `resources.nproc_per_node`
 tasks, one task per rank, taken from that run's own config (a sweep may vary them). Every task
 runs the Hydra job (hydra-submitit-launcher's design); tasks other than rank 0 write nothing into
-the run directory (no `.hydra/`, no log file), and `dpo_sweeps.app` lets only rank 0 write outputs.
+the run directory (no `.hydra/`, no log file), and `dpo_sweeps.runtime.rank` lets only rank 0 write outputs.
 
 When a job ends without rank 0 having written summary.json (a rank killed, a timeout, a
 preemption, a node failure), the launcher writes a failed one, so every launched run has one.

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from dpo_sweeps.app import run_rank, write_failed
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
 from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, write_summary
+from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (
     STOP_PREEMPT_SIGNAL,
     STOP_SIGTERM,

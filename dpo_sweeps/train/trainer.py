@@ -37,7 +37,7 @@ from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.dpo.response_logps import response_logps
-from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
+from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunPruned, is_disk_full
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.parallel.distributed import RankEnv, all_reduce, rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
@@ -521,12 +521,3 @@ class Trainer:
         if self.tracker is not None:
             self.tracker.finish(metrics, failed)
 
-
-def is_collective_error(exc: BaseException) -> bool:
-    """An error raised because a peer went away (the cause is elsewhere), not by this rank's own work."""
-    if isinstance(exc, RunFailure):
-        return False
-    text = str(exc).lower()
-    markers = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-               "gloo", "nccl", "socket", "connection refused")
-    return isinstance(exc, getattr(dist, "DistError", ())) or any(m in text for m in markers)
