@@ -46,6 +46,17 @@ def test_the_first_own_failure_wins_over_verdicts_and_lost_peers(tmp_path):
         "oom", 1, "OutOfMemoryError: x", "rank 1: OutOfMemoryError: x")
 
 
+def test_ranks_seen_ending_name_the_failure_only_when_no_rank_recorded_one(tmp_path):
+    ended = [(3, "rank 3 killed by SIGKILL"), (1, "rank 1 exited with 1")]
+    write_rank_failure(tmp_path, 0, {"kind": "crash", "message": "peer went away"}, collective=True)
+    found = first_failure(tmp_path, ended)
+    assert (found["kind"], found["rank"], found["reported_by"], found["message"]) == (
+        "crash", 3, None, "rank 3 killed by SIGKILL; rank 1 exited with 1")
+    write_rank_failure(tmp_path, 1, {"kind": "oom", "message": "OutOfMemoryError: x"}, collective=False)
+    found = first_failure(tmp_path, ended)
+    assert (found["kind"], found["rank"], found["reported_by"]) == ("oom", 1, 1)
+
+
 def test_a_launcher_sees_a_hang_only_when_every_heartbeat_is_old(tmp_path):
     folder = heartbeat_dir(tmp_path)
     folder.mkdir()

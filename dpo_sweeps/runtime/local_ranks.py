@@ -119,14 +119,13 @@ def _wait_for_ranks(procs: list) -> None:
 
 
 def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
-    found = first_failure(run_dir)
-    if found:
+    """The first failed rank's failure: its own record, else the first rank that exited abnormally."""
+    ended = [
+        (rank, f"rank {rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank {rank} exited with {code}")
+        for rank, code in ((int(p.name.removeprefix("rank")), p.exitcode) for p in procs) if code
+    ]
+    found = first_failure(run_dir, ended)
+    if found is not None:
         return {k: found.get(k) for k in FAILURE_FIELDS}
-    dead = [(int(p.name.removeprefix("rank")), p.exitcode) for p in procs if p.exitcode]
-    described = ", ".join(
-        f"rank {rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank {rank} exited with {code}"
-        for rank, code in dead
-    )
-    message = described or "rank 0 ended without writing summary.json"
-    return {"kind": "crash", "message": message, "rank": dead[0][0] if dead else None, "step": None,
-            "cause": message}
+    message = "rank 0 ended without writing summary.json"
+    return {"kind": "crash", "message": message, "rank": None, "step": None, "cause": message}
