@@ -35,7 +35,7 @@ from dpo_sweeps.rundir.outputs import (
 )
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import _prepare_run_dir, _refused, run_rank, write_failed
-from dpo_sweeps.train.trainer import RunContext
+from dpo_sweeps.task import RunContext
 
 
 class RunFailed(CompactHydraException):

@@ -119,7 +119,8 @@ def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_g
     from transformers import PreTrainedModel
 
     from dpo_sweeps.parallel.distributed import RankEnv
-    from dpo_sweeps.train.trainer import RunContext, Trainer
+    from dpo_sweeps.task import RunContext
+    from dpo_sweeps.train.trainer import Trainer
 
     monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
     cfg = compose_run_config("model=tiny_llama", "precision=bf16", "train.max_steps=2", "data.num_train_pairs=32",

@@ -27,7 +27,7 @@ from dpo_sweeps.runtime.signals import (
     preemption_signal,
 )
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
-from dpo_sweeps.train.trainer import RunContext
+from dpo_sweeps.task import RunContext
 
 log = logging.getLogger("dpo_sweeps")
 

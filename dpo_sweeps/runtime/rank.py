@@ -45,8 +45,9 @@ from dpo_sweeps.rundir.outputs import (
 )
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
+from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import remove_checkpoints, remove_partial_checkpoints
-from dpo_sweeps.train.trainer import RunContext, Trainer
+from dpo_sweeps.train.trainer import Trainer
 
 log = logging.getLogger("dpo_sweeps")
 
