@@ -34,7 +34,7 @@ from dpo_sweeps.rundir.outputs import (
     secret_values,
 )
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
-from dpo_sweeps.runtime.rank import _prepare_run_dir, _refused, run_rank, write_failed
+from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
 from dpo_sweeps.task import RunContext
 
 
@@ -109,9 +109,9 @@ def run_config(ctx: RunContext) -> dict:
     try:
         lock = RunDirLock(ctx.run_dir).acquire()
     except RunDirInUse as exc:
-        return _refused(exc)
+        return refused_summary(exc)
     try:
-        _prepare_run_dir(ctx.run_dir, cfg)
+        prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)
         except RunFailure as exc:

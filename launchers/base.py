@@ -23,14 +23,20 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict, read_write
 
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
+from dpo_sweeps.rundir.outputs import (
+    FAILURE_FIELDS,
+    SUMMARY,
+    first_failure,
+    read_summary,
+    rewrite_summary,
+    write_summary,
+)
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement
 
 log = logging.getLogger("launchers")
 
-SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
                "NODE_FAIL": "node_failure"}
@@ -187,9 +193,7 @@ def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
         rewritten.update(kind=STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash")),
                          message=f"{found['message']}; rank 0 saw: {failure.get('message')}",
                          step=failure.get("step"))
-    extra = {k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}
-    write_summary(run_dir, status="failed", failure=rewritten, overrides=summary.get("overrides") or [],
-                  config=summary.get("config") or {}, metrics=summary.get("metrics") or {}, extra=extra)
+    rewrite_summary(run_dir, summary, failure=rewritten)
 
 
 def _state_of(submitted: Any) -> str:

@@ -240,6 +240,19 @@ def write_summary(
     return summary
 
 
+# What write_summary writes itself; every other key of a summary is one of its `extra`s.
+SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
+
+
+def rewrite_summary(run_dir: Path, summary: dict, **changes: Any) -> dict:
+    """Write a summary read back from run_dir again with `changes` (e.g. `failure=`), keeping its extras."""
+    new = {**summary, **changes}
+    return write_summary(run_dir, status=new["status"], failure=new.get("failure"),
+                         overrides=new.get("overrides") or [], config=new.get("config") or {},
+                         metrics=new.get("metrics") or {},
+                         extra={k: v for k, v in new.items() if k not in SUMMARY_FIELDS})
+
+
 def reserve_summary_space(run_dir: Path) -> None:
     """Hold SUMMARY_RESERVE_BYTES for summary.json until it is written (best effort)."""
     try:

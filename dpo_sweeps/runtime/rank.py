@@ -55,12 +55,12 @@ log = logging.getLogger("dpo_sweeps")
 PEER_REPORT_WAIT_S = 5.0
 
 
-def _refused(exc: RunDirInUse) -> dict:
+def refused_summary(exc: RunDirInUse) -> dict:
     """Another job owns the run directory: report it, and write nothing there."""
     return {"status": "failed", "failure": failure_of(exc), "metrics": {}, "refused": True}
 
 
-def _prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
+def prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
     """What the owner of a run directory does before any rank starts: forget the previous attempt's
     rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
     shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
@@ -77,7 +77,7 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
     if env.is_main:
         try:
             lock = RunDirLock(ctx.run_dir).acquire()
-            _prepare_run_dir(ctx.run_dir, cfg)
+            prepare_run_dir(ctx.run_dir, cfg)
         except RunDirInUse as exc:
             refusal = exc
     if all_reduce([1.0 if refusal else 0.0], "max")[0]:
@@ -189,7 +189,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             if env.is_main and not trainer.checkpointer.keep_when_completed:
                 remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
         except RunDirInUse as exc:
-            return _refused(exc) if env.is_main else None
+            return refused_summary(exc) if env.is_main else None
         except Exception as exc:
             if watchdog is not None:
                 watchdog.begin_ending()
