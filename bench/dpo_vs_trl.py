@@ -1,7 +1,7 @@
 """dpo-sweeps against TRL's DPOTrainer and against a bare PyTorch loop, on the same model, data and batches.
 
     pip install -e '.[bench]'            # TRL (optional: without it the TRL rows are skipped)
-    python bench/dpo_vs_trl.py           # 3 rounds of ours, TRL, bare (about 15 min on 2 CPU cores)
+    python bench/dpo_vs_trl.py           # 3 rounds of ours, TRL, bare (how long: bench/README.md)
     python bench/dpo_vs_trl.py --smoke   # seconds: tiny data, ours and bare only (what CI runs)
 
 The workload (the issue's): a GPT-2-style model, 4 layers x 256 wide, with the 4,096-token BPE
