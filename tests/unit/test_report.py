@@ -12,8 +12,6 @@ import io
 import json
 import math
 import statistics
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from support.reports import grid_sweep, optuna_sweep, resolved_config, write_com
 
 from analysis.report import main
 
-REPO = Path(__file__).resolve().parents[2]
 SPM, ACCURACY = "perf/speed_per_memory", "eval/rewards/accuracies"
 
 
@@ -111,11 +108,6 @@ def html_table(page: Path, table_id: str) -> list[dict[str, str]]:
     parser.feed(page.read_text())
     header, *rows = parser.rows
     return [dict(zip(header, row)) for row in rows]
-
-
-@pytest.fixture
-def grid(tmp_path) -> Path:
-    return grid_sweep(tmp_path / "multirun" / "2026-11-30" / "12-00-00")
 
 
 @pytest.fixture(scope="module")
@@ -350,18 +342,6 @@ def test_several_sweep_dirs_write_to_out(tmp_path):
     assert main([str(a), str(b), "--out", str(tmp_path / "combined")]) == 0
     runs = {r["run"] for r in read_csv(tmp_path / "combined" / "runs.csv")}
     assert {"a/0", "b/0"} <= runs and not (a / "report").exists()
-
-
-def test_report_runs_as_a_script_from_the_repository_root(grid, tmp_path):
-    done = subprocess.run([sys.executable, "analysis/report.py", str(grid), "--out", str(tmp_path / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "Best by perf/speed_per_memory" in done.stdout and (tmp_path / "out" / "report.html").is_file()
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    refused = subprocess.run([sys.executable, "analysis/report.py", str(empty)], cwd=REPO, capture_output=True,
-                             text=True, timeout=120)
-    assert refused.returncode == 2 and "no runs found" in refused.stderr
 
 
 def test_rerunning_on_a_finished_sweep_updates_the_report_in_place(grid):
