@@ -35,8 +35,6 @@ from analysis.ranking import rank_sweep  # noqa: E402
 from analysis.recommendation import load_recommendations  # noqa: E402
 from analysis.runs import NoRunsError, load_runs  # noqa: E402
 
-FIGURE_NAMES = ("pareto", "heatmap", "effects", "curves")
-
 
 def default_out_dir(sources: list[Path]) -> Path:
     """`<sweep>/report`; for several sweeps, `report/` in the folder they share."""

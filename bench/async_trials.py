@@ -1,6 +1,6 @@
 """How long Optuna trial slots sit idle: 8 trials, 2 at a time, of lengths that differ by 3x or more.
 
-    python bench/async_trials.py                    # ~2 min on 2 CPU cores
+    python bench/async_trials.py                    # how long: bench/README.md
     python bench/async_trials.py --reuse DIR        # re-read a finished study's slots.json
 
 Runs a real Optuna sweep (`hydra/sweeper=optuna`, local launcher, 1-rank trials on synthetic data)

@@ -1,6 +1,6 @@
 """The staged search against the full grid: the same settings, both recommendations, the compute each spent.
 
-    python bench/find_best_vs_grid.py                 # ~6 min on 2 CPU cores
+    python bench/find_best_vs_grid.py                 # how long: bench/README.md
     python bench/find_best_vs_grid.py --reuse DIR     # re-read the two sweeps of an earlier invocation
 
 Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps): the parallel plan fsdp {full_shard,

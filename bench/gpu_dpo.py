@@ -1,6 +1,6 @@
 """DPO steps of a 1B-class model on one GPU, in fp32, bf16 and fp16: tokens/s, MFU and peak memory.
 
-    python bench/gpu_dpo.py                 # one GPU, no network, under 8 minutes
+    python bench/gpu_dpo.py                 # one GPU, no network (how long: bench/README.md)
     python bench/gpu_dpo.py --tiny          # seconds on a CPU: the same path with a tiny model
 
 Each precision is one real run of the CLI (`python -m dpo_sweeps model=llama_1b precision=P ...`,

@@ -1,6 +1,6 @@
 """How close the memory estimate is to the measured peak: 14 shapes, probed on CPU.
 
-    python bench/memory_estimate_error.py              # ~4 min on 2 CPU cores
+    python bench/memory_estimate_error.py              # how long: bench/README.md
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and

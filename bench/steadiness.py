@@ -4,7 +4,7 @@
     python bench/steadiness.py --seconds 120 --window 5
 
 One process per usable core, each pinned to its core with one thread, repeats the same fixed piece of
-work (150 products of two 256 x 256 fp32 matrices, ~50 ms) and records how long each repeat took.
+work (150 products of two 256 x 256 fp32 matrices) and records how long each repeat took.
 No dpo-sweeps code, no communication: what varies is the machine. It prints, per core, the median of
 the repeats in each `--window`-second window and the spread of those window medians (slowest over
 fastest). A speed difference between two configs smaller than that spread cannot be ranked by single

@@ -3,72 +3,39 @@
 `run(cfg)` is a plain function (submitit pickles it; see the notes on Hydra #3038); `__main__`
 wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
 or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes
-(`dpo_sweeps.runtime.local_ranks`), or trains in this process. Rank 0 writes metrics.jsonl and summary.json,
-for failed runs too; every rank runs a watchdog (`dpo_sweeps.runtime.watchdog`) that ends a failed or hung run.
+(`dpo_sweeps.runtime.local_ranks`), or trains in this process. What one rank does, from binding its
+cores to writing summary.json, is `dpo_sweeps.runtime.rank.run_rank`.
 """
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
 import os
-import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.config.validate import validate_config, world_size_of
-from dpo_sweeps.errors import PEER_STOPPED, InvalidConfig, RunFailure, failure_of
-from dpo_sweeps.parallel.distributed import (
-    OWN_CORES_ENV,
-    RankEnv,
-    all_reduce,
-    free_port,
-    from_submitit_env,
-    from_torchrun_env,
-    init_process_group,
-    rank_cores,
-    select_device,
-    wants_cuda,
-)
+from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of
+from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
-    FAILURE_FIELDS,
-    RANK_FAILURES,
     config_difference,
     config_hash,
-    first_failure,
     read_summary,
     redact_files,
-    reserve_summary_space,
-    run_cost,
     scrub_secrets,
     secret_values,
-    write_rank_failure,
-    write_summary,
 )
-from dpo_sweeps.runtime.signals import (
-    RunInterrupted,
-    StopWatch,
-)
-from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
-from dpo_sweeps.train.checkpoint import remove_checkpoints, remove_partial_checkpoints
-from dpo_sweeps.train.trainer import RunContext, Trainer, is_collective_error
-
-log = logging.getLogger("dpo_sweeps")
-
-# How long rank 0 waits for a failed peer to record why.
-PEER_REPORT_WAIT_S = 5.0
+from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
+from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
+from dpo_sweeps.task import RunContext
 
 
 class RunFailed(CompactHydraException):
@@ -142,16 +109,14 @@ def run_config(ctx: RunContext) -> dict:
     try:
         lock = RunDirLock(ctx.run_dir).acquire()
     except RunDirInUse as exc:
-        return _refused(exc)
+        return refused_summary(exc)
     try:
-        _prepare_run_dir(ctx.run_dir, cfg)
+        prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)
         except RunFailure as exc:
             return write_failed(ctx, failure_of(exc))
         if world_size_of(cfg) > 1:
-            from dpo_sweeps.runtime.local_ranks import spawn_local_ranks  # which imports this module
-
             return spawn_local_ranks(ctx, world_size_of(cfg), cfg)
         port = cfg.resources.master_port or free_port()
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
@@ -159,205 +124,3 @@ def run_config(ctx: RunContext) -> dict:
         return run_rank(ctx, rank_env)
     finally:
         lock.release()
-
-
-def _refused(exc: RunDirInUse) -> dict:
-    """Another job owns the run directory: report it, and write nothing there."""
-    return {"status": "failed", "failure": failure_of(exc), "metrics": {}, "refused": True}
-
-
-def _prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
-    """What the owner of a run directory does before any rank starts: forget the previous attempt's
-    rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
-    shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
-    shutil.rmtree(heartbeat_dir(run_dir), ignore_errors=True)
-    reserve_summary_space(run_dir)
-    remove_partial_checkpoints(run_dir)
-    if not (cfg.get("checkpoint") or {}).get("resume", True):
-        remove_checkpoints(run_dir, "checkpoint.resume=false")
-
-
-def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock | None:
-    """Rank 0 takes the run directory's lock; every rank raises RunDirInUse when it cannot (collective)."""
-    lock, refusal = None, None
-    if env.is_main:
-        try:
-            lock = RunDirLock(ctx.run_dir).acquire()
-            _prepare_run_dir(ctx.run_dir, cfg)
-        except RunDirInUse as exc:
-            refusal = exc
-    if all_reduce([1.0 if refusal else 0.0], "max")[0]:
-        raise refusal or RunDirInUse(ctx.run_dir, {})
-    return lock
-
-
-def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
-    """The settings that decide memory, for an out-of-memory message."""
-    return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name}, "
-            f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
-            f"data.max_length={cfg.data.max_length}, "
-            f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")
-
-
-def _cost(ctx: RunContext) -> dict[str, Any]:
-    """This attempt's cost fields (rundir.run_cost) from the config's ranks and device."""
-    res = ctx.config["resources"]
-    return run_cost(ctx.started_at, int(res["nodes"]) * int(res["nproc_per_node"]), wants_cuda(res["device"]))
-
-
-def write_failed(ctx: RunContext, failure: dict) -> dict:
-    """The failed summary.json of a run whose ranks could not report (or never started)."""
-    return write_summary(ctx.run_dir, status="failed", failure=failure, overrides=ctx.overrides,
-                         config=ctx.config, metrics={}, extra={"attempt": ctx.attempt, **_cost(ctx)})
-
-
-def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
-    """CPU threads for this rank, after binding it to its own cores when it may (`bind_cores`)."""
-    # The cores this process may run on (a launcher may pin each job to its own), not the machine's.
-    if hasattr(os, "sched_getaffinity"):
-        allowed = sorted(os.sched_getaffinity(0))
-    else:
-        allowed = list(range(os.cpu_count() or 1))
-    own = allowed if os.environ.get(OWN_CORES_ENV) == "1" else None
-    if own is not None:
-        log.info("rank %d bound to cores %s by the launcher (resources.bind_cores)", env.rank, own)
-    on_cpu = not wants_cuda(cfg.resources.device)
-    if own is None and bind_cores and cfg.resources.get("bind_cores", True) and env.local_world_size > 1 and on_cpu:
-        own = rank_cores(allowed, env.local_rank, env.local_world_size)
-        if own is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, own)
-            log.info("rank %d bound to cores %s of %s (resources.bind_cores)", env.rank, own, allowed)
-    if cfg.resources.threads_per_rank:
-        return int(cfg.resources.threads_per_rank)
-    if own is not None:
-        return len(own)
-    slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm_cpus.isdigit() and env.local_world_size > 1:  # each SLURM task (rank) has its own CPUs
-        return int(slurm_cpus)
-    return max(1, len(allowed) // env.local_world_size)
-
-
-def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_cores: bool = False) -> dict | None:
-    """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None.
-
-    `claim_run_dir`: rank 0 takes the run directory's lock here (torchrun, multi-task submitit jobs);
-    otherwise the caller holds it. `bind_cores`: the caller started all local ranks with the same cores
-    (so each may take its own block of them, `resources.bind_cores`); torchrun and SLURM tasks leave
-    binding to their launcher (`srun --cpu-bind`).
-    """
-    cfg = OmegaConf.create(ctx.config)
-    torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
-    watch = StopWatch(cfg.train.get("time_limit_min")).install()
-    trainer: Trainer | None = None
-    watchdog: Watchdog | None = None
-    lock: RunDirLock | None = None
-    metrics: dict[str, Any] = {}
-    failure = None
-    interrupted: RunInterrupted | None = None
-
-    def summary_of(failure: dict | None, metrics: dict[str, Any]) -> dict:
-        extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
-        if trainer is not None:
-            extra["resumed_from_step"] = trainer.resumed_from
-            if hasattr(trainer, "data_counts"):
-                extra["data"] = trainer.data_counts
-            if hasattr(trainer, "layout"):
-                extra["layout"] = trainer.layout
-            extra.update(trainer.checkpointer_report())
-        # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
-        status = "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
-        return write_summary(ctx.run_dir, status=status, failure=failure,
-                             overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
-
-    def on_verdict(verdict: dict) -> None:  # rank 0's watchdog, when a peer failed or the run hung
-        partial = _partial_metrics(trainer) if trainer is not None and trainer.state.step else {}
-        summary_of({k: verdict.get(k) for k in FAILURE_FIELDS}, partial)
-        if multiprocessing.parent_process() is None:  # not one of our local ranks: nobody else will say it
-            print(f"error: run failed ({verdict['kind']}): {verdict['message']}  [{ctx.run_dir / 'summary.json'}]",
-                  file=sys.stderr, flush=True)
-
-    try:
-        try:
-            device = select_device(cfg.resources.device, env.local_rank)
-            init_process_group(env, device, cfg.resources.collective_timeout_s)
-            if claim_run_dir:
-                lock = _claim_run_dir(ctx, env, cfg)
-            hang_timeout_s = cfg.resources.hang_timeout_s or cfg.resources.collective_timeout_s
-            watchdog = Watchdog(ctx.run_dir, env.rank, env.world_size, hang_timeout_s, on_verdict).start()
-            if env.world_size > 1:
-                validate_config(cfg, ctx.base_dir)
-            trainer = Trainer(ctx, cfg, env, device, stop_watch=watch, heartbeat=watchdog.progress)
-            trainer.setup()
-            metrics = trainer.fit()
-            if cfg.train.save_model:
-                trainer.save_model()
-            watchdog.begin_ending()
-            if env.is_main and not trainer.checkpointer.keep_when_completed:
-                remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
-        except RunDirInUse as exc:
-            return _refused(exc) if env.is_main else None
-        except Exception as exc:
-            if watchdog is not None:
-                watchdog.begin_ending()
-            failure = failure_of(exc)
-            interrupted = exc if isinstance(exc, RunInterrupted) else None
-            if failure["kind"] == "oom":
-                failure["message"] += f" [{_oom_context(cfg, env)}]"
-            if failure["kind"] == "disk_full" and str(ctx.run_dir) not in failure["message"]:
-                failure["message"] += f" [run directory {ctx.run_dir}]"
-            collective = is_collective_error(exc)
-            failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])
-            if env.world_size > 1:
-                write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
-            failure["rank"] = env.rank
-            if env.is_main and collective:
-                # A stop signal now means the job step is being torn down (srun ends a step whose task
-                # died, and kills what is left after KillWait): write the summary at once, not after the wait.
-                failure = _root_cause(ctx.run_dir, failure, watchdog, ending=lambda: watch.signum is not None)
-            if trainer is not None and trainer.state.step:
-                metrics = _partial_metrics(trainer)
-            log.error("rank %d failed: %s", env.rank, failure["message"])
-        finally:
-            if trainer is not None:
-                trainer.close(metrics, failure is not None)
-        if not env.is_main:
-            if interrupted is not None:
-                watch.leave(interrupted.reason, is_main=False)
-            return None
-        summary = summary_of(failure, metrics)
-        if interrupted is not None:
-            watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
-        return summary
-    finally:
-        # After the summary: with NCCL and a dead peer, tearing the process group down can block.
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        if watchdog is not None:
-            watchdog.stop()
-        watch.uninstall()
-        if lock is not None:
-            lock.release()
-
-
-def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
-    """What a failed run got to: its last logged values (perf needs the peers, so it is left out)."""
-    metrics = {k: v for k, v in trainer.state.last_eval.items() if k != "step"}
-    metrics["train/loss"] = trainer.state.last_train.get("train/loss")
-    metrics.update({"steps": trainer.state.step, "world_size": trainer.env.world_size})
-    return metrics
-
-
-def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None, ending: Callable[[], bool]) -> dict:
-    """The failure of the rank that failed first on its own (or hung), rather than rank 0's 'peer went away'.
-
-    Waits up to PEER_REPORT_WAIT_S for that rank's report, less when `ending()` says the process is being
-    stopped (a peer killed outright never reports; the launcher then names it from the job's tasks)."""
-    deadline = time.monotonic() + PEER_REPORT_WAIT_S
-    while True:
-        found = first_failure(run_dir) or (watchdog.verdict if watchdog is not None else None)
-        if found or ending() or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
-        return {**own, "kind": "crash", "rank": None, "message": f"{PEER_STOPPED}: {own['message']}"}
-    return {k: found.get(k) for k in FAILURE_FIELDS}

@@ -3,7 +3,7 @@
 Both launchers submit one submitit job per run with `resources.nodes` x `resources.nproc_per_node`
 tasks, one task per rank, taken from that run's own config (a sweep may vary them). Every task
 runs the Hydra job (hydra-submitit-launcher's design); tasks other than rank 0 write nothing into
-the run directory (no `.hydra/`, no log file), and `dpo_sweeps.app` lets only rank 0 write outputs.
+the run directory (no `.hydra/`, no log file), and `dpo_sweeps.runtime.rank` lets only rank 0 write outputs.
 
 When a job ends without rank 0 having written summary.json (a rank killed, a timeout, a
 preemption, a node failure), the launcher writes a failed one, so every launched run has one.
@@ -23,14 +23,20 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict, read_write
 
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
+from dpo_sweeps.rundir.outputs import (
+    FAILURE_FIELDS,
+    SUMMARY,
+    first_failure,
+    read_summary,
+    rewrite_summary,
+    write_summary,
+)
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from launchers.jobs import JobCompositionError, SweepJob, compose_job
 from launchers.placement import Placement
 
 log = logging.getLogger("launchers")
 
-SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
                "NODE_FAIL": "node_failure"}
@@ -141,9 +147,9 @@ class SweepLauncher(BaseSubmititLauncher):
         kind = STATE_KINDS.get(state.split()[0] if state else "", "crash")
         if kind == "crash" and timeout_min and elapsed >= 60 * timeout_min - 5:
             kind = "timeout"
-        message = _failure_message(job.run_dir, state, error, submitted)
-        found = first_failure(job.run_dir) or {}
-        if kind == "crash" and found.get("kind"):  # what a rank recorded beats "the job ended"
+        found = first_failure(job.run_dir, _ended_in_srun_log(submitted)) or {}
+        message = _failure_message(found, state, error, submitted)
+        if kind == "crash" and found.get("reported_by") is not None:  # what a rank recorded beats "the job ended"
             kind = found["kind"]
         failure = {"kind": kind, "message": message, "rank": found.get("rank"), "step": found.get("step"),
                    "cause": found.get("cause") or message}
@@ -164,29 +170,30 @@ class SweepLauncher(BaseSubmititLauncher):
 
 
 def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
-    """Rank 0 saw only that a peer went away; say which task of the job ended without a result, and
-    what SLURM says of the job (an out-of-memory kill, the time limit)."""
+    """Rank 0 saw only that a peer went away; say which rank failed first (its record, if it came
+    late, else the first task of the job that ended without a result), and what SLURM says of the
+    job (an out-of-memory kill, the time limit)."""
     failure = summary.get("failure") or {}
     if "rank" not in failure or failure["rank"] is not None:  # the failed rank is known
         return
     # the node each rank ran on, where the run got as far as recording it (summary.json "layout")
     nodes = {r["rank"]: r["node"] for r in (summary.get("layout") or {}).get("ranks", [])}
-    dead = []
+    ended = []
     for i in range(1, getattr(submitted, "num_tasks", 1)):
         task = submitted.task(i)
         if not task.paths.result_pickle.exists():
             where = f" on node {nodes[i]}" if i in nodes else ""
-            dead.append((i, f"rank {i} ended abruptly{where} (log: {task.paths.stderr})"))
-    if not dead:
+            ended.append((i, f"rank {i} ended abruptly{where} (log: {task.paths.stderr})"))
+    found = first_failure(run_dir, ended)
+    if found is None:
         return
-    state = _state_of(submitted)
-    kind = STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash"))
-    cause = "; ".join(text for _, text in dead)
-    rewritten = {"kind": kind, "message": f"{cause}; rank 0 saw: {failure.get('message')}", "rank": dead[0][0],
-                 "step": failure.get("step"), "cause": cause}
-    extra = {k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}
-    write_summary(run_dir, status="failed", failure=rewritten, overrides=summary.get("overrides") or [],
-                  config=summary.get("config") or {}, metrics=summary.get("metrics") or {}, extra=extra)
+    rewritten = {k: found.get(k) for k in FAILURE_FIELDS}
+    if found["reported_by"] is None:  # no rank recorded why: what the job's tasks and SLURM say
+        state = _state_of(submitted)
+        rewritten.update(kind=STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash")),
+                         message=f"{found['message']}; rank 0 saw: {failure.get('message')}",
+                         step=failure.get("step"))
+    rewrite_summary(run_dir, summary, failure=rewritten)
 
 
 def _state_of(submitted: Any) -> str:
@@ -196,9 +203,9 @@ def _state_of(submitted: Any) -> str:
         return "UNKNOWN"
 
 
-def _failure_message(run_dir: Path, state: str, error: BaseException | None, submitted: Any) -> str:
-    found = first_failure(run_dir)
-    if found:
+def _failure_message(found: dict, state: str, error: BaseException | None, submitted: Any) -> str:
+    """The failure message of a job that ended without rank 0's summary.json (`found`: first_failure's)."""
+    if found.get("reported_by") is not None:  # a rank recorded why
         return found["message"]
     detail = ""
     if error is not None:
@@ -212,10 +219,8 @@ def _failure_message(run_dir: Path, state: str, error: BaseException | None, sub
     except Exception:
         pass
     what = f"job ended without rank 0 writing summary.json (state {state or 'UNKNOWN'})"
-    first = _first_dead_tasks(submitted)
-    if first is not None:  # rank 0 was killed with the step: srun's log still says which tasks ended first
-        node, ranks, how = first
-        what = "; ".join(f"rank {r} ended abruptly on node {node} ({how})" for r in ranks) + f"; {what}"
+    if found:  # rank 0 was killed with the step: srun's log still says which tasks ended first
+        what = f"{found['message']}; {what}"
     return what + (f": {detail}" if detail else "") + logs
 
 
@@ -235,11 +240,16 @@ def first_dead_tasks(log_text: str) -> tuple[str, list[int], str] | None:
     return found["node"], ranks, found["how"].strip()
 
 
-def _first_dead_tasks(submitted: Any) -> tuple[str, list[int], str] | None:
+def _ended_in_srun_log(submitted: Any) -> list[tuple[int, str]]:
+    """The first tasks srun reports ended abnormally, as first_failure's `ended` (none: no such line)."""
     try:  # the batch step's stderr, where srun writes, is task 0's log file
-        return first_dead_tasks(Path(submitted.paths.stderr).read_text(errors="replace"))
+        first = first_dead_tasks(Path(submitted.paths.stderr).read_text(errors="replace"))
     except (OSError, AttributeError, ValueError):
-        return None
+        return []
+    if first is None:
+        return []
+    node, ranks, how = first
+    return [(r, f"rank {r} ended abruptly on node {node} ({how})") for r in ranks]
 
 
 def task_overrides(job: SweepJob) -> list[str]:

@@ -1,56 +1,12 @@
-"""Shared helpers: run the real CLI in a subprocess and read what it wrote."""
+"""Fixtures shared by tests/unit and tests/integration (helpers live in tests/support)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-HH_PATH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-
-# Short, quiet runs: tests pass these first, then their own overrides (later ones win).
-QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
-
-
-@dataclass
-class RunResult:
-    returncode: int
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    @property
-    def summary(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    @property
-    def records(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def train_losses(self) -> list[float]:
-        return [r["train/loss"] for r in self.records if "train/loss" in r]
-
-
-def cli_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("HF_DATASETS_OFFLINE", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def run_cli(run_dir: Path, *overrides: str, timeout: float = 300, quiet: bool = True, cwd: Path = REPO) -> RunResult:
-    """`python -m dpo_sweeps` with the given overrides, writing into run_dir."""
-    args = [sys.executable, "-m", "dpo_sweeps", *(QUIET if quiet else []), *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(args, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
-    return RunResult(proc.returncode, proc.stdout, proc.stderr, Path(run_dir))
+from support import HH_PATH
+from support.reports import grid_sweep
 
 
 @pytest.fixture
@@ -58,3 +14,9 @@ def hh_path() -> Path:
     if not HH_PATH.exists():
         pytest.fail(f"the HH-RLHF test split is expected at {HH_PATH} (../shared/data beside the repository)")
     return HH_PATH
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    """A sample grid sweep's run directories (tests/support/reports.py), as a report reads them."""
+    return grid_sweep(tmp_path / "multirun" / "2026-11-30" / "12-00-00")

@@ -1,6 +1,6 @@
 """Summed response log-probs of a collated batch under a causal LM: the number DPO's loss is made of.
 
-Two ways, the same numbers up to float rounding (tests/test_techniques.py):
+Two ways, the same numbers up to float rounding (tests/integration/test_techniques.py):
 - full logits (`train.logps_chunk_size=0`): the model's [N, L, V] logits; at the response positions,
   cast to fp32, log-softmax, gather — as the reference DPO implementation;
 - response positions only (`train.logps_chunk_size=K`): the backbone's hidden states at the positions

@@ -9,13 +9,14 @@ and is the reference (SFT then DPO).
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.models.tokenizers import bpe_tokenizer, byte_tokenizer
 
 SAVED_MODEL_DIR = "model"
@@ -24,6 +25,30 @@ MODEL_SOURCES = "a preset in conf/model/, a local folder with config.json, or a 
 
 def saved_model_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / SAVED_MODEL_DIR
+
+
+def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool) -> Path | None:
+    """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer (collective)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    path = saved_model_path(run_dir)
+    if is_main:
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(policy.config)
+        plain.load_state_dict(state, assign=True)
+        try:
+            plain.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        except Exception as exc:  # safetensors and tokenizers raise their own types for a full disk
+            if not is_disk_full(exc, path.parent):
+                raise
+            shutil.rmtree(path, ignore_errors=True)  # half a model is no model
+            raise DiskFull(f"no space left on device writing the final model to {path}") from exc
+    if dist.is_initialized():
+        dist.barrier()
+    return path if is_main else None
 
 
 def _init_source(model_cfg: DictConfig) -> Path | None:

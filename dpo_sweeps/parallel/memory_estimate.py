@@ -89,10 +89,6 @@ class MemoryEstimate:
     baseline: int  # CPU: the process's resident memory before the model existed, plus CPU_RUNTIME
     total: int
 
-    @property
-    def total_gib(self) -> float:
-        return self.total / GIB
-
 
 
 def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:

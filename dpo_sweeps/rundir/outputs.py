@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,19 @@ def write_summary(
     return summary
 
 
+# What write_summary writes itself; every other key of a summary is one of its `extra`s.
+SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
+
+
+def rewrite_summary(run_dir: Path, summary: dict, **changes: Any) -> dict:
+    """Write a summary read back from run_dir again with `changes` (e.g. `failure=`), keeping its extras."""
+    new = {**summary, **changes}
+    return write_summary(run_dir, status=new["status"], failure=new.get("failure"),
+                         overrides=new.get("overrides") or [], config=new.get("config") or {},
+                         metrics=new.get("metrics") or {},
+                         extra={k: v for k, v in new.items() if k not in SUMMARY_FIELDS})
+
+
 def reserve_summary_space(run_dir: Path) -> None:
     """Hold SUMMARY_RESERVE_BYTES for summary.json until it is written (best effort)."""
     try:
@@ -316,12 +330,22 @@ def read_rank_failures(run_dir: Path) -> list[dict]:
 FAILURE_FIELDS = ("kind", "message", "rank", "step", "cause")
 
 
-def first_failure(run_dir: Path) -> dict | None:
-    """The failure that started it: the earliest a rank recorded of itself, else the earliest verdict
-    about a rank (a hang); ranks that only saw a peer go away do not count. None: no rank said."""
+def first_failure(run_dir: Path, ended: Sequence[tuple[int, str]] = ()) -> dict | None:
+    """The failure of the rank that failed first on its own: the one place that works it out.
+
+    By evidence, best first: the earliest failure a rank recorded of itself; else the earliest verdict
+    about a rank (a hang); else the first of `ended`, the ranks a supervisor saw end without saying why,
+    as (rank, how it ended) in the order seen (exit codes, tasks without a result, srun's log). Ranks
+    that only saw a peer go away never count. `reported_by` is the rank that recorded it (None: it
+    comes from `ended`). None: nobody knows.
+    """
     reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
     own = [r for r in reports if r.get("rank") == r.get("reported_by")]
     found = min(own or reports, key=lambda r: r["time"], default=None)
-    if found is None:
+    if found is not None:
+        return {k: found.get(k) for k in (*FAILURE_FIELDS, "reported_by")}
+    if not ended:
         return None
-    return {k: found.get(k) for k in (*FAILURE_FIELDS, "reported_by")}
+    message = "; ".join(how for _, how in ended)
+    return {"kind": "crash", "message": message, "rank": ended[0][0], "step": None, "cause": message,
+            "reported_by": None}

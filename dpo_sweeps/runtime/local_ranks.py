@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from dpo_sweeps.app import run_rank, write_failed
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
-from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, write_summary
+from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, rewrite_summary
+from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (
     STOP_PREEMPT_SIGNAL,
     STOP_SIGTERM,
@@ -27,7 +27,7 @@ from dpo_sweeps.runtime.signals import (
     preemption_signal,
 )
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
-from dpo_sweeps.train.trainer import RunContext
+from dpo_sweeps.task import RunContext
 
 log = logging.getLogger("dpo_sweeps")
 
@@ -69,13 +69,12 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
             name = signal.Signals(watch.signum).name
             failure = {**failure, "kind": "preempted", "message": f"{name} received; {failure['message']}"}
         return write_failed(ctx, failure)
-    extra = {k: v for k, v in summary.items() if k not in _SUMMARY_FIELDS}
     killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
     if summary["status"] == "failed" and killed and summary["failure"].get("rank", 0) is None:
         # Rank 0 only saw its peer vanish; the exit codes say how.
         found = _failure_from_exit_codes(ctx.run_dir, killed)
         summary["failure"] = {**found, "step": found["step"] or summary["failure"].get("step")}
-        summary = _rewrite_summary(ctx, summary, extra)
+        summary = rewrite_summary(ctx.run_dir, summary)
     failure = summary.get("failure") or {}
     if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
         # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
@@ -83,17 +82,9 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
         kind = watch.failure_kind(reason)
         if kind != failure["kind"]:
             summary["failure"] = {**failure, "kind": kind}
-            summary = _rewrite_summary(ctx, summary, extra)
+            summary = rewrite_summary(ctx.run_dir, summary)
         watch.leave(reason, is_main=True)  # exits here when the job is requeued
     return summary
-
-
-_SUMMARY_FIELDS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
-
-
-def _rewrite_summary(ctx: RunContext, summary: dict, extra: dict) -> dict:
-    return write_summary(ctx.run_dir, **{k: summary[k] for k in ("status", "failure", "overrides", "config")},
-                         metrics=summary["metrics"], extra=extra)
 
 
 def _wait_for_ranks(procs: list) -> None:
@@ -119,14 +110,13 @@ def _wait_for_ranks(procs: list) -> None:
 
 
 def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
-    found = first_failure(run_dir)
-    if found:
+    """The first failed rank's failure: its own record, else the first rank that exited abnormally."""
+    ended = [
+        (rank, f"rank {rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank {rank} exited with {code}")
+        for rank, code in ((int(p.name.removeprefix("rank")), p.exitcode) for p in procs) if code
+    ]
+    found = first_failure(run_dir, ended)
+    if found is not None:
         return {k: found.get(k) for k in FAILURE_FIELDS}
-    dead = [(int(p.name.removeprefix("rank")), p.exitcode) for p in procs if p.exitcode]
-    described = ", ".join(
-        f"rank {rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank {rank} exited with {code}"
-        for rank, code in dead
-    )
-    message = described or "rank 0 ended without writing summary.json"
-    return {"kind": "crash", "message": message, "rank": dead[0][0] if dead else None, "step": None,
-            "cause": message}
+    message = "rank 0 ended without writing summary.json"
+    return {"kind": "crash", "message": message, "rank": None, "step": None, "cause": message}

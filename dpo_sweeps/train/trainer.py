@@ -1,6 +1,6 @@
-"""DPO training on one rank: setup, the training step, evaluation, saving.
+"""DPO training on one rank: the loop over the training step, evaluation and checkpoints.
 
-Every rank runs this. The step reads top to bottom: a global batch of pairs is split across ranks
+Every rank runs this, over the data and models train/setup.py builds. The step reads top to bottom: a global batch of pairs is split across ranks
 and micro-batches; chosen and rejected go through one concatenated forward pass (or one prefix-shared
 row per pair); the frozen reference's log-probs come precomputed with the pairs, or from a reference
 pass over the same batch without grad; gradients accumulate to the global batch; fp16 steps go
@@ -12,45 +12,43 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy
 from tqdm import tqdm
 
 from dpo_sweeps.data.encoding import (
     EncodedPair,
-    GlobalBatchSampler,
     collate,
-    encode_pairs,
     eval_micro_batch_indices,
     rank_micro_batch_indices,
-    render_pair,
 )
-from dpo_sweeps.data.sources import load_preference_rows
-from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.dpo.response_logps import response_logps
-from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
-from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, saved_model_path
-from dpo_sweeps.parallel.distributed import RankEnv, all_reduce, rank_layout
-from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
+from dpo_sweeps.errors import NonFiniteLoss, RunPruned
+from dpo_sweeps.models.build import save_model
+from dpo_sweeps.parallel.distributed import RankEnv, all_reduce
 from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
-from dpo_sweeps.parallel.mfu import BatchPositions, ModelFlops, device_peak_flops
-from dpo_sweeps.parallel.precision import DynamicLossScaler, mixed_precision_policy
+from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.rundir.outputs import MetricsLog
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, resident_bytes
 from dpo_sweeps.train.probe import apply_probe
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
+from dpo_sweeps.train.setup import (
+    build_data,
+    build_loss_scaler,
+    build_models,
+    build_optimizer,
+    build_scheduler,
+    precompute_reference_logps,
+)
 from dpo_sweeps.train.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -58,20 +56,6 @@ log = logging.getLogger(__name__)
 # Per-pair statistics summed over ranks, then divided by the pair count.
 PAIR_STATS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
               "logps/chosen", "logps/rejected")
-
-
-@dataclass
-class RunContext:
-    """What every rank needs to know about the run, beyond the config."""
-
-    run_dir: Path
-    config: dict  # the resolved config, plain containers
-    overrides: list[str]
-    base_dir: Path  # where relative data paths resolve (the user's working directory)
-    run_name: str = "run"
-    group: str = "run"
-    attempt: str = ""
-    started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)
 
 
 @dataclass
@@ -100,25 +84,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
+        """Build what the loop trains with (train/setup.py), then resume from a checkpoint if there is one."""
         cfg, env = self.cfg, self.env
-        self._setup_data()
+        data = build_data(cfg, self.ctx.base_dir, env)
+        self.tokenizer, self.sampler, self.data_counts = data.tokenizer, data.sampler, data.counts
+        self.longest_row, self.response_fraction = data.longest_row, data.response_fraction
+        self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
         self.uses_reference = uses_reference(cfg.loss)
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
-        self._setup_models()
+        models = build_models(cfg, env, self.device, self.tokenizer, with_reference=self.uses_reference)
+        self.policy, self.reference, self.layout = models.policy, models.reference, models.layout
+        self.num_params, self.model_flops = models.num_params, models.model_flops
+        del models  # self.reference is then the only name of the reference model, for _free_reference
         self.reference_precompute_s = None
-        if self.reference is not None and self.cfg.train.get("precompute_reference_logps", False):
-            self._precompute_reference_logps()
+        if self.reference is not None and cfg.train.get("precompute_reference_logps", False):
+            self.reference_precompute_s = precompute_reference_logps(
+                data, self.reference, cfg, env, self.device, self.probing, score=self._reference_logps)
+            self._free_reference()
+        self.train_pairs, self.eval_pairs = data.train_pairs, data.eval_pairs
 
-        self.optimizer = self._build_optimizer()
-        warmup = cfg.train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
-        )
-        self.scaler = DynamicLossScaler(
-            enabled=bool(cfg.precision.get("loss_scaling", False)),
-            initial_scale=cfg.precision.get("initial_loss_scale", 2.0**16),
-            growth_interval=cfg.precision.get("loss_scale_growth_interval", 2000),
-        )
+        self.optimizer = build_optimizer(cfg.train, self.policy)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train.warmup_steps)
+        self.scaler = build_loss_scaler(cfg.precision)
         self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
@@ -127,79 +114,6 @@ class Trainer:
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
                      self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
-
-    def _setup_models(self) -> None:
-        """Policy and reference, sharded (or moved) onto this rank's device."""
-        cfg, env = self.cfg, self.env
-        check_fsdp_config(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
-        self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
-        self.num_params = sum(p.numel() for p in self.policy.parameters())
-        self.model_flops = ModelFlops.of(self.policy, cfg.model.block_name)
-        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
-        self.layout = rank_layout(mesh, env.local_rank)  # summary.json: the mesh, and the node of each rank
-        mp_policy = mixed_precision_policy(cfg.precision)
-        shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=self.device)
-        # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
-        # cast of its own (an empty policy).
-        self.reference = shard_model(
-            build_reference(self.policy, dtype_of(cfg.precision.param_dtype, "precision.param_dtype")),
-            mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
-        ) if self.uses_reference else None
-        self.policy = shard_model(self.policy, mp_policy=mp_policy, **shard)
-
-    def _setup_data(self) -> None:
-        cfg = self.cfg
-        rows = load_preference_rows(cfg.data, self.ctx.base_dir)
-        plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
-        self.tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
-        template = self.tokenizer if getattr(self.tokenizer, "chat_template", None) else None
-        encode = lambda split: encode_pairs(  # noqa: E731
-            [render_pair(r, template) for r in split], self.tokenizer,
-            max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
-            truncation_mode=cfg.data.truncation_mode,
-        )
-        self.train_pairs, train_truncated = encode(rows.train)
-        self.eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
-        self.data_counts = {
-            "train_pairs": len(self.train_pairs), "eval_pairs": len(self.eval_pairs),
-            "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
-        }
-        if self.env.is_main:
-            log.info("data %s: %d train pairs (%d truncated), %d eval pairs from %s (%d truncated)",
-                     cfg.data.name, len(self.train_pairs), train_truncated, len(self.eval_pairs),
-                     rows.eval_source, eval_truncated)
-        if len(self.train_pairs) < cfg.train.batch_size:
-            raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(self.train_pairs)} "
-                            f"training pairs of data.path (use a batch size <= {len(self.train_pairs)})")
-        chunk = cfg.train.get("logps_chunk_size", 0)
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-            raise InvalidConfig("train.logps_chunk_size", f"got {chunk!r}", "an integer >= 1, or 0 for full logits")
-        if self.share_prompt and chunk == 0:
-            raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
-                                "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
-        # Length-grouped sampling (data.length_grouped): batches of pairs of similar length, so little padding.
-        window = cfg.data.get("length_group_window", 0) if cfg.data.get("length_grouped", False) else 0
-        if not isinstance(window, int) or window < 0:
-            raise InvalidConfig("data.length_group_window", f"got {window!r}",
-                                "an integer >= 1 (global batches per window)")
-        lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) if self.share_prompt else p.length
-                   for p in self.train_pairs]
-        self.sampler = GlobalBatchSampler(len(self.train_pairs), cfg.train.batch_size, cfg.train.seed,
-                                          lengths=lengths, group_window=window)
-        # For the memory estimate: the widest row, the scored share of tokens, what the process holds already.
-        self.longest_row = max(lengths)
-        tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in self.train_pairs)
-        self.response_fraction = sum(len(p.chosen) + len(p.rejected) for p in self.train_pairs) / max(1, tokens)
-        self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0
-
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        train = self.cfg.train
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        if train.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
-        if train.optimizer == "rmsprop":
-            return torch.optim.RMSprop(params, lr=train.lr, weight_decay=train.weight_decay)
-        raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
 
     # ------------------------------------------------------------------ forward
     @property
@@ -216,36 +130,11 @@ class Trainer:
         scored = response_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
         return scored.weighted(ld_alpha_of(self.cfg.loss)), scored.counts, scored.sums
 
-    def _precompute_reference_logps(self) -> None:
-        """Score every pair under the reference once, attach the numbers to the pairs, free the reference."""
-        cfg, env = self.cfg, self.env
-        layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
-                                             cfg.train.max_steps)
-        key = reference_logps.cache_key(
-            self.reference, self.train_pairs, self.eval_pairs, self.sampler, layout, seed=cfg.train.seed,
-            scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": self.share_prompt,
-                     "param_dtype": cfg.precision.param_dtype, "device": self.device.type,
-                     "ld_alpha": ld_alpha_of(cfg.loss)},
-        ) if not self.probing else {}
-
-        @torch.no_grad()
-        def score(pairs: list[EncodedPair]) -> torch.Tensor:
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in self._collate(pairs).items()}
-            return self._batch_logps(self.reference, batch)[0]
-
-        if self.probing:  # the values cannot change a step's speed or memory: skip the scoring pass
-            found = reference_logps.placeholder(len(self.train_pairs), len(self.eval_pairs))
-        else:
-            found = reference_logps.load_or_compute(score, key, self.train_pairs, self.eval_pairs, self.sampler,
-                                                    layout, env.rank, self.device)
-        self.train_pairs = reference_logps.attach(self.train_pairs, found.train)
-        self.eval_pairs = reference_logps.attach(self.eval_pairs, found.eval)
-        self._free_reference()
-        self.reference_precompute_s = found.seconds
-        if env.is_main:
-            log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
-                     found.source, int((~found.train.isnan().any(1)).sum()), len(self.eval_pairs), found.seconds,
-                     found.path)
+    @torch.no_grad()
+    def _reference_logps(self, pairs: list[EncodedPair]) -> torch.Tensor:
+        """The reference's log-probs of some pairs, scored as a step scores them (precomputed reference)."""
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in self._collate(pairs).items()}
+        return self._batch_logps(self.reference, batch)[0]
 
     def _free_reference(self) -> None:
         """Drop the reference model once its log-probs are all the run needs from it.
@@ -492,25 +381,7 @@ class Trainer:
     def save_model(self) -> Path | None:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
         self.heartbeat(self.state.step, "save_model")
-        state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        path = saved_model_path(self.ctx.run_dir)
-        if self.env.is_main:
-            from transformers import AutoModelForCausalLM
-
-            with torch.device("meta"):
-                plain = AutoModelForCausalLM.from_config(self.policy.config)
-            plain.load_state_dict(state, assign=True)
-            try:
-                plain.save_pretrained(path)
-                self.tokenizer.save_pretrained(path)
-            except Exception as exc:  # safetensors and tokenizers raise their own types for a full disk
-                if not is_disk_full(exc, path.parent):
-                    raise
-                shutil.rmtree(path, ignore_errors=True)  # half a model is no model
-                raise DiskFull(f"no space left on device writing the final model to {path}") from exc
-        if dist.is_initialized():
-            dist.barrier()
-        return path if self.env.is_main else None
+        return save_model(self.policy, self.tokenizer, self.ctx.run_dir, self.env.is_main)
 
     def checkpointer_report(self) -> dict[str, Any]:
         """summary.json extras: the broken checkpoints skipped at resume, if any."""
@@ -521,12 +392,3 @@ class Trainer:
         if self.tracker is not None:
             self.tracker.finish(metrics, failed)
 
-
-def is_collective_error(exc: BaseException) -> bool:
-    """An error raised because a peer went away (the cause is elsewhere), not by this rank's own work."""
-    if isinstance(exc, RunFailure):
-        return False
-    text = str(exc).lower()
-    markers = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-               "gloo", "nccl", "socket", "connection refused")
-    return isinstance(exc, getattr(dist, "DistError", ())) or any(m in text for m in markers)

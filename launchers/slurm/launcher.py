@@ -28,9 +28,8 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 
-from dpo_sweeps.rundir.outputs import read_summary, write_summary
+from dpo_sweeps.rundir.outputs import read_summary, rewrite_summary, write_summary
 from launchers.base import (
-    SUMMARY_FIELDS,
     JobNotRun,
     SweepLauncher,
     failed_return,
@@ -89,10 +88,7 @@ def record_node_failure(run_dir: Any) -> None:
     summary = read_summary(run_dir)
     if summary is None or summary.get("status") != "failed":
         return
-    extra = {k: v for k, v in summary.items() if k not in SUMMARY_FIELDS}
-    write_summary(run_dir, status="failed", failure={**summary["failure"], "kind": "node_failure"},
-                  overrides=summary.get("overrides") or [], config=summary.get("config") or {},
-                  metrics=summary.get("metrics") or {}, extra=extra)
+    rewrite_summary(run_dir, summary, failure={**summary["failure"], "kind": "node_failure"})
 
 
 class SlurmLauncher(SweepLauncher):

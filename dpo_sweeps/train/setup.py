@@ -1,0 +1,173 @@
+"""What a Trainer trains with, built before its first step: the data, the tokenizer, the sharded
+policy and reference, the optimizer, its schedule and the loss scaler.
+
+The Trainer (train/trainer.py) calls these once in `setup()` and then only runs the loop over what
+they return; nothing here runs a training step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, encode_pairs, render_pair
+from dpo_sweeps.data.sources import load_preference_rows
+from dpo_sweeps.dpo import reference_logps
+from dpo_sweeps.dpo.losses import ld_alpha_of
+from dpo_sweeps.errors import DataError, InvalidConfig
+from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
+from dpo_sweeps.parallel.distributed import RankEnv, rank_layout
+from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
+from dpo_sweeps.parallel.mfu import ModelFlops
+from dpo_sweeps.parallel.precision import DynamicLossScaler, mixed_precision_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingData:
+    """The tokenized pairs and how the steps draw them."""
+
+    tokenizer: Any
+    train_pairs: list[EncodedPair]
+    eval_pairs: list[EncodedPair]
+    sampler: GlobalBatchSampler
+    counts: dict[str, int]  # summary.json "data"
+    # For the memory estimate: the widest row, and the scored share of tokens.
+    longest_row: int
+    response_fraction: float
+
+
+@dataclass
+class Models:
+    """Policy and reference (None when the loss needs none), sharded (or moved) onto this rank's device."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    num_params: int
+    model_flops: ModelFlops
+    layout: dict  # summary.json: the mesh, and the node of each rank
+
+
+def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
+    share_prompt = bool(cfg.train.get("share_prompt", False))
+    rows = load_preference_rows(cfg.data, base_dir)
+    plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
+    tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
+    template = tokenizer if getattr(tokenizer, "chat_template", None) else None
+    encode = lambda split: encode_pairs(  # noqa: E731
+        [render_pair(r, template) for r in split], tokenizer,
+        max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
+        truncation_mode=cfg.data.truncation_mode,
+    )
+    train_pairs, train_truncated = encode(rows.train)
+    eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
+    counts = {
+        "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
+        "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
+    }
+    if env.is_main:
+        log.info("data %s: %d train pairs (%d truncated), %d eval pairs from %s (%d truncated)",
+                 cfg.data.name, len(train_pairs), train_truncated, len(eval_pairs),
+                 rows.eval_source, eval_truncated)
+    if len(train_pairs) < cfg.train.batch_size:
+        raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(train_pairs)} "
+                        f"training pairs of data.path (use a batch size <= {len(train_pairs)})")
+    chunk = cfg.train.get("logps_chunk_size", 0)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+        raise InvalidConfig("train.logps_chunk_size", f"got {chunk!r}", "an integer >= 1, or 0 for full logits")
+    if share_prompt and chunk == 0:
+        raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
+                            "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
+    # Length-grouped sampling (data.length_grouped): batches of pairs of similar length, so little padding.
+    window = cfg.data.get("length_group_window", 0) if cfg.data.get("length_grouped", False) else 0
+    if not isinstance(window, int) or window < 0:
+        raise InvalidConfig("data.length_group_window", f"got {window!r}",
+                            "an integer >= 1 (global batches per window)")
+    lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) if share_prompt else p.length
+               for p in train_pairs]
+    sampler = GlobalBatchSampler(len(train_pairs), cfg.train.batch_size, cfg.train.seed,
+                                 lengths=lengths, group_window=window)
+    tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in train_pairs)
+    return TrainingData(
+        tokenizer=tokenizer, train_pairs=train_pairs, eval_pairs=eval_pairs, sampler=sampler, counts=counts,
+        longest_row=max(lengths),
+        response_fraction=sum(len(p.chosen) + len(p.rejected) for p in train_pairs) / max(1, tokens),
+    )
+
+
+def build_models(cfg, env: RankEnv, device: torch.device, tokenizer, with_reference: bool) -> Models:
+    """Policy and reference, sharded (or moved) onto this rank's device."""
+    check_fsdp_config(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, device.type)
+    policy = build_policy(cfg.model, tokenizer, cfg.train.seed)
+    num_params = sum(p.numel() for p in policy.parameters())
+    model_flops = ModelFlops.of(policy, cfg.model.block_name)
+    mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, device.type)
+    layout = rank_layout(mesh, env.local_rank)
+    mp_policy = mixed_precision_policy(cfg.precision)
+    shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=device)
+    # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
+    # cast of its own (an empty policy).
+    reference = shard_model(
+        build_reference(policy, dtype_of(cfg.precision.param_dtype, "precision.param_dtype")),
+        mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
+    ) if with_reference else None
+    policy = shard_model(policy, mp_policy=mp_policy, **shard)
+    return Models(policy=policy, reference=reference, num_params=num_params, model_flops=model_flops,
+                  layout=layout)
+
+
+def build_optimizer(train, policy: torch.nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in policy.parameters() if p.requires_grad]
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+    if train.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=train.lr, weight_decay=train.weight_decay)
+    raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over train.warmup_steps, then a constant learning rate."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+
+
+def build_loss_scaler(precision) -> DynamicLossScaler:
+    return DynamicLossScaler(
+        enabled=bool(precision.get("loss_scaling", False)),
+        initial_scale=precision.get("initial_loss_scale", 2.0**16),
+        growth_interval=precision.get("loss_scale_growth_interval", 2000),
+    )
+
+
+def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, cfg, env: RankEnv,
+                               device: torch.device, probing: bool,
+                               score: Callable[[list[EncodedPair]], torch.Tensor]) -> float:
+    """Score every pair under the reference once (`score`: the reference's log-probs of some pairs) and
+    attach the numbers to `data`'s pairs; returns the seconds it took. The caller then frees the reference."""
+    share_prompt = bool(cfg.train.get("share_prompt", False))
+    layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
+                                         cfg.train.max_steps)
+    key = reference_logps.cache_key(
+        reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
+        scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": share_prompt,
+                 "param_dtype": cfg.precision.param_dtype, "device": device.type,
+                 "ld_alpha": ld_alpha_of(cfg.loss)},
+    ) if not probing else {}
+    if probing:  # the values cannot change a step's speed or memory: skip the scoring pass
+        found = reference_logps.placeholder(len(data.train_pairs), len(data.eval_pairs))
+    else:
+        found = reference_logps.load_or_compute(score, key, data.train_pairs, data.eval_pairs, data.sampler,
+                                                layout, env.rank, device)
+    data.train_pairs = reference_logps.attach(data.train_pairs, found.train)
+    data.eval_pairs = reference_logps.attach(data.eval_pairs, found.eval)
+    if env.is_main:
+        log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
+                 found.source, int((~found.train.isnan().any(1)).sum()), len(data.eval_pairs), found.seconds,
+                 found.path)
+    return found.seconds

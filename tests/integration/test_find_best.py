@@ -1,0 +1,77 @@
+"""The staged search (`hydra.sweeper.stages`, +sweep=find_best): probe the parallel plans, train the
+algorithm settings on the best of them, recommend one run and the command that trains it."""
+
+from __future__ import annotations
+
+import html
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+from support import REPO, run_cli
+from support.sweeps import run_sweep
+
+# Two plans probed for 3 steps; the algorithm (two betas) trained for 8 steps on the faster one.
+SMALL_STAGES = ["resources.nproc_per_node=1", "train.max_steps=8", "perf.warmup_steps=1",
+                "hydra.sweeper.stages={systems: {precision: 'fp32,bf16'}, algorithm: {loss.beta: '0.1,0.5'}, "
+                "probe_steps: 3, top_k: 1}"]
+
+
+@pytest.mark.slow
+def test_find_best_probes_the_plans_trains_the_best_and_recommends_a_command_that_reproduces_it(tmp_path):
+    sweep_dir = tmp_path / "find_best"
+    result = run_sweep(sweep_dir, *SMALL_STAGES)
+    assert result.returncode == 0, result.output[-3000:]
+
+    probes = {p.name: json.loads((p / "summary.json").read_text()) for p in (sweep_dir / "probes").iterdir()}
+    assert sorted(probes) == ["0", "1"]
+    assert all(s["metrics"]["probe/steps"] == 3 for s in probes.values())
+    fastest = max(probes.values(), key=lambda s: s["metrics"]["perf/speed_per_memory"])
+    trained = [json.loads((p / "summary.json").read_text()) for p in sorted((sweep_dir / "train").iterdir())]
+    assert [p.name for p in sorted((sweep_dir / "train").iterdir())] == ["2", "3"]  # numbered after the probes
+    # Stage 3 trained every beta on the plan with the best speed per memory, and only on it.
+    assert {s["config"]["precision"]["name"] for s in trained} == {fastest["config"]["precision"]["name"]}
+    assert sorted(s["config"]["loss"]["beta"] for s in trained) == [0.1, 0.5]
+    assert all(s["status"] == "completed" and s["metrics"].get("probe/steps") is None for s in trained)
+
+    # What each run cost, and the sweep's total per stage.
+    for summary in [*probes.values(), *trained]:
+        assert summary["started_at"] < summary["ended_at"] and summary["device_kind"] == "cpu"
+        assert summary["device_seconds"] == pytest.approx(summary["wall_s"])  # one rank each
+    assert "cost       " in result.stdout
+
+    answer = json.loads((sweep_dir / "find_best.json").read_text())
+    spent = answer["stages"]["probes"]["device_seconds"]["cpu"] + answer["stages"]["train"]["device_seconds"]["cpu"]
+    assert spent == pytest.approx(sum(s["device_seconds"] for s in [*probes.values(), *trained]))
+    rec = answer["recommendation"]
+    best = max(s["metrics"]["eval/rewards/accuracies"] for s in trained)
+    assert rec["eval/rewards/accuracies"] >= best - rec["accuracy_spread"]
+    assert answer["stages"]["probes"]["completed"] == 2 and answer["stages"]["train"]["completed"] == 2
+    assert "===== recommendation =====" in result.stdout and f"train it {rec['command']}" in result.stdout
+
+    # The report opens with the same recommendation.
+    report = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert f"train it: {rec['command']}" in report.stdout
+    assert "cost: " in report.stdout
+    page = (sweep_dir / "report" / "report.html").read_text()
+    assert page.index('id="recommendation"') < page.index('id="configs"')
+    assert html.escape(rec["command"], quote=False) in page
+
+    # The command trains exactly the recommended run's config.
+    args = shlex.split(rec["command"])
+    assert args[:3] == ["python", "-m", "dpo_sweeps"]
+    again = run_cli(tmp_path / "again", *args[3:], quiet=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    recommended = json.loads((sweep_dir / rec["run"].split(str(sweep_dir) + "/")[-1] / "summary.json").read_text())
+    assert again.summary["config_hash"] == recommended["config_hash"]
+
+
+def test_stages_that_cannot_work_are_refused_before_anything_runs(tmp_path):
+    result = run_sweep(tmp_path / "fb", "hydra.sweeper.stages={systems: {precision: fp32}, algorithm: {loss.beta: '0.1'}, "
+                       "top_k: 0}", "hydra.sweeper.dry_run=true", timeout=300)
+    assert result.returncode != 0
+    assert "hydra.sweeper.stages.top_k: got 0 (accepted: an integer >= 1)" in result.output, result.output[-2000:]

@@ -1,0 +1,150 @@
+"""Optuna search: `python -m dpo_sweeps -m hydra/sweeper=optuna +sweep=optuna_dpo ...`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import REPO  # noqa: E402
+from support.sweeps import run_sweep  # noqa: E402
+
+from launchers.optuna_sweeper import ObjectiveUnavailable, objective_values  # noqa: E402
+
+optuna = pytest.importorskip("optuna")
+
+# The preset's search space (beta, lr, batch size), with 1-rank trials of 4 steps.
+SMALL_TRIALS = ["hydra/sweeper=optuna", "+sweep=optuna_dpo", "resources.nproc_per_node=1", "train.max_steps=4"]
+
+
+def load_study(sweep_dir: Path):
+    return optuna.load_study(study_name="dpo_sweeps", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+
+
+def test_a_study_of_six_trials_run_as_two_invocations_of_three(tmp_path):
+    sweep_dir = tmp_path / "study"
+    first = run_sweep(sweep_dir, *SMALL_TRIALS, "hydra.sweeper.n_trials=3")
+    assert first.returncode == 0, first.output[-3000:]
+    assert len(load_study(sweep_dir).trials) == 3
+
+    second = run_sweep(sweep_dir, *SMALL_TRIALS, "hydra.sweeper.n_trials=3")
+    assert second.returncode == 0, second.output[-3000:]
+    trials = load_study(sweep_dir).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    # Trial i ran in run directory i: the second invocation did not overwrite the first's runs.
+    assert [p.name for p in second.run_dirs()] == [str(i) for i in range(6)]
+    for trial in trials:
+        summary = second.summary(trial.number)
+        assert summary["status"] == "completed"
+        assert trial.value == summary["metrics"]["eval/rewards/accuracies"]
+        assert summary["config"]["loss"]["beta"] == pytest.approx(trial.params["loss.beta"])
+        assert summary["config"]["train"]["batch_size"] == trial.params["train.batch_size"]
+    assert (sweep_dir / "optimization_results.yaml").exists()
+
+
+def test_invalid_trials_are_not_run_and_fail_in_the_study(tmp_path):
+    """Batch size 24 is not a multiple of micro batch 16: every trial is refused before launch."""
+    sweep_dir = tmp_path / "study"
+    result = run_sweep(sweep_dir, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+                       "train.micro_batch_size=16", "train.batch_size=choice(24)", "loss.beta=interval(0.05, 0.5)")
+    assert result.returncode != 0
+    assert [t.state.name for t in load_study(sweep_dir).trials] == ["FAIL", "FAIL"]
+    for n in range(2):
+        failure = result.summary(n)["failure"]
+        assert failure["kind"] == "invalid_config" and failure["message"].startswith("train.batch_size: 24")
+    assert "failed     2  (invalid_config: 2)" in result.stdout
+    assert not list(sweep_dir.glob(".submitit/*/*_submitted.pkl"))  # nothing was launched
+
+
+def test_objectives_are_read_from_the_run_metrics():
+    metrics = {"eval/rewards/accuracies": 0.75, "perf/speed_per_memory": 1200.0, "perf/mfu": None}
+    assert objective_values(metrics, ["eval/rewards/accuracies"]) == 0.75
+    assert objective_values(metrics, ["eval/rewards/accuracies", "perf/speed_per_memory"]) == [0.75, 1200.0]
+    with pytest.raises(ObjectiveUnavailable, match="'perf/mfu' is None"):
+        objective_values(metrics, ["perf/mfu"])
+
+
+# 1-rank trials on the grid sweeper's small synthetic data (sweep_helpers.FAST), evaluated every 5 steps.
+PRUNED_STUDY = ["hydra/sweeper=optuna", "resources.nproc_per_node=1", "train.max_steps=20", "train.eval_every=5",
+                "hydra.sweeper.n_trials=3", "hydra.sweeper.pruner=median",
+                "hydra.sweeper.pruner_settings={n_startup_trials: 2, n_warmup_steps: 0}",
+                "train.lr=tag(log, interval(1e-12, 1e-2))",
+                # Two trials that learn, then one whose updates vanish in fp32 rounding: its policy stays the
+                # reference, so every evaluation's accuracy is exactly 0 (no pair has chosen > rejected).
+                "hydra.sweeper.enqueue_trials=[{train.lr: 0.003}, {train.lr: 0.003}, {train.lr: 1e-12}]"]
+
+
+@pytest.mark.slow
+def test_the_median_pruner_stops_a_trial_whose_learning_rate_cannot_learn(tmp_path):
+    sweep_dir = tmp_path / "study"
+    result = run_sweep(sweep_dir, *PRUNED_STUDY)
+    assert result.returncode == 0, result.output[-3000:]  # a pruned trial is a result, not a failure
+    trials = load_study(sweep_dir).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    # Every evaluation before the last was reported as an intermediate value; the pruned one stopped at its first.
+    assert sorted(trials[0].intermediate_values) == [5, 10, 15]
+    assert trials[2].intermediate_values == {5: 0.0}
+    assert trials[0].intermediate_values[5] > 0.0
+
+    summary = result.summary(2)
+    assert summary["status"] == "pruned" and summary["failure"]["kind"] == "pruned"
+    assert "median pruner stopped trial 2 at step 5 of 20" in summary["failure"]["message"]
+    assert summary["metrics"]["steps"] == 5
+    records = [json.loads(line) for line in (sweep_dir / "2" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 5
+    assert "pruned     1" in result.stdout
+    assert "by pruning device-seconds (estimated)" in result.stdout
+
+    report = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "1 pruned" in report.stdout
+    runs_csv = (sweep_dir / "report" / "runs.csv").read_text()
+    assert runs_csv.count(",pruned,") == 1
+    # The dashboard shows the curves the pruner judged.
+    assert (sweep_dir / "report" / "optuna-0-intermediate.png").stat().st_size > 0
+    assert 'alt="Optuna intermediate values"' in (sweep_dir / "report" / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_free_slot_gets_the_next_trial_without_waiting_for_the_slowest(tmp_path):
+    """n_jobs=2: a long trial and a short one start together; the third starts when the short one ends."""
+    sweep_dir = tmp_path / "study"
+    result = run_sweep(sweep_dir, "hydra/sweeper=optuna", "resources.nproc_per_node=1", "hydra.sweeper.n_trials=3",
+                       "hydra.sweeper.n_jobs=2", "train.max_steps=choice(2, 150)",
+                       "hydra.sweeper.enqueue_trials=[{train.max_steps: 150}, {train.max_steps: 2}, "
+                       "{train.max_steps: 2}]")
+    assert result.returncode == 0, result.output[-3000:]
+    runs = {r["num"]: r for r in json.loads((sweep_dir / "slots.json").read_text())["runs"]}
+    long, short, next_one = runs[0], runs[1], runs[2]
+    assert short["ended"] <= next_one["started"] < long["ended"]
+    assert [t.state.name for t in load_study(sweep_dir).trials] == ["COMPLETE"] * 3
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["hydra.sweeper.pruner=median", "hydra.sweeper.objectives=[eval/rewards/accuracies,perf/speed_per_memory]",
+      "hydra.sweeper.direction=[maximize,maximize]"],
+     "hydra.sweeper.pruner: median with 2 objectives (Optuna cannot prune multi-objective trials)"),
+    (["hydra.sweeper.pruner=patient"], "hydra.sweeper.pruner: unknown pruner 'patient' (accepted: none, median,"),
+    (["hydra.sweeper.pruner=median", "hydra.sweeper.pruner_settings={patience: 3}"],
+     "hydra.sweeper.pruner_settings: patience is not a setting of median (accepted: n_startup_trials,"),
+])
+def test_pruner_settings_that_cannot_work_are_refused_before_any_trial(tmp_path, overrides, message):
+    sweep_dir = tmp_path / "study"
+    result = run_sweep(sweep_dir, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "loss.beta=interval(0.05, 0.5)",
+                       *overrides, timeout=120)
+    assert result.returncode != 0
+    assert message in result.output, result.output[-2000:]
+    assert not (sweep_dir / "0").exists()
+
+
+def test_idle_slot_time_counts_empty_slots_until_the_last_trial_starts():
+    from launchers.trial_slots import SlotRun, idle_slot_seconds
+
+    # Two slots: A runs 0-10; B runs 0-4, then the slot waits a second for C (5-10), the last trial.
+    runs = [SlotRun(None, 0, 0.0, 10.0), SlotRun(None, 1, 0.0, 4.0), SlotRun(None, 2, 5.0, 10.0)]
+    assert idle_slot_seconds(runs, slots=2, sweep_start=0.0, sweep_end=10.0, trials=3) == pytest.approx(1.0)

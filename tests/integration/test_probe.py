@@ -1,0 +1,87 @@
+"""Probe mode (probe.steps) and the peak-memory estimate (dpo_sweeps/parallel/memory_estimate.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+from support import REPO, run_cli
+from support.sweeps import run_sweep
+
+from dpo_sweeps.parallel.memory_estimate import CPU_RUNTIME, ModelShape, RunShape, estimate_peak_memory
+
+SHORT = ["train.eval_every=0", "data.num_train_pairs=256", "data.num_eval_pairs=64", "train.batch_size=16",
+         "train.micro_batch_size=8"]
+
+
+def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
+    result = run_cli(tmp_path / "run", *SHORT, "probe.steps=5", "perf.warmup_steps=2", "train.save_model=true")
+    assert result.returncode == 0, result.stderr[-2000:]
+    m = result.summary["metrics"]
+    assert m["steps"] == 5 and m["perf/timed_steps"] == 3
+    for key in ("perf/tokens_per_s_per_device", "perf/peak_memory_gib", "perf/speed_per_memory",
+                "perf/peak_memory_estimate_gib"):
+        assert m[key] > 0, key
+    assert not (tmp_path / "run" / "model").exists()  # a probe saves nothing
+    assert "not scored (probe)" in result.stdout + result.stderr
+    assert [r["step"] for r in result.records if "train/loss" in r] == [1, 2, 3, 4, 5]
+    # On a CPU the estimate includes the process's own memory; it lands near the measured peak.
+    assert 0.75 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.25
+
+
+def test_a_probe_sweep_is_ranked_by_speed_per_memory_and_claims_no_accuracy(tmp_path):
+    sweep = run_sweep(tmp_path / "probes", *SHORT, "fsdp=full_shard,shard_grad_op", "probe.steps=4",
+                      "perf.warmup_steps=1")
+    assert sweep.returncode == 0, sweep.output[-3000:]
+    for num in (0, 1):
+        metrics = sweep.summary(num)["metrics"]
+        assert metrics["probe/steps"] == 4 and metrics["perf/speed_per_memory"] > 0
+        # Losses against placeholder reference log-probs after 4 steps are not the config's accuracy:
+        # the summary's contract keys are there, empty.
+        assert [v for k, v in metrics.items() if k.startswith(("eval/", "train/")) and v is not None] == [], metrics
+    report = subprocess.run([sys.executable, "analysis/report.py", str(tmp_path / "probes")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "2 runs: 2 completed (2 of them probes), 0 failed" in report.stdout
+    assert re.search(r"Best by perf/speed_per_memory: 'fsdp=\w+'", report.stdout), report.stdout
+    assert "Best by eval/rewards/accuracies: none: the completed runs are probes" in report.stdout
+
+
+def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):
+    result = run_cli(tmp_path / "run", *SHORT, "probe.steps=3", "perf.warmup_steps=3")
+    assert result.returncode != 0
+    assert result.summary["failure"]["kind"] == "invalid_config"
+    assert "probe.steps" in result.summary["failure"]["message"]
+
+
+GPT2_SMALL = ModelShape(num_params=124_000_000, num_layers=12, hidden=768, intermediate=3072, vocab=50257)
+RUN = RunShape(sharding_strategy="full_shard", shard_group_size=1, param_dtype="float32", optimizer="adamw",
+               micro_batch_size=4, seq_len=512)
+
+
+def test_memory_estimate_follows_sharding_precision_and_techniques():
+    base = estimate_peak_memory(GPT2_SMALL, RUN)
+    assert base.model_states == 16 * GPT2_SMALL.num_params  # fp32 weights, grads, two AdamW moments
+    sharded = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, shard_group_size=4))
+    assert sharded.model_states == base.model_states // 4 and sharded.total < base.total
+    grad_op = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, shard_group_size=4,
+                                                                   sharding_strategy="shard_grad_op"))
+    assert grad_op.gathered_params == 4 * GPT2_SMALL.num_params > sharded.gathered_params
+    bf16 = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, param_dtype="bfloat16"))
+    assert bf16.activations < base.activations and bf16.reference == base.reference // 2
+    precomputed = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, precompute_reference_logps=True))
+    assert precomputed.reference == 0 < base.reference
+    chunked = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, logps_chunk_size=256))
+    assert chunked.logits < base.logits / 5
+    on_cpu = estimate_peak_memory(GPT2_SMALL, RUN, baseline_bytes=10**9)
+    assert on_cpu.total == base.total + 10**9 + CPU_RUNTIME
+
+
+@pytest.mark.parametrize("micro", [1, 2, 8])
+def test_memory_estimate_grows_with_the_micro_batch(micro):
+    small = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, micro_batch_size=micro))
+    large = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, micro_batch_size=2 * micro))
+    assert large.activations == 2 * small.activations and large.model_states == small.model_states

@@ -1,0 +1,241 @@
+"""The dashboard in a real headless Chromium (Debian's `chromium` package).
+
+Chromium is driven over `--remote-debugging-pipe`: the DevTools protocol as NUL-separated
+JSON on file descriptors 3 (commands in) and 4 (replies and events out), so no Python
+package beyond the standard library is needed. The page must load with no console errors
+and no request beyond itself, run its script (which sets `data-dashboard="ready"`), show
+its tables and figures, sort a table on a header click, and render to a non-blank screenshot.
+
+Without chromium these tests skip, except under CI (the CI variable set), where they fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import io
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+from support.reports import grid_sweep, optuna_sweep, probe_sweep
+
+from analysis.report import main
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
+    "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--disable-extensions", "--remote-debugging-pipe",
+)
+
+
+def chromium_binary() -> str:
+    for name in ("chromium", "chromium-browser"):
+        if path := shutil.which(name):
+            return path
+    message = "chromium not found: apt-get install -y --no-install-recommends chromium"
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI must run the browser tests, not skip them)")
+    pytest.skip(message)
+
+
+class DevToolsPipe:
+    """A headless Chromium and the DevTools protocol session with one page of it."""
+
+    def __init__(self, binary: str, profile: Path, width: int = 1400, height: int = 1600, timeout: float = 60):
+        self.timeout = timeout
+        self.events: list[dict[str, Any]] = []
+        self._buffer = b""
+        self._next_id = 0
+        commands_read, self._commands = os.pipe()
+        self._replies, replies_write = os.pipe()
+
+        def onto_fds_3_and_4() -> None:
+            # In the child: Chromium reads commands on fd 3 and writes replies on fd 4. Lift both
+            # above 10 first so that neither dup2 clobbers the other.
+            high_read = fcntl.fcntl(commands_read, fcntl.F_DUPFD, 10)
+            high_write = fcntl.fcntl(replies_write, fcntl.F_DUPFD, 10)
+            os.dup2(high_read, 3)
+            os.dup2(high_write, 4)
+
+        self._log = (profile / "chromium.log").open("wb")
+        self.process = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                                        preexec_fn=onto_fds_3_and_4, close_fds=False,
+                                        stdout=self._log, stderr=subprocess.STDOUT)
+        os.close(commands_read)
+        os.close(replies_write)
+        try:
+            target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.call(f"{domain}.enable", session=self.session)
+            self.call("Emulation.setDeviceMetricsOverride",
+                      {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                      session=self.session)
+        except BaseException:
+            self.close()  # never leave a browser behind
+            raise
+
+    def _receive(self, wanted: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" in self._buffer:
+                raw, self._buffer = self._buffer.split(b"\0", 1)
+                message = json.loads(raw)
+                if "method" in message:
+                    self.events.append(message)
+                if wanted(message):
+                    return message
+            ready, _, _ = select.select([self._replies], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError(f"chromium did not answer within {timeout}s")
+            chunk = os.read(self._replies, 1 << 20)
+            if not chunk:
+                raise EOFError(f"chromium exited (status {self.process.poll()})")
+            self._buffer += chunk
+
+    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        reply = self._receive(lambda m, i=self._next_id: m.get("id") == i, self.timeout)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return reply["result"]
+
+    def open(self, url: str) -> None:
+        """Navigate and wait for the load event."""
+        self.call("Page.navigate", {"url": url}, session=self.session)
+        self._receive(lambda m: m.get("method") == "Page.loadEventFired", self.timeout)
+
+    def evaluate(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                           session=self.session)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 15) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (value := self.evaluate(expression)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{expression} still false after {timeout}s")
+            time.sleep(0.1)
+        return value
+
+    def screenshot(self, full_page: bool = False) -> bytes:
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            size = self.call("Page.getLayoutMetrics", session=self.session)["cssContentSize"]
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1})
+        return base64.b64decode(self.call("Page.captureScreenshot", params, session=self.session)["data"])
+
+    def console_errors(self) -> list[str]:
+        """Uncaught exceptions, console.error/assert calls and error log entries so far."""
+        errors = []
+        for event in self.events:
+            method, params = event["method"], event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                errors.append(f"{details.get('text')} {details.get('exception', {}).get('description', '')}")
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                errors.append(" ".join(str(a.get("value", a.get("description"))) for a in params.get("args", [])))
+            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                errors.append(f"{params['entry'].get('text')} {params['entry'].get('url', '')}")
+        return errors
+
+    def requested_urls(self) -> list[str]:
+        return [e["params"]["request"]["url"] for e in self.events if e["method"] == "Network.requestWillBeSent"]
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close")
+        except (EOFError, TimeoutError, RuntimeError, OSError):
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._commands)
+        os.close(self._replies)
+        self._log.close()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    pipe = DevToolsPipe(chromium_binary(), profile)
+    yield pipe
+    pipe.close()
+
+
+def screenshot_pixels(png: bytes) -> np.ndarray:
+    return mpimg.imread(io.BytesIO(png), format="png")[..., :3]
+
+
+@pytest.mark.parametrize("make_sweep", [grid_sweep, optuna_sweep, probe_sweep], ids=["grid", "optuna", "probe"])
+def test_dashboard_loads_offline_without_console_errors_and_shows_tables_and_plots(tmp_path, browser, make_sweep):
+    sweep = make_sweep(tmp_path / "sweep")
+    assert main([str(sweep)]) == 0
+    page = sweep / "report" / "report.html"
+
+    browser.open(page.resolve().as_uri())
+    assert browser.wait_for("document.documentElement.getAttribute('data-dashboard') === 'ready'")
+
+    assert browser.console_errors() == []
+    fetched = [url for url in browser.requested_urls() if not url.startswith("data:")]
+    assert fetched == [page.resolve().as_uri()], "the page must fetch nothing but itself"
+    ranking_rows = (sweep / "report" / "ranking.csv").read_text().strip().count("\n")
+    assert browser.evaluate("document.querySelectorAll('#configs-table tbody tr').length") == ranking_rows
+    assert browser.evaluate("document.querySelectorAll('#runs-table tbody tr').length") == len(
+        [p for p in sweep.iterdir() if (p / ".hydra").is_dir()])
+    images = browser.evaluate(
+        "Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0, i.width])")
+    if make_sweep is probe_sweep:  # probes have no accuracy: no Pareto scatter, and the page says why
+        assert {alt for alt, _, _ in images} >= {"Effects per setting", "Training curves"}
+        assert "probes measure no accuracy" in browser.evaluate("document.querySelector('#pareto').innerText")
+        assert "probes" in browser.evaluate("document.querySelector('#best-accuracies').innerText")
+    else:
+        assert {alt for alt, _, _ in images} >= {"Pareto scatter", "Effects per setting", "Training curves"}
+    assert all(loaded and width > 100 for _, loaded, width in images), images
+
+    pixels = screenshot_pixels(browser.screenshot())
+    assert pixels.shape[0] > 1000 and pixels.shape[1] > 1000
+    assert pixels.std() > 0.05, "the screenshot is blank"
+    assert (pixels.mean(axis=2) < 0.9).mean() > 0.05, "almost nothing is drawn on the screenshot"
+
+
+def test_clicking_a_column_header_sorts_the_table_by_it(tmp_path, browser):
+    sweep = grid_sweep(tmp_path / "sweep")
+    assert main([str(sweep)]) == 0
+    browser.open((sweep / "report" / "report.html").resolve().as_uri())
+    browser.wait_for("document.documentElement.getAttribute('data-dashboard') === 'ready'")
+    column = "eval/rewards/accuracies"
+    script = f"""(() => {{
+        const table = document.getElementById('configs-table');
+        const index = Array.from(table.tHead.rows[0].cells).findIndex(th => th.textContent === '{column}');
+        table.tHead.rows[0].cells[index].click();
+        table.tHead.rows[0].cells[index].click();  // second click: descending
+        return Array.from(table.tBodies[0].rows).map(r => r.cells[index].getAttribute('data-value'));
+    }})()"""
+    values = browser.evaluate(script)
+    numbers = [float(v) for v in values if v is not None]
+    assert numbers == sorted(numbers, reverse=True)
+    assert values[len(numbers):] == [None] * (len(values) - len(numbers)), "empty cells sort last"
+    assert browser.console_errors() == []

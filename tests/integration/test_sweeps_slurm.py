@@ -1,0 +1,114 @@
+"""Sweeps on the local one-node SLURM cluster (launchers/slurm/local_cluster.sh): `hydra/launcher=slurm`."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.slurm import ensure_slurm_cluster  # noqa: E402
+from support.sweeps import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
+
+from launchers.jobs import SweepJob  # noqa: E402
+
+ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
+            "hydra.launcher.poll_interval_s=1"]
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return ensure_slurm_cluster()
+
+
+@pytest.mark.slurm
+def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    grid = ["fsdp=full_shard,shard_grad_op", "precision=fp32,bf16", "resources.nproc_per_node=2", "train.max_steps=4"]
+    result = run_sweep(sweep_dir, *ON_SLURM, *grid, env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    slurm_jobs = re.findall(r"#(\d) submitted: .*\(1 node\(s\) x 2 tasks; SLURM job (\d+_\d)\)", result.output)
+    assert sorted(n for n, _ in slurm_jobs) == ["0", "1", "2", "3"]
+    for n in range(4):
+        summary = result.summary(n)
+        assert summary["status"] == "completed" and summary["metrics"]["world_size"] == 2
+        assert run_dir_form(sweep_dir / str(n)) == COMPLETED_RUN_FORM  # as a local sweep's runs
+    # Each task (rank) of a job logged to its own submitit file; rank 1 wrote nothing in the run dir.
+    job_id = slurm_jobs[0][1]
+    assert (sweep_dir / ".submitit" / job_id / f"{job_id}_1_log.out").exists()
+
+    again = run_sweep(sweep_dir, *ON_SLURM, *grid, env=slurm_env)
+    assert again.returncode == 0, again.output[-3000:]
+    assert "4 of 4 runs already completed" in again.output and "submitted" not in again.output
+
+
+@pytest.mark.slurm
+def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp_path):
+    result = run_sweep(tmp_path / "sweep", *ON_SLURM, "resources.nproc_per_node=2", "train.max_steps=4",
+                       "faults.kind=sigkill", "faults.step=2", "faults.rank=1", env=slurm_env)
+    assert result.returncode != 0
+    failure = result.summary(0)["failure"]
+    assert failure["kind"] == "crash"
+    assert failure["message"].startswith("rank 1 ended abruptly"), failure
+    assert "failed     1  (crash: 1)" in result.stdout
+
+
+@pytest.mark.slurm
+def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
+    optuna = pytest.importorskip("optuna")
+    sweep_dir = tmp_path / "study"
+    result = run_sweep(sweep_dir, *ON_SLURM, "hydra/sweeper=optuna", "+sweep=optuna_dpo", "hydra.sweeper.n_trials=2",
+                       "hydra.sweeper.n_jobs=2", "train.max_steps=4", env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    assert len(re.findall(r"#\d submitted: .*2 tasks; SLURM job", result.output)) == 2
+    study = optuna.load_study(study_name="dpo_sweeps", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert [result.summary(n)["metrics"]["world_size"] for n in range(2)] == [2, 2]
+
+
+@pytest.mark.slurm
+def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_path):
+    # device=cpu: under auto the launcher asks sinfo about the partition first and refuses the sweep
+    # before launch (tests/integration/test_gpu_launch.py); here the job must reach sbatch.
+    result = run_sweep(tmp_path / "sweep", *ON_SLURM, "hydra.launcher.partition=no_such_partition",
+                       "resources.device=cpu", "train.max_steps=2", env=slurm_env)
+    assert result.returncode != 0
+    failure = result.summary(0)["failure"]
+    assert failure["kind"] == "crash" and failure["message"].startswith("sbatch refused the job:")
+    assert "invalid partition" in failure["message"].lower(), failure
+    assert "failed     1  (crash: 1)" in result.stdout
+
+
+def test_sbatch_script_takes_each_runs_shape_and_the_launcher_settings(tmp_path):
+    """No cluster needed: the batch script submitit would hand to sbatch for a 2-node GPU run."""
+    submitit = pytest.importorskip("submitit")
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from support import REPO
+
+    overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.launcher.partition=gpu",
+                 "hydra.launcher.account=dpo", "hydra.launcher.qos=high", "hydra.launcher.timeout_min=90",
+                 "hydra.launcher.cpus_per_task=10", "+hydra.launcher.additional_parameters.reservation=dpo-week",
+                 "hydra.launcher.setup=[module load cuda/12.4]",
+                 "hydra.launcher.srun_args=['--kill-on-bad-exit=1','--cpu-bind=cores']",
+                 "resources.device=cuda", "resources.nodes=2", "resources.nproc_per_node=8", "fsdp=hybrid_shard"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    launcher = instantiate(cfg.hydra.launcher)
+    task_config = OmegaConf.to_container(cfg, resolve=False)
+    task_config.pop("hydra")
+    job = SweepJob(num=0, overrides=overrides, config=cfg, task_config=task_config, config_hash="", run_dir=tmp_path / "0")
+    assert launcher.describe_job(job) == "2 nodes x 8 tasks, 8 GPUs/node"
+
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / ".submitit" / "%j")
+    executor.update_parameters(**launcher.executor_parameters(launcher._shape(job)))
+    script = executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
+    for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--partition=gpu", "--account=dpo",
+                 "--qos=high", "--time=90", "--cpus-per-task=10", "--reservation=dpo-week", "--job-name=dpo_sweeps"):
+        assert f"#SBATCH {line}" in script, line
+    assert "module load cuda/12.4" in script
+    assert re.search(r"^srun .* --kill-on-bad-exit=1 --cpu-bind=cores ", script, flags=re.M)
+

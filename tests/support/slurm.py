@@ -1,0 +1,110 @@
+"""Bring up (or reuse) the local SLURM cluster for tests.
+
+`ensure_slurm_cluster(nodes)` returns the environment variables that point SLURM clients
+(sbatch, srun, sacct, submitit) at the cluster of launchers/slurm/local_cluster.sh,
+starting it first if it is not up or has fewer than `nodes` nodes. It starts CLUSTER_NODES (2)
+nodes whatever a test asks, so that one cluster serves every SLURM test of a session (one-node
+jobs run on a two-node cluster as well) and none is restarted under a running one. Where it
+cannot be started (not root, no apt-get), the calling test is skipped, except under CI
+(CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "launchers" / "slurm" / "local_cluster.sh"
+DEFAULT_STATE_DIR = "/tmp/dpo-sweeps-slurm"
+STATE_DIR_ENV = "DPO_SWEEPS_SLURM_STATE_DIR"
+NODES_ENV = "DPO_SWEEPS_SLURM_NODES"
+# The nodes a cluster started by the tests has (DPO_SWEEPS_SLURM_NODES in the environment overrides).
+CLUSTER_NODES = 2
+SLURM_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sbatch", "sacct")
+
+_cached: dict[str, str] | None = None
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _unavailable(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"local SLURM cluster unavailable under CI: {reason}", pytrace=False)
+    pytest.skip(f"local SLURM cluster unavailable: {reason}")
+
+
+def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        m = re.fullmatch(r"export (\w+)='([^']*)'", line.strip())
+        if m:
+            env[m.group(1)] = m.group(2)
+    if "SLURM_CONF" not in env:
+        pytest.fail(f"{path} does not export SLURM_CONF", pytrace=False)
+    return env
+
+
+def _have_binaries() -> bool:
+    extra = os.pathsep.join(("/usr/sbin", "/sbin"))
+    path = os.environ.get("PATH", "") + os.pathsep + extra
+    return all(shutil.which(b, path=path) for b in SLURM_BINARIES)
+
+
+def _nodes_of(env: dict[str, str]) -> int:
+    return int(env.get(NODES_ENV) or 1)  # env.sh of a cluster started before --nodes existed: one node
+
+
+def ensure_slurm_cluster(nodes: int = 1) -> dict[str, str]:
+    """Return env vars (SLURM_CONF, ...) for a local cluster of at least `nodes` nodes, starting it if needed."""
+    global _cached
+    if _cached is not None and _nodes_of(_cached) >= nodes:
+        return dict(_cached)
+    state_dir = os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+    env_file = Path(state_dir) / "env.sh"
+
+    # Already up (e.g. started by CI or by a contributor): no root needed to use it.
+    if SCRIPT.exists() and env_file.exists() and shutil.which("sbatch"):
+        status = _run("status", state_dir, timeout=60)
+        if status.returncode == 0 and _nodes_of(_read_env_file(env_file)) >= nodes:
+            _cached = _read_env_file(env_file)
+            return dict(_cached)
+
+    if os.name != "posix" or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        _unavailable("it is not running and starting it needs root")
+    if not _have_binaries() and shutil.which("apt-get") is None:
+        _unavailable("SLURM is not installed and apt-get is not available")
+
+    start_nodes = str(max(nodes, int(os.environ.get(NODES_ENV) or CLUSTER_NODES)))
+    for step, timeout in ((("install",), 900), (("start", "--nodes", start_nodes, state_dir), 300)):
+        try:
+            proc = _run(*step, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`local_cluster.sh {' '.join(step)}` took over {timeout} s", pytrace=False)
+        if proc.returncode != 0:
+            pytest.fail(
+                f"`local_cluster.sh {' '.join(step)}` failed (rc={proc.returncode}):\n"
+                f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}",
+                pytrace=False,
+            )
+    _cached = _read_env_file(env_file)
+    if _nodes_of(_cached) < nodes:
+        pytest.fail(f"the local SLURM cluster has {_nodes_of(_cached)} node(s) after start; {nodes} wanted", pytrace=False)
+    return dict(_cached)
