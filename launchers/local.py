@@ -90,7 +90,7 @@ class LocalLauncher(SweepLauncher):
 
     @staticmethod
     def _uses_gpus(job: SweepJob, pool: DevicePool) -> bool:
-        device = job.task_config.get("resources", {}).get("device", "auto")
+        device = job.task_config["resources"]["device"]
         return device == "cuda" or (device == "auto" and bool(pool.gpus))
 
     def describe(self) -> str:

@@ -104,7 +104,7 @@ def _read_source(data_cfg: DictConfig, base_dir: Path) -> tuple[dict[str, list[d
         return _read_local(local), f"'{path}'"
     if looks_local(path):
         raise DataError(f"data.path: no such file or folder '{path}' (resolved to {local}; accepted: {DATA_SOURCES})")
-    return _read_hub(path, data_cfg.get("data_dir")), f"hub dataset '{path}'"
+    return _read_hub(path, data_cfg.data_dir), f"hub dataset '{path}'"
 
 
 def looks_local(path: str) -> bool:

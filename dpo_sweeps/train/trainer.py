@@ -37,7 +37,7 @@ from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
 from dpo_sweeps.dpo.response_logps import response_logps
-from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
+from dpo_sweeps.errors import DataError, DiskFull, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.parallel.distributed import RankEnv, all_reduce, rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
@@ -106,7 +106,7 @@ class Trainer:
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
         self._setup_models()
         self.reference_precompute_s = None
-        if self.reference is not None and self.cfg.train.get("precompute_reference_logps", False):
+        if self.reference is not None and self.cfg.train.precompute_reference_logps:
             self._precompute_reference_logps()
 
         self.optimizer = self._build_optimizer()
@@ -115,9 +115,9 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
         )
         self.scaler = DynamicLossScaler(
-            enabled=bool(cfg.precision.get("loss_scaling", False)),
-            initial_scale=cfg.precision.get("initial_loss_scale", 2.0**16),
-            growth_interval=cfg.precision.get("loss_scale_growth_interval", 2000),
+            enabled=cfg.precision.loss_scaling,
+            initial_scale=cfg.precision.initial_loss_scale,
+            growth_interval=cfg.precision.loss_scale_growth_interval,
         )
         self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
@@ -171,17 +171,8 @@ class Trainer:
         if len(self.train_pairs) < cfg.train.batch_size:
             raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(self.train_pairs)} "
                             f"training pairs of data.path (use a batch size <= {len(self.train_pairs)})")
-        chunk = cfg.train.get("logps_chunk_size", 0)
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-            raise InvalidConfig("train.logps_chunk_size", f"got {chunk!r}", "an integer >= 1, or 0 for full logits")
-        if self.share_prompt and chunk == 0:
-            raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
-                                "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
         # Length-grouped sampling (data.length_grouped): batches of pairs of similar length, so little padding.
-        window = cfg.data.get("length_group_window", 0) if cfg.data.get("length_grouped", False) else 0
-        if not isinstance(window, int) or window < 0:
-            raise InvalidConfig("data.length_group_window", f"got {window!r}",
-                                "an integer >= 1 (global batches per window)")
+        window = cfg.data.length_group_window if cfg.data.length_grouped else 0
         lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) if self.share_prompt else p.length
                    for p in self.train_pairs]
         self.sampler = GlobalBatchSampler(len(self.train_pairs), cfg.train.batch_size, cfg.train.seed,
@@ -195,16 +186,13 @@ class Trainer:
     def _build_optimizer(self) -> torch.optim.Optimizer:
         train = self.cfg.train
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        if train.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
-        if train.optimizer == "rmsprop":
-            return torch.optim.RMSprop(params, lr=train.lr, weight_decay=train.weight_decay)
-        raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
+        optimizer = {"adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}[train.optimizer]  # validate.OPTIMIZERS
+        return optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
 
     # ------------------------------------------------------------------ forward
     @property
     def share_prompt(self) -> bool:
-        return bool(self.cfg.train.get("share_prompt", False))
+        return self.cfg.train.share_prompt
 
     def _collate(self, pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
         return collate(pairs, self.tokenizer.pad_token_id, share_prompt=self.share_prompt)
@@ -213,7 +201,7 @@ class Trainer:
                      batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-sequence response log-probs as the loss scores them (LD-DPO weighted under loss.ld_alpha), token
         counts, and the plain sums (for an NLL term); fp32, chosen sequences then rejected ([2B])."""
-        scored = response_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
+        scored = response_logps(model, batch, self.cfg.train.logps_chunk_size)
         return scored.weighted(ld_alpha_of(self.cfg.loss)), scored.counts, scored.sums
 
     def _precompute_reference_logps(self) -> None:
@@ -223,7 +211,7 @@ class Trainer:
                                              cfg.train.max_steps)
         key = reference_logps.cache_key(
             self.reference, self.train_pairs, self.eval_pairs, self.sampler, layout, seed=cfg.train.seed,
-            scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": self.share_prompt,
+            scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": self.share_prompt,
                      "param_dtype": cfg.precision.param_dtype, "device": self.device.type,
                      "ld_alpha": ld_alpha_of(cfg.loss)},
         ) if not self.probing else {}
@@ -343,12 +331,12 @@ class Trainer:
     def _model_flops(self, pairs: list[EncodedPair]) -> float:
         """The model FLOPs of one micro-batch's step (mfu.py), for perf/mfu."""
         positions = BatchPositions.of(pairs, share_prompt=self.share_prompt,
-                                      full_logits=self.cfg.train.get("logps_chunk_size", 0) == 0)
+                                      full_logits=self.cfg.train.logps_chunk_size == 0)
         return self.model_flops.step(positions, reference_forward=self.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/train/faults.py)."""
-        return inject_in_step(self.cfg.get("faults"), step + 1, self.env.rank, loss, self.resumed_from is not None)
+        return inject_in_step(self.cfg.faults, step + 1, self.env.rank, loss, self.resumed_from is not None)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -448,7 +436,7 @@ class Trainer:
 
         metrics.jsonl keeps the records up to that step; the ones after it are logged again.
         """
-        self.checkpointer = Checkpointer(self.ctx.run_dir, self.cfg.get("checkpoint") or {}, rank=self.env.rank,
+        self.checkpointer = Checkpointer(self.ctx.run_dir, self.cfg.checkpoint, rank=self.env.rank,
                                          world_size=self.env.world_size, config=self.ctx.config, device=self.device)
         info = self.checkpointer.find_resumable()
         if info is not None:
@@ -467,7 +455,7 @@ class Trainer:
         step = self.state.step
         self.heartbeat(step, "checkpoint")
         return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=fault_in_checkpoint(
-            self.cfg.get("faults"), step, self.env.rank, self.resumed_from is not None),
+            self.cfg.faults, step, self.env.rank, self.resumed_from is not None),
                                       train_state={
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
             "scheduler": self.scheduler.state_dict(),
