@@ -140,12 +140,14 @@ class ResourcesConfig:
     collective_timeout_s: float = MISSING
     """Seconds a collective may wait before a rank gives up (a dead peer ends the run, never a hang)."""
     hang_timeout_s: float | None = MISSING
-    """Seconds without progress on any rank after which the run ends failed with kind `hang` (> 0);
-    null: collective_timeout_s."""
+    """Seconds without progress (no training step phase, eval batch or checkpoint on any rank) after which
+    the run ends failed with kind `hang`, naming the rank that held the others up (runtime/watchdog.py;
+    watched from the first training step on) (> 0); null: collective_timeout_s."""
     threads_per_rank: int | None = MISSING
     """CPU threads per rank (>= 1); null: cores / local ranks."""
     bind_cores: bool = MISSING
-    """Bind the CPU ranks dpo-sweeps starts itself each to its own block of the job's cores."""
+    """Bind the CPU ranks dpo-sweeps starts itself each to its own block of the job's cores (torchrun and
+    SLURM tasks are bound by their launcher, e.g. srun --cpu-bind; GPU ranks are not bound)."""
 
 
 @dataclass
@@ -163,6 +165,12 @@ class ProbeConfig:
 
 @dataclass
 class FaultsConfig:
+    """Fault injection, for tests (train/faults.py): at optimizer step `step` on rank `rank`, `kind` happens:
+    nan_loss (the loss becomes NaN), crash (an exception), oom (an out-of-memory error), sigkill (the rank
+    process is killed), hang (the rank sleeps forever in the step), sigkill_in_checkpoint (the rank is
+    killed inside the save of checkpoint `step`, its files written, before it is complete). Faults fire
+    only in an attempt that started from step 0, so running the same command again shows the recovery."""
+
     kind: str | None = MISSING
     """For tests: null | nan_loss | crash | oom | sigkill | hang | sigkill_in_checkpoint (train/faults.py)."""
     step: int = MISSING
@@ -173,6 +181,11 @@ class FaultsConfig:
 
 @dataclass
 class CheckpointConfig:
+    """Sharded checkpoints (torch.distributed.checkpoint) under <run dir>/checkpoints/step_N. A run started
+    again in the same run directory (the same command and hydra.run.dir, or a requeued SLURM job) resumes
+    from the latest complete one, with identical results; a SIGTERM or submitit's preemption signal also
+    saves one before the run stops."""
+
     every_steps: int = MISSING
     """Save a sharded checkpoint every N optimizer steps (>= 0; 0: only when stopped by a signal or
     train.time_limit_min)."""
