@@ -142,3 +142,13 @@ def test_a_sweep_with_bad_points_lists_each_and_launches_nothing(tmp_path):
     assert "#1  checkpoint.keep_last=-1 train.logps_chunk_size=1024" in result.stderr
     assert "invalid_config: checkpoint.keep_last: got -1" in result.stderr
     assert not sweep_dir.exists()
+
+
+def test_the_schema_modules_import_only_dataclasses_omegaconf_and_hydra():
+    allowed = {"__future__", "dataclasses", "typing", "omegaconf", "hydra", "dpo_sweeps"}
+    for module in (schema, data_schema):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert {name.split(".")[0] for name in imported} <= allowed, imported
+        assert all(not name.startswith("dpo_sweeps") or name.startswith("dpo_sweeps.config") for name in imported)
