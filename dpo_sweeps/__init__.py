@@ -1,8 +1,11 @@
 """dpo-sweeps: find the best FSDP setup for DPO training, one Hydra sweep at a time."""
 
+from dpo_sweeps.config.schema import register as register_schema
 from dpo_sweeps.runtime.launch_time import register_resolver
 
 __version__ = "0.1.0"
 
 # `${launch_time:...}` (conf/config.yaml's hydra.run.dir) resolves in every process that loads the package.
 register_resolver()
+# The typed schema conf/ names in its defaults lists, in every process that composes a config.
+register_schema()

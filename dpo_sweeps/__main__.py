@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import hydra
+from hydra.errors import CompactHydraException
 
+from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.task import run
 
 
@@ -20,7 +24,33 @@ def config_dir() -> str:
 
 
 # Wrapped here, not decorated at the definition: submitit must pickle `run` by reference.
-main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run)
+hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run)
+
+FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+def main() -> None:
+    """Hydra's main, with a key or value that does not fit the schema refused in one line naming it.
+
+    Hydra reports errors itself unless HYDRA_FULL_ERROR is set; it is set here so the error reaches
+    this function, which prints Hydra's compact errors as Hydra would and the schema's in one line.
+    A user who sets HYDRA_FULL_ERROR=1 gets Hydra's full report as before.
+    """
+    if os.environ.get(FULL_ERROR) == "1":
+        hydra_main()
+        return
+    os.environ[FULL_ERROR] = "1"
+    try:
+        hydra_main()
+    except Exception as exc:
+        refusal = schema_refusal(exc)
+        if refusal is None and not isinstance(exc, CompactHydraException):
+            raise
+        print(f"error: {refusal or exc}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        os.environ.pop(FULL_ERROR, None)
+
 
 if __name__ == "__main__":
     main()

@@ -97,7 +97,7 @@ class SweepLauncher(BaseSubmititLauncher):
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
         env = submitit.JobEnvironment()
         if placement is not None:  # before anything touches CUDA
-            bind = bool(OmegaConf.select(sweep_config, "resources.bind_cores", default=True))
+            bind = sweep_config.resources.bind_cores
             placement.apply(env.local_rank, env.num_tasks // env.num_nodes, bind_cores=bind)
         with open_dict(sweep_config.hydra.job) as job:
             job.id = env.job_id

@@ -20,6 +20,7 @@ from hydra.core.utils import filter_overrides
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.rundir.outputs import config_hash, scrub_secrets
 
 
@@ -43,8 +44,8 @@ class SweepJob:
 
     @property
     def world_size(self) -> int:
-        res = self.task_config.get("resources", {})
-        return int(res.get("nodes", 1)) * int(res.get("nproc_per_node", 1))
+        res = self.task_config["resources"]
+        return res["nodes"] * res["nproc_per_node"]
 
     def renumbered(self, num: int) -> SweepJob:
         """The same job under another number, hence (usually) another run directory."""
@@ -94,7 +95,8 @@ def compose_job(hydra_context: HydraContext, master_config: DictConfig, override
         task_config = _resolved_task_config(config)
         run_dir = _run_dir(config)
     except Exception as exc:  # Hydra raises several exception types here; all mean "this point is broken".
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        refusal = schema_refusal(exc)  # a key or value the schema refuses, named in one line
+        message = str(refusal) if refusal else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JobCompositionError(message) from exc
     return SweepJob(num=num, overrides=list(overrides), config=config, task_config=task_config,
                     config_hash=config_hash(scrub_secrets(task_config)), run_dir=run_dir)

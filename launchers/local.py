@@ -90,7 +90,7 @@ class LocalLauncher(SweepLauncher):
 
     @staticmethod
     def _uses_gpus(job: SweepJob, pool: DevicePool) -> bool:
-        device = job.task_config.get("resources", {}).get("device", "auto")
+        device = job.task_config["resources"]["device"]
         return device == "cuda" or (device == "auto" and bool(pool.gpus))
 
     def describe(self) -> str:
@@ -100,12 +100,12 @@ class LocalLauncher(SweepLauncher):
                 + (f", GPUs {','.join(pool.gpus)} (one per rank)" if pool.gpus else "") + cap)
 
     def check_job(self, job: SweepJob) -> str | None:
-        res = job.task_config.get("resources", {})
-        if res.get("nodes", 1) != 1:
-            return (f"resources.nodes: got {res.get('nodes')!r}; the local launcher runs a job on this machine only "
+        res = job.task_config["resources"]
+        if res["nodes"] != 1:
+            return (f"resources.nodes: got {res['nodes']!r}; the local launcher runs a job on this machine only "
                     "(accepted: 1; for several nodes use hydra/launcher=slurm)")
         pool = self._pool()
-        if res.get("device") == "cuda" and not pool.gpus:
+        if res["device"] == "cuda" and not pool.gpus:
             return "resources.device: cuda, but this machine has no visible GPU (accepted here: cpu or auto)"
         return pool.cannot_hold(job.world_size, self._uses_gpus(job, pool))
 

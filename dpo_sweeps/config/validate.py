@@ -1,8 +1,13 @@
-"""Checks a config must pass before any process starts: each failure names the setting and what is accepted.
+"""The one validation pass every run and every sweep point goes through before any process starts.
 
-`validate_config` is cheap (no data or model is loaded), so a sweep can check every grid point
-before launching one job. Data columns and model names are checked when the run loads them,
-still before the first training step.
+`validate_config` holds every check that needs only the config: ranges, choices and the rules
+between keys (types and key names are the schema's, refused while the config is composed: schema.py).
+It is cheap (no data or model is loaded), so a sweep checks every point before launching one job
+(launchers/preflight.py). What needs the data, the model or the job's node is checked where they
+are loaded, still before the first training step: the batch size against the pairs loaded
+(train/trainer.py), columns and splits of the source (data/sources.py), the model's LM head and
+attention (`check_chunked_logps_support(model)`, dpo/response_logps.py), the tokenizer a pretrained
+model brings (models/build.py), and `check_fsdp_config` again with the device the node has.
 """
 
 from __future__ import annotations
@@ -20,76 +25,139 @@ from dpo_sweeps.train.faults import FAULT_KINDS
 from dpo_sweeps.train.tracking import check_wandb_config
 
 DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("adamw", "rmsprop")
+TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
+# A BPE's vocabulary holds the 256 bytes and the special tokens before any merge.
+MIN_BPE_VOCAB = 259
 
 
 def world_size_of(cfg: DictConfig) -> int:
     return int(cfg.resources.nodes) * int(cfg.resources.nproc_per_node)
 
 
-def _positive_int(value, setting: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidConfig(setting, f"got {value!r}", "an integer >= 1")
-    return value
+def _at_least(value, minimum: int, setting: str, accepted: str | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidConfig(setting, f"got {value!r}", accepted or f"an integer >= {minimum}")
+
+
+def _positive_number(value, setting: str, accepted: str) -> None:
+    """A number > 0, or null."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        shown = int(value) if isinstance(value, float) and value.is_integer() else value  # the schema made 0 0.0
+        raise InvalidConfig(setting, f"got {shown!r}", accepted)
 
 
 def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     """Raise InvalidConfig / DataError for the first setting that cannot work."""
-    res, train = cfg.resources, cfg.train
-    nodes = _positive_int(res.nodes, "resources.nodes")
-    nproc = _positive_int(res.nproc_per_node, "resources.nproc_per_node")
-    world = nodes * nproc
+    _check_resources(cfg)
+    _check_train(cfg)
+    check_loss_config(cfg.loss)
+    # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
+    device = cfg.resources.device
+    check_fsdp_config(cfg.fsdp, world_size_of(cfg), cfg.resources.nproc_per_node, None if device == "auto" else device)
+    _check_precision(cfg.precision)
+    _check_data(cfg.data, base_dir)
+    _check_model(cfg.model)
+    _check_probe_and_checkpoints(cfg)
+    check_wandb_config(cfg.wandb)
+    if cfg.faults.kind is not None and cfg.faults.kind not in FAULT_KINDS:
+        raise InvalidConfig("faults.kind", f"unknown fault '{cfg.faults.kind}'", f"null, {', '.join(FAULT_KINDS)}")
+
+
+def _check_resources(cfg: DictConfig) -> None:
+    res = cfg.resources
+    _at_least(res.nodes, 1, "resources.nodes")
+    _at_least(res.nproc_per_node, 1, "resources.nproc_per_node")
     if res.device not in DEVICES:
         raise InvalidConfig("resources.device", f"got {res.device!r}", ", ".join(DEVICES))
-    limit = res.device_memory_gib
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-        raise InvalidConfig("resources.device_memory_gib", f"got {limit!r}",
-                            "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)")
-    hang = res.hang_timeout_s
-    if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float)) or hang <= 0):
-        raise InvalidConfig("resources.hang_timeout_s", f"got {hang!r}",
-                            "a number of seconds > 0, or null for resources.collective_timeout_s")
+    _positive_number(res.device_memory_gib, "resources.device_memory_gib",
+                     "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)")
+    _positive_number(res.collective_timeout_s, "resources.collective_timeout_s", "a number of seconds > 0")
+    _positive_number(res.hang_timeout_s, "resources.hang_timeout_s",
+                     "a number of seconds > 0, or null for resources.collective_timeout_s")
+    if res.threads_per_rank is not None:
+        _at_least(res.threads_per_rank, 1, "resources.threads_per_rank", "an integer >= 1, or null")
 
-    batch = _positive_int(train.batch_size, "train.batch_size")
-    micro = _positive_int(train.micro_batch_size, "train.micro_batch_size")
+
+def _check_train(cfg: DictConfig) -> None:
+    train, world = cfg.train, world_size_of(cfg)
+    _at_least(train.batch_size, 1, "train.batch_size")
+    _at_least(train.micro_batch_size, 1, "train.micro_batch_size")
+    batch, micro = train.batch_size, train.micro_batch_size
     if batch % (micro * world):
         raise InvalidConfig(
             "train.batch_size",
             f"{batch} is not a multiple of train.micro_batch_size ({micro}) x ranks ({world})",
             f"a multiple of {micro * world}, e.g. {micro * world * max(1, round(batch / (micro * world)))}",
         )
-    _positive_int(train.max_steps, "train.max_steps")
-    if not isinstance(train.lr, (int, float)) or train.lr <= 0:
-        raise InvalidConfig("train.lr", f"got {train.lr!r}", "a number > 0")
-    if train.optimizer not in ("adamw", "rmsprop"):
-        raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
-    if not isinstance(train.warmup_steps, int) or train.warmup_steps < 0:
-        raise InvalidConfig("train.warmup_steps", f"got {train.warmup_steps!r}", "an integer >= 0")
-    if train.eval_every is not None and (not isinstance(train.eval_every, int) or train.eval_every < 0):
-        raise InvalidConfig("train.eval_every", f"got {train.eval_every!r}", "an integer >= 0 (0: only at the end)")
-    if train.max_grad_norm is not None and train.max_grad_norm <= 0:
-        raise InvalidConfig("train.max_grad_norm", f"got {train.max_grad_norm!r}", "a number > 0, or null for no clipping")
+    _at_least(train.max_steps, 1, "train.max_steps")
+    _positive_number(train.lr, "train.lr", "a number > 0")
+    if train.optimizer not in OPTIMIZERS:
+        raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", ", ".join(OPTIMIZERS))
+    if train.weight_decay < 0:
+        raise InvalidConfig("train.weight_decay", f"got {train.weight_decay!r}", "a number >= 0")
+    _at_least(train.warmup_steps, 0, "train.warmup_steps")
+    _at_least(train.eval_every, 0, "train.eval_every", "an integer >= 0 (0: only at the end)")
+    if train.eval_max_pairs is not None:
+        _at_least(train.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
+    _at_least(train.log_every, 1, "train.log_every")
+    _positive_number(train.max_grad_norm, "train.max_grad_norm", "a number > 0, or null for no clipping")
+    _positive_number(train.time_limit_min, "train.time_limit_min", "a number of minutes > 0, or null for none")
+    _at_least(train.logps_chunk_size, 0, "train.logps_chunk_size", "an integer >= 1, or 0 for full logits")
+    if train.share_prompt and train.logps_chunk_size == 0:
+        raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
+                            "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
 
-    check_loss_config(cfg.loss)
-    # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
-    check_fsdp_config(cfg.fsdp, world, nproc, None if res.device == "auto" else res.device)
+
+def _check_precision(precision: DictConfig) -> None:
     for key in ("param_dtype", "reduce_dtype"):
-        dtype_of(cfg.precision[key], f"precision.{key}")
+        dtype_of(precision[key], f"precision.{key}")
+    if precision.loss_scaling:
+        _positive_number(precision.initial_loss_scale, "precision.initial_loss_scale", "a number > 0")
+        _at_least(precision.loss_scale_growth_interval, 1, "precision.loss_scale_growth_interval")
 
-    data = cfg.data
+
+def _check_data(data: DictConfig, base_dir: Path) -> None:
     check_lengths(data.max_length, data.max_prompt_length)
     if data.truncation_mode not in TRUNCATION_MODES:
         raise InvalidConfig("data.truncation_mode", f"got {data.truncation_mode!r}", ", ".join(TRUNCATION_MODES))
-    if data.name != "synthetic":
-        if not data.path:
-            raise InvalidConfig("data.path", "not set", DATA_SOURCES)
-        check_eval_size(data.eval_size)
-        local = Path(str(data.path)).expanduser()
-        local = local if local.is_absolute() else base_dir / local
-        if not local.exists() and looks_local(str(data.path)):
-            raise DataError(f"data.path: no such file or folder '{data.path}' (resolved to {local}; accepted: {DATA_SOURCES})")
+    if data.length_grouped:
+        _at_least(data.length_group_window, 1, "data.length_group_window", "an integer >= 1 (global batches per window)")
+    if data.max_pairs is not None:
+        _at_least(data.max_pairs, 1, "data.max_pairs", "an integer >= 1, or null for all")
+    if data.name == "synthetic":
+        for key in ("num_train_pairs", "num_eval_pairs", "num_topics"):
+            _at_least(data[key], 1, f"data.{key}")
+        if not 0.0 <= data.noise <= 0.5:
+            raise InvalidConfig("data.noise", f"got {data.noise}", "a number in [0, 0.5]; 0 is easiest")
+        return
+    if not data.path:
+        raise InvalidConfig("data.path", "not set", DATA_SOURCES)
+    check_eval_size(data.eval_size)
+    local = Path(str(data.path)).expanduser()
+    local = local if local.is_absolute() else base_dir / local
+    if not local.exists() and looks_local(str(data.path)):
+        raise DataError(f"data.path: no such file or folder '{data.path}' (resolved to {local}; accepted: {DATA_SOURCES})")
 
-    if cfg.model.block_name in (None, ""):
+
+def _check_model(model: DictConfig) -> None:
+    if model.block_name in (None, ""):
         raise InvalidConfig("model.block_name", "not set", "the transformer block class FSDP wraps, e.g. GPT2Block")
-    check_wandb_config(cfg.wandb)
-    if cfg.faults.kind is not None and cfg.faults.kind not in FAULT_KINDS:
-        raise InvalidConfig("faults.kind", f"unknown fault '{cfg.faults.kind}'", f"null, {', '.join(FAULT_KINDS)}")
+    kind = model.tokenizer.kind
+    if kind not in TOKENIZER_KINDS:
+        raise InvalidConfig("model.tokenizer.kind", f"unknown kind '{kind}'", ", ".join(TOKENIZER_KINDS))
+    if kind == "bpe":
+        _at_least(model.tokenizer.vocab_size, MIN_BPE_VOCAB, "model.tokenizer.vocab_size",
+                  f"an integer >= {MIN_BPE_VOCAB} for kind=bpe")
+
+
+def _check_probe_and_checkpoints(cfg: DictConfig) -> None:
+    _at_least(cfg.perf.warmup_steps, 0, "perf.warmup_steps")
+    steps, warmup = cfg.probe.steps, cfg.perf.warmup_steps
+    _at_least(steps, 0, "probe.steps", "0 (a normal run) or the number of steps to probe")
+    if 0 < steps <= warmup:
+        raise InvalidConfig("probe.steps", f"{steps} leaves no timed step after perf.warmup_steps={warmup}",
+                            f"an integer > {warmup} (e.g. {warmup + 5})")
+    _at_least(cfg.checkpoint.every_steps, 0, "checkpoint.every_steps", "an integer >= 0 (0: no periodic checkpoints)")
+    if cfg.checkpoint.keep_last is not None:
+        _at_least(cfg.checkpoint.keep_last, 1, "checkpoint.keep_last", "an integer >= 1, or null to keep all")

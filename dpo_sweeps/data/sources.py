@@ -82,9 +82,6 @@ def _synthetic(data_cfg: DictConfig) -> PreferenceRows:
         response_letters=data_cfg.response_letters,
         noise=data_cfg.noise,
     )
-    for key in ("num_train_pairs", "num_eval_pairs"):
-        if not isinstance(data_cfg[key], int) or data_cfg[key] < 1:
-            raise InvalidConfig(f"data.{key}", f"got {data_cfg[key]!r}", "an integer >= 1")
     return PreferenceRows(
         train=generate_pairs(data_cfg.num_train_pairs, stream="train", **common),
         eval=generate_pairs(data_cfg.num_eval_pairs, stream="eval", **common),
@@ -104,7 +101,7 @@ def _read_source(data_cfg: DictConfig, base_dir: Path) -> tuple[dict[str, list[d
         return _read_local(local), f"'{path}'"
     if looks_local(path):
         raise DataError(f"data.path: no such file or folder '{path}' (resolved to {local}; accepted: {DATA_SOURCES})")
-    return _read_hub(path, data_cfg.get("data_dir")), f"hub dataset '{path}'"
+    return _read_hub(path, data_cfg.data_dir), f"hub dataset '{path}'"
 
 
 def looks_local(path: str) -> bool:

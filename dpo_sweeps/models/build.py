@@ -72,26 +72,21 @@ def build_tokenizer(model_cfg: DictConfig, training_texts: list[str]) -> PreTrai
     kind = model_cfg.tokenizer.kind
     if kind == "byte":
         return byte_tokenizer()
-    if kind == "bpe":
-        vocab_size = model_cfg.tokenizer.vocab_size
-        if not isinstance(vocab_size, int) or vocab_size <= 258:
-            raise InvalidConfig("model.tokenizer.vocab_size", f"got {vocab_size!r}", "an integer > 258 for kind=bpe")
-        return bpe_tokenizer(training_texts, vocab_size)
-    if kind == "pretrained":
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model_cfg.name_or_path)
-        except (OSError, ValueError) as exc:
-            raise InvalidConfig(
-                "model.name_or_path",
-                f"cannot load a tokenizer for '{model_cfg.name_or_path}' ({_first_line(exc)})",
-                MODEL_SOURCES,
-            ) from None
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        if tokenizer.eos_token_id is None:
-            raise InvalidConfig("model.name_or_path", "its tokenizer has no EOS token", "a tokenizer with eos_token")
-        return tokenizer
-    raise InvalidConfig("model.tokenizer.kind", f"unknown kind '{kind}'", "byte, bpe, pretrained")
+    if kind == "bpe":  # kind and vocab_size were checked by config/validate.py
+        return bpe_tokenizer(training_texts, model_cfg.tokenizer.vocab_size)
+    try:  # pretrained
+        tokenizer = AutoTokenizer.from_pretrained(model_cfg.name_or_path)
+    except (OSError, ValueError) as exc:
+        raise InvalidConfig(
+            "model.name_or_path",
+            f"cannot load a tokenizer for '{model_cfg.name_or_path}' ({_first_line(exc)})",
+            MODEL_SOURCES,
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None:
+        raise InvalidConfig("model.name_or_path", "its tokenizer has no EOS token", "a tokenizer with eos_token")
+    return tokenizer
 
 
 def build_policy(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> torch.nn.Module:

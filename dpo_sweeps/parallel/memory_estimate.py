@@ -150,8 +150,8 @@ def run_shape_of(cfg, world_size: int, seq_len: int | None = None, response_frac
         optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
         seq_len=seq_len or cfg.data.max_length,
         uses_reference=uses_reference(cfg.loss),
-        precompute_reference_logps=bool(train.get("precompute_reference_logps", False)),
-        logps_chunk_size=int(train.get("logps_chunk_size", 0)), share_prompt=bool(train.get("share_prompt", False)),
+        precompute_reference_logps=train.precompute_reference_logps,
+        logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
         response_fraction=response_fraction, cpu_offload=bool(cfg.fsdp.cpu_offload),
         activation_checkpointing=bool(cfg.fsdp.activation_checkpointing),
     )

@@ -67,7 +67,7 @@ def prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
     shutil.rmtree(heartbeat_dir(run_dir), ignore_errors=True)
     reserve_summary_space(run_dir)
     remove_partial_checkpoints(run_dir)
-    if not (cfg.get("checkpoint") or {}).get("resume", True):
+    if not cfg.checkpoint.resume:
         remove_checkpoints(run_dir, "checkpoint.resume=false")
 
 
@@ -90,7 +90,7 @@ def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
     return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name}, "
             f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
             f"data.max_length={cfg.data.max_length}, "
-            f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")
+            f"fsdp.activation_checkpointing={cfg.fsdp.activation_checkpointing}, ranks={env.world_size}")
 
 
 def _cost(ctx: RunContext) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
     if own is not None:
         log.info("rank %d bound to cores %s by the launcher (resources.bind_cores)", env.rank, own)
     on_cpu = not wants_cuda(cfg.resources.device)
-    if own is None and bind_cores and cfg.resources.get("bind_cores", True) and env.local_world_size > 1 and on_cpu:
+    if own is None and bind_cores and cfg.resources.bind_cores and env.local_world_size > 1 and on_cpu:
         own = rank_cores(allowed, env.local_rank, env.local_world_size)
         if own is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, own)
@@ -141,7 +141,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     """
     cfg = OmegaConf.create(ctx.config)
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
-    watch = StopWatch(cfg.train.get("time_limit_min")).install()
+    watch = StopWatch(cfg.train.time_limit_min).install()
     trainer: Trainer | None = None
     watchdog: Watchdog | None = None
     lock: RunDirLock | None = None

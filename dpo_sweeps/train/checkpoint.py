@@ -167,26 +167,16 @@ def _from_rank0(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- the checkpointer
-def check_checkpoint_config(checkpoint_cfg) -> None:
-    every = checkpoint_cfg.get("every_steps")
-    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
-        raise InvalidConfig("checkpoint.every_steps", f"got {every!r}", "an integer >= 0 (0: no periodic checkpoints)")
-    keep = checkpoint_cfg.get("keep_last")
-    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
-        raise InvalidConfig("checkpoint.keep_last", f"got {keep!r}", "an integer >= 1, or null to keep all")
-
-
 class Checkpointer:
     """Saves and restores the run's training state; every method is collective unless it says not."""
 
     def __init__(self, run_dir: Path, checkpoint_cfg, *, rank: int, world_size: int, config: dict,
                  device: torch.device):
-        check_checkpoint_config(checkpoint_cfg)
-        self.folder = checkpoints_dir(run_dir)
-        self.every_steps = int(checkpoint_cfg.get("every_steps") or 0)
-        self.keep_last = checkpoint_cfg.get("keep_last")
-        self.resume = bool(checkpoint_cfg.get("resume", True))
-        self.keep_when_completed = bool(checkpoint_cfg.get("keep_when_completed", False))
+        self.folder = checkpoints_dir(run_dir)  # checkpoint_cfg was checked by config/validate.py
+        self.every_steps = checkpoint_cfg.every_steps
+        self.keep_last = checkpoint_cfg.keep_last
+        self.resume = checkpoint_cfg.resume
+        self.keep_when_completed = checkpoint_cfg.keep_when_completed
         self.rank, self.world_size, self.device = rank, world_size, device
         self.config = config
         self.config_hash = config_hash(config)

@@ -21,30 +21,16 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from dpo_sweeps.errors import InvalidConfig
-
-
-def probe_steps(cfg: DictConfig) -> int:
-    probe = cfg.get("probe") or {}
-    steps = probe.get("steps", 0) or 0
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise InvalidConfig("probe.steps", f"got {steps!r}", "0 (a normal run) or the number of steps to probe")
-    return steps
-
 
 def apply_probe(cfg: DictConfig, world_size: int) -> bool:
-    """Turn `cfg` (in place: the caller's config object) into its probe; False when probe.steps is 0."""
-    steps = probe_steps(cfg)
+    """Turn `cfg` (in place: the caller's config object) into its probe; False when probe.steps is 0.
+    probe.steps was checked by config/validate.py (>= 0, and more than perf.warmup_steps when set)."""
+    steps = cfg.probe.steps
     if not steps:
         return False
-    warmup = cfg.perf.warmup_steps
-    if steps <= warmup:
-        raise InvalidConfig("probe.steps", f"{steps} leaves no timed step after perf.warmup_steps={warmup}",
-                            f"an integer > {warmup} (e.g. {warmup + 5})")
     cfg.train.max_steps = steps
     cfg.train.eval_every = 0
     cfg.train.eval_max_pairs = cfg.train.micro_batch_size * world_size
     cfg.train.save_model = False
-    if cfg.get("checkpoint") is not None:
-        cfg.checkpoint.every_steps = 0
+    cfg.checkpoint.every_steps = 0
     return True

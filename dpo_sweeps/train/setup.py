@@ -20,7 +20,7 @@ from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, encode_pai
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
-from dpo_sweeps.errors import DataError, InvalidConfig
+from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
 from dpo_sweeps.parallel.distributed import RankEnv, rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
@@ -56,7 +56,7 @@ class Models:
 
 
 def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
-    share_prompt = bool(cfg.train.get("share_prompt", False))
+    share_prompt = cfg.train.share_prompt
     rows = load_preference_rows(cfg.data, base_dir)
     plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
     tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
@@ -79,17 +79,8 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
     if len(train_pairs) < cfg.train.batch_size:
         raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(train_pairs)} "
                         f"training pairs of data.path (use a batch size <= {len(train_pairs)})")
-    chunk = cfg.train.get("logps_chunk_size", 0)
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-        raise InvalidConfig("train.logps_chunk_size", f"got {chunk!r}", "an integer >= 1, or 0 for full logits")
-    if share_prompt and chunk == 0:
-        raise InvalidConfig("train.share_prompt", "true with train.logps_chunk_size=0",
-                            "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
     # Length-grouped sampling (data.length_grouped): batches of pairs of similar length, so little padding.
-    window = cfg.data.get("length_group_window", 0) if cfg.data.get("length_grouped", False) else 0
-    if not isinstance(window, int) or window < 0:
-        raise InvalidConfig("data.length_group_window", f"got {window!r}",
-                            "an integer >= 1 (global batches per window)")
+    window = cfg.data.length_group_window if cfg.data.length_grouped else 0
     lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) if share_prompt else p.length
                for p in train_pairs]
     sampler = GlobalBatchSampler(len(train_pairs), cfg.train.batch_size, cfg.train.seed,
@@ -125,11 +116,8 @@ def build_models(cfg, env: RankEnv, device: torch.device, tokenizer, with_refere
 
 def build_optimizer(train, policy: torch.nn.Module) -> torch.optim.Optimizer:
     params = [p for p in policy.parameters() if p.requires_grad]
-    if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
-    if train.optimizer == "rmsprop":
-        return torch.optim.RMSprop(params, lr=train.lr, weight_decay=train.weight_decay)
-    raise InvalidConfig("train.optimizer", f"unknown optimizer '{train.optimizer}'", "adamw, rmsprop")
+    optimizer = {"adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}[train.optimizer]  # validate.OPTIMIZERS
+    return optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -139,9 +127,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> torch.opti
 
 def build_loss_scaler(precision) -> DynamicLossScaler:
     return DynamicLossScaler(
-        enabled=bool(precision.get("loss_scaling", False)),
-        initial_scale=precision.get("initial_loss_scale", 2.0**16),
-        growth_interval=precision.get("loss_scale_growth_interval", 2000),
+        enabled=precision.loss_scaling,
+        initial_scale=precision.initial_loss_scale,
+        growth_interval=precision.loss_scale_growth_interval,
     )
 
 
@@ -150,12 +138,12 @@ def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, c
                                score: Callable[[list[EncodedPair]], torch.Tensor]) -> float:
     """Score every pair under the reference once (`score`: the reference's log-probs of some pairs) and
     attach the numbers to `data`'s pairs; returns the seconds it took. The caller then frees the reference."""
-    share_prompt = bool(cfg.train.get("share_prompt", False))
+    share_prompt = cfg.train.share_prompt
     layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
                                          cfg.train.max_steps)
     key = reference_logps.cache_key(
         reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
-        scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": share_prompt,
+        scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": share_prompt,
                  "param_dtype": cfg.precision.param_dtype, "device": device.type,
                  "ld_alpha": ld_alpha_of(cfg.loss)},
     ) if not probing else {}

@@ -19,8 +19,8 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 
 def check_wandb_config(wandb_cfg: dict) -> None:
-    if wandb_cfg.get("mode") not in WANDB_MODES:
-        raise InvalidConfig("wandb.mode", f"got {wandb_cfg.get('mode')!r}", ", ".join(WANDB_MODES))
+    if wandb_cfg["mode"] not in WANDB_MODES:
+        raise InvalidConfig("wandb.mode", f"got {wandb_cfg['mode']!r}", ", ".join(WANDB_MODES))
 
 
 class Tracker:
@@ -36,8 +36,8 @@ class Tracker:
         self._run = wandb.init(
             mode=wandb_cfg["mode"],
             project=wandb_cfg["project"],
-            entity=wandb_cfg.get("entity"),
-            group=wandb_cfg.get("group") or group,
+            entity=wandb_cfg["entity"],
+            group=wandb_cfg["group"] or group,
             name=name,
             dir=str(run_dir),
             config=scrub_secrets(config),

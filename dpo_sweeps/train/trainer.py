@@ -97,7 +97,7 @@ class Trainer:
         self.num_params, self.model_flops = models.num_params, models.model_flops
         del models  # self.reference is then the only name of the reference model, for _free_reference
         self.reference_precompute_s = None
-        if self.reference is not None and cfg.train.get("precompute_reference_logps", False):
+        if self.reference is not None and cfg.train.precompute_reference_logps:
             self.reference_precompute_s = precompute_reference_logps(
                 data, self.reference, cfg, env, self.device, self.probing, score=self._reference_logps)
             self._free_reference()
@@ -118,7 +118,7 @@ class Trainer:
     # ------------------------------------------------------------------ forward
     @property
     def share_prompt(self) -> bool:
-        return bool(self.cfg.train.get("share_prompt", False))
+        return self.cfg.train.share_prompt
 
     def _collate(self, pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
         return collate(pairs, self.tokenizer.pad_token_id, share_prompt=self.share_prompt)
@@ -127,7 +127,7 @@ class Trainer:
                      batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-sequence response log-probs as the loss scores them (LD-DPO weighted under loss.ld_alpha), token
         counts, and the plain sums (for an NLL term); fp32, chosen sequences then rejected ([2B])."""
-        scored = response_logps(model, batch, self.cfg.train.get("logps_chunk_size", 0))
+        scored = response_logps(model, batch, self.cfg.train.logps_chunk_size)
         return scored.weighted(ld_alpha_of(self.cfg.loss)), scored.counts, scored.sums
 
     @torch.no_grad()
@@ -232,12 +232,12 @@ class Trainer:
     def _model_flops(self, pairs: list[EncodedPair]) -> float:
         """The model FLOPs of one micro-batch's step (mfu.py), for perf/mfu."""
         positions = BatchPositions.of(pairs, share_prompt=self.share_prompt,
-                                      full_logits=self.cfg.train.get("logps_chunk_size", 0) == 0)
+                                      full_logits=self.cfg.train.logps_chunk_size == 0)
         return self.model_flops.step(positions, reference_forward=self.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/train/faults.py)."""
-        return inject_in_step(self.cfg.get("faults"), step + 1, self.env.rank, loss, self.resumed_from is not None)
+        return inject_in_step(self.cfg.faults, step + 1, self.env.rank, loss, self.resumed_from is not None)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -337,7 +337,7 @@ class Trainer:
 
         metrics.jsonl keeps the records up to that step; the ones after it are logged again.
         """
-        self.checkpointer = Checkpointer(self.ctx.run_dir, self.cfg.get("checkpoint") or {}, rank=self.env.rank,
+        self.checkpointer = Checkpointer(self.ctx.run_dir, self.cfg.checkpoint, rank=self.env.rank,
                                          world_size=self.env.world_size, config=self.ctx.config, device=self.device)
         info = self.checkpointer.find_resumable()
         if info is not None:
@@ -356,7 +356,7 @@ class Trainer:
         step = self.state.step
         self.heartbeat(step, "checkpoint")
         return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=fault_in_checkpoint(
-            self.cfg.get("faults"), step, self.env.rank, self.resumed_from is not None),
+            self.cfg.faults, step, self.env.rank, self.resumed_from is not None),
                                       train_state={
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
             "scheduler": self.scheduler.state_dict(),

@@ -1,0 +1,154 @@
+"""The typed config schema (dpo_sweeps/config/schema.py) and the one validation pass (config/validate.py)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from support import REPO, cli_env
+
+from dpo_sweeps.config import data_schema, schema
+from dpo_sweeps.config.schema_errors import schema_refusal
+from dpo_sweeps.config.validate import validate_config
+from dpo_sweeps.errors import InvalidConfig
+
+CONF = REPO / "conf"
+# Group options that compose to a runnable config as they are (preference needs data.path).
+GROUP_OPTIONS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+                 for group in ("model", "data", "loss", "fsdp", "precision")}
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _refusal(*overrides: str) -> InvalidConfig:
+    with pytest.raises(Exception) as caught:
+        _compose(*overrides)
+    refusal = schema_refusal(caught.value)
+    assert refusal is not None, caught.value
+    return refusal
+
+
+def test_every_schema_field_has_a_docstring():
+    undocumented = []
+    for module in (schema, data_schema):
+        tree = ast.parse(Path(module.__file__).read_text())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            body = cls.body
+            for i, node in enumerate(body):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    following = body[i + 1] if i + 1 < len(body) else None
+                    documented = (isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                                  and isinstance(following.value.value, str))
+                    # Whole sections (train, resources, ...) are documented by their own class's fields.
+                    if not documented and not node.annotation.id.endswith("Config"):
+                        undocumented.append(f"{cls.name}.{node.target.id}")
+    assert undocumented == []
+
+
+@pytest.mark.parametrize("group", sorted(GROUP_OPTIONS))
+def test_every_conf_file_fits_the_schema_and_passes_validation(group, tmp_path):
+    for option in GROUP_OPTIONS[group]:
+        extra = ["data.path=x.jsonl"] if (group, option) == ("data", "preference") else []
+        cfg = _compose(f"{group}={option}", *extra)
+        node = cfg[group]
+        if group == "loss":  # loss is a mapping: exactly the chosen file's keys (dpo/losses/registry.py)
+            assert OmegaConf.get_type(node) is dict
+            continue
+        assert dataclasses.is_dataclass(OmegaConf.get_type(node)), (group, option)
+        if group != "data" or option != "preference":
+            validate_config(cfg, REPO)
+
+
+def test_each_data_source_has_its_own_keys():
+    assert OmegaConf.get_type(_compose().data) is data_schema.SyntheticDataConfig
+    hh = _compose("data=hh").data
+    assert OmegaConf.get_type(hh) is data_schema.HubDataConfig and "noise" not in hh
+    assert _refusal("data=hh", "data.noise=0.2").setting == "data.noise"
+
+
+@pytest.mark.parametrize(("override", "setting", "text"), [
+    ("train.batch_size=abc", "train.batch_size", "(accepted: an integer)"),
+    ("train.lr_rate=1", "train.lr_rate", "not a setting (accepted: train has batch_size, micro_batch_size"),
+    ("resources.device_memory_gib=lots", "resources.device_memory_gib", "(accepted: a number, or null)"),
+    ("fsdp.cpu_offload=maybe", "fsdp.cpu_offload", "(accepted: true or false)"),
+    ("data.max_prompt_lenght=8", "data.max_prompt_lenght", "did you mean data.max_prompt_length?"),
+    ("loss.lr=1", "loss.lr", "not a setting (accepted: loss has name, beta"),
+])
+def test_a_wrong_type_or_unknown_key_is_refused_naming_the_key(override, setting, text):
+    refusal = _refusal(override)
+    assert refusal.setting == setting and text in str(refusal)
+    assert "\n" not in str(refusal)
+
+
+def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
+    cfg = _compose("loss=dpo", "+loss.gamma=0.5")  # `+` adds the key; the loss check refuses it
+    with pytest.raises(InvalidConfig, match=r"^loss.gamma: is not a hyperparameter of loss=dpo"):
+        validate_config(cfg, REPO)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("checkpoint.keep_last=-1", "checkpoint.keep_last: got -1 (accepted: an integer >= 1, or null to keep all)"),
+    ("checkpoint.every_steps=-2", "checkpoint.every_steps: got -2"),
+    ("train.logps_chunk_size=-5", "train.logps_chunk_size: got -5 (accepted: an integer >= 1, or 0 for full logits)"),
+    ("probe.steps=2", "probe.steps: 2 leaves no timed step after perf.warmup_steps=3"),
+    ("data.length_group_window=0", "data.length_group_window: got 0"),
+    ("model.tokenizer.kind=bpe", "model.tokenizer.vocab_size: got None (accepted: an integer >= 259 for kind=bpe)"),
+    ("precision=fp16", None),
+])
+def test_config_only_checks_run_before_any_process(override, message):
+    cfg = _compose(override)
+    if message is None:
+        validate_config(cfg, REPO)
+        return
+    with pytest.raises(InvalidConfig) as caught:
+        validate_config(cfg, REPO)
+    assert str(caught.value).startswith(message)
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpo_sweeps", *args], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_cli_refuses_a_wrong_type_in_one_line_for_a_run_and_a_sweep(tmp_path):
+    run = _cli(tmp_path, "train.batch_size=abc", f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        "error: train.batch_size: Value 'abc' of type 'str' could not be converted to Integer (accepted: an integer)"]
+    sweep = _cli(tmp_path, "-m", "train.lr_rate=1", "fsdp=full_shard,shard_grad_op", f"hydra.sweep.dir={tmp_path / 's'}")
+    assert sweep.returncode == 1
+    lines = sweep.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: train.lr_rate: not a setting"), sweep.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
+
+
+def test_a_sweep_with_bad_points_lists_each_and_launches_nothing(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = _cli(tmp_path, "-m", "checkpoint.keep_last=-1,2", "train.logps_chunk_size=-5,1024",
+                  f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 1
+    assert "3 of 4 points of this sweep are invalid; no job was started" in result.stderr, result.stderr[-2000:]
+    assert "#2  checkpoint.keep_last=2 train.logps_chunk_size=-5" in result.stderr
+    assert "invalid_config: train.logps_chunk_size: got -5" in result.stderr
+    assert "#1  checkpoint.keep_last=-1 train.logps_chunk_size=1024" in result.stderr
+    assert "invalid_config: checkpoint.keep_last: got -1" in result.stderr
+    assert not sweep_dir.exists()
+
+
+def test_the_schema_modules_import_only_dataclasses_omegaconf_and_hydra():
+    allowed = {"__future__", "dataclasses", "typing", "omegaconf", "hydra", "dpo_sweeps"}
+    for module in (schema, data_schema):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert {name.split(".")[0] for name in imported} <= allowed, imported
+        assert all(not name.startswith("dpo_sweeps") or name.startswith("dpo_sweeps.config") for name in imported)
