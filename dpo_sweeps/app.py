@@ -41,6 +41,7 @@ from dpo_sweeps.parallel.distributed import (
     select_device,
     wants_cuda,
 )
+from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
@@ -193,7 +194,8 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
 
 def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
     """The settings that decide memory, for an out-of-memory message."""
-    return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name}, "
+    return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name} "
+            f"({resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, env.world_size).label}), "
             f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
             f"data.max_length={cfg.data.max_length}, "
             f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")
@@ -261,6 +263,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             extra["resumed_from_step"] = trainer.resumed_from
             if hasattr(trainer, "data_counts"):
                 extra["data"] = trainer.data_counts
+            extra["plan"] = trainer.plan.as_dict()
             if hasattr(trainer, "layout"):
                 extra["layout"] = trainer.layout
             extra.update(trainer.checkpointer_report())

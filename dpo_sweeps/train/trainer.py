@@ -40,10 +40,11 @@ from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import DataError, DiskFull, InvalidConfig, NonFiniteLoss, RunFailure, RunPruned, is_disk_full
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, saved_model_path
 from dpo_sweeps.parallel.distributed import RankEnv, all_reduce, rank_layout
-from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
+from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import BatchPositions, ModelFlops, device_peak_flops
-from dpo_sweeps.parallel.precision import DynamicLossScaler, mixed_precision_policy
+from dpo_sweeps.parallel.plan import resolve_plan, torch_dtype
+from dpo_sweeps.parallel.precision import loss_scaler, mixed_precision_policy
 from dpo_sweeps.rundir.outputs import MetricsLog
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.train.checkpoint import Checkpointer
@@ -89,6 +90,8 @@ class Trainer:
         self.heartbeat = heartbeat or (lambda step, phase: None)
         self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
+        # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
+        self.plan = resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, world_size=env.world_size)
         self.stop_watch = stop_watch or StopWatch()
         self.resumed_from: int | None = None  # the checkpoint step this attempt started from
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
@@ -114,19 +117,15 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
         )
-        self.scaler = DynamicLossScaler(
-            enabled=bool(cfg.precision.get("loss_scaling", False)),
-            initial_scale=cfg.precision.get("initial_loss_scale", 2.0**16),
-            growth_interval=cfg.precision.get("loss_scale_growth_interval", 2000),
-        )
+        self.scaler = loss_scaler(self.plan)
         self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
             self.trial_reporter = TrialReporter(self.trial_link)
         if env.is_main:
-            log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
-                     self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
+            log.info("%s: %.2fM parameters, %d ranks, %s, mesh %s", cfg.model.name_or_path,
+                     self.num_params / 1e6, env.world_size, self.plan.label, self.plan.mesh)
 
     def _setup_models(self) -> None:
         """Policy and reference, sharded (or moved) onto this rank's device."""
@@ -135,14 +134,14 @@ class Trainer:
         self.policy = build_policy(cfg.model, self.tokenizer, cfg.train.seed)
         self.num_params = sum(p.numel() for p in self.policy.parameters())
         self.model_flops = ModelFlops.of(self.policy, cfg.model.block_name)
-        mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, self.device.type)
+        mesh = build_mesh(self.plan, self.device.type)
         self.layout = rank_layout(mesh, env.local_rank)  # summary.json: the mesh, and the node of each rank
-        mp_policy = mixed_precision_policy(cfg.precision)
-        shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=self.device)
+        mp_policy = mixed_precision_policy(self.plan)
+        shard = dict(plan=self.plan, block_name=cfg.model.block_name, mesh=mesh, device=self.device)
         # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
         # cast of its own (an empty policy).
         self.reference = shard_model(
-            build_reference(self.policy, dtype_of(cfg.precision.param_dtype, "precision.param_dtype")),
+            build_reference(self.policy, torch_dtype(self.plan.param_dtype)),
             mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
         ) if self.uses_reference else None
         self.policy = shard_model(self.policy, mp_policy=mp_policy, **shard)
@@ -224,7 +223,7 @@ class Trainer:
         key = reference_logps.cache_key(
             self.reference, self.train_pairs, self.eval_pairs, self.sampler, layout, seed=cfg.train.seed,
             scoring={"logps_chunk_size": cfg.train.get("logps_chunk_size", 0), "share_prompt": self.share_prompt,
-                     "param_dtype": cfg.precision.param_dtype, "device": self.device.type,
+                     "param_dtype": self.plan.param_dtype, "device": self.device.type,
                      "ld_alpha": ld_alpha_of(cfg.loss)},
         ) if not self.probing else {}
 
@@ -337,7 +336,7 @@ class Trainer:
             record.update({"train/loss_scale": self.scaler.scale, "train/skipped_step": overflow})
         if not math.isfinite(record["train/loss"]):
             raise NonFiniteLoss(f"train/loss is {record['train/loss']} at step {step + 1} "
-                                f"(lr={lr:g}, precision={cfg.precision.name}, loss.beta={cfg.loss.beta})")
+                                f"(lr={lr:g}, precision={self.plan.precision}, loss.beta={cfg.loss.beta})")
         return record
 
     def _model_flops(self, pairs: list[EncodedPair]) -> float:
@@ -416,7 +415,7 @@ class Trainer:
 
     def final_metrics(self) -> dict[str, Any]:
         """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
-        peak, no_peak = device_peak_flops(self.device, self.cfg.precision.name)
+        peak, no_peak = device_peak_flops(self.device, self.plan.compute)
         perf = self.perf.summary(world_size=self.env.world_size, peak_flops=peak, mfu_reason=no_peak)
         metrics: dict[str, Any] = {}
         if self.probing:
@@ -438,7 +437,7 @@ class Trainer:
 
     def memory_estimate(self):
         """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
-        run = run_shape_of(self.cfg, self.env.world_size, seq_len=self.longest_row,
+        run = run_shape_of(self.cfg, self.plan, seq_len=self.longest_row,
                            response_fraction=self.response_fraction)
         return estimate_peak_memory(ModelShape.of(self.policy), run, baseline_bytes=self.rss_before_model)
 
