@@ -11,7 +11,8 @@ SHARD_GRAD_OP, by every reader.
 Strategies, all `fully_shard` on a device mesh:
 - full_shard:    1-D mesh over all ranks ("shard");
 - shard_grad_op: the same mesh (the preset sets reshard_after_forward=false, ZeRO-2-like);
-- hybrid_shard:  2-D mesh ("replicate", "shard"), sharded within groups of `hybrid_group_size` ranks;
+- hybrid_shard:  2-D mesh ("replicate", "shard"), sharded within groups of `hybrid_group_size` ranks
+                 (one group of all ranks: full_shard's 1-D mesh);
 - no_shard:      2-D mesh (world x 1): every rank holds everything, gradients all-reduced (DDP-like).
 The label users see is derived from the mesh and the reshard policy that result, not from the name
 (torch's FSDP1 `ShardingStrategy` names): a shard dimension of 1 is NO_SHARD, one replica group is
@@ -153,7 +154,10 @@ def mesh_of(fsdp: Mapping, world_size: int, nproc_per_node: int) -> tuple[tuple[
                 "fsdp.hybrid_group_size", f"{group!r} does not divide the {world_size} ranks",
                 "a divisor of resources.nodes * resources.nproc_per_node (null: the ranks of one node)",
             )
-        return (world_size // group, group), ("replicate", "shard")
+        if group < world_size:
+            return (world_size // group, group), ("replicate", "shard")
+        # One shard group over all ranks: a full shard, on the same 1-D mesh as fsdp=full_shard.
+        return (world_size,), ("shard",)
     if strategy == "no_shard":
         return (world_size, 1), ("replicate", "shard")
     return (world_size,), ("shard",)
