@@ -194,8 +194,8 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
 
 def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
     """The settings that decide memory, for an out-of-memory message."""
-    return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name} "
-            f"({resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, env.world_size).label}), "
+    plan = resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, env.world_size)
+    return (f"model={cfg.model.name_or_path}, plan={plan.label} (fsdp={cfg.fsdp.sharding_strategy}), "
             f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
             f"data.max_length={cfg.data.max_length}, "
             f"fsdp.activation_checkpointing={cfg.fsdp.get('activation_checkpointing')}, ranks={env.world_size}")

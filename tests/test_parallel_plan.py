@@ -17,7 +17,9 @@ from omegaconf import OmegaConf
 from report_fixtures import write_run
 
 from analysis.figures import heatmap_figure
+from analysis.ranking import rank_sweep
 from analysis.runs import read_run
+from analysis.tables import run_rows
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.fit import predicted_peak_gib
 from dpo_sweeps.parallel.memory_estimate import run_shape_of
@@ -143,9 +145,11 @@ def test_the_report_labels_runs_by_their_plan(tmp_path, composer):
     runs = [read_run(tmp_path / str(job), str(job), tmp_path) for job in range(3)]
     assert [r.strategy_label for r in runs] == ["SHARD_GRAD_OP", "SHARD_GRAD_OP", "FULL_SHARD"]
     assert {r.precision_label for r in runs} == {"bf16"}
-    figure = heatmap_figure(runs + [read_run(tmp_path / "0", "0", tmp_path)])
+    figure = heatmap_figure(runs)
     rows = [t.get_text() for t in figure.axes[0].get_yticklabels()]
     assert rows == ["FULL_SHARD", "SHARD_GRAD_OP"]
+    csv_rows = run_rows(runs, rank_sweep(runs))  # runs.csv's `plan` column
+    assert [r["plan"] for r in csv_rows] == ["SHARD_GRAD_OP bf16", "SHARD_GRAD_OP bf16", "FULL_SHARD bf16"]
 
 
 def test_a_two_rank_run_records_the_plan_it_trained_with(tmp_path):
