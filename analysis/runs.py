@@ -278,7 +278,7 @@ def plan_of(config: dict[str, Any]) -> dict[str, Any] | None:
     """The parallel plan block (summary.json's `plan`) a resolved config resolves to; None for a config
     without the groups it needs (a run that ended before it wrote one, a trimmed config)."""
     try:
-        return resolve_plan(config["fsdp"], config["precision"], config["resources"]).as_dict()
+        return resolve_plan(config).as_dict()
     except (KeyError, TypeError, ValueError, InvalidConfig):
         return None
 

@@ -194,7 +194,7 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
 
 def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
     """The settings that decide memory, for an out-of-memory message."""
-    plan = resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, env.world_size)
+    plan = resolve_plan(cfg, env.world_size)
     return (f"model={cfg.model.name_or_path}, plan={plan.label} (fsdp={cfg.fsdp.sharding_strategy}), "
             f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
             f"data.max_length={cfg.data.max_length}, "

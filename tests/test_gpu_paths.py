@@ -49,7 +49,8 @@ def plan_of(precision: str = "fp32", cpu_offload: bool = False):
     """The one-rank full_shard plan of `precision` (plan.resolve_plan)."""
     fsdp = {"sharding_strategy": "full_shard", "reshard_after_forward": True, "hybrid_group_size": None,
             "activation_checkpointing": False, "cpu_offload": cpu_offload}
-    return resolve_plan(fsdp, {**PRECISIONS[precision], "loss_scaling": False}, {"nodes": 1, "nproc_per_node": 1})
+    return resolve_plan({"fsdp": fsdp, "precision": {**PRECISIONS[precision], "loss_scaling": False},
+                         "resources": {"nodes": 1, "nproc_per_node": 1}})
 
 
 def roles(precision: str) -> dict[str, MixedPrecisionPolicy]:

@@ -40,7 +40,7 @@ def composer():
 
 
 def plan_of(cfg) -> ParallelPlan:
-    return resolve_plan(cfg.fsdp, cfg.precision, cfg.resources)
+    return resolve_plan(cfg)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -168,8 +168,20 @@ def test_a_two_rank_run_records_the_plan_it_trained_with(tmp_path):
     assert plan["mesh"] == summary["layout"]["mesh"] == {"shard": 2}
     assert plan["reshard_after_forward"] is False and plan["sharding_strategy"] == "full_shard"
     config = summary["config"]
-    shard_grad_op = resolve_plan({**config["fsdp"], "sharding_strategy": "shard_grad_op"}, config["precision"],
-                                 config["resources"])
+    shard_grad_op = resolve_plan({**config, "fsdp": {**config["fsdp"], "sharding_strategy": "shard_grad_op"}})
     assert {k: v for k, v in plan.items() if k != "sharding_strategy"} == \
            {k: v for k, v in shard_grad_op.as_dict().items() if k != "sharding_strategy"}
     assert summary["metrics"]["perf/peak_memory_estimate_gib"] > 0
+
+
+def test_reading_a_plan_imports_no_training_stack():
+    """Launchers and the report resolve plans too: the plan module costs no torch import."""
+    code = ("import sys, dpo_sweeps.parallel.plan as plan, analysis.runs; "
+            "plan.resolve_plan({'fsdp': {'sharding_strategy': 'no_shard', 'reshard_after_forward': False, "
+            "'hybrid_group_size': None, 'cpu_offload': False, 'activation_checkpointing': False}, "
+            "'precision': {'param_dtype': 'bfloat16', 'reduce_dtype': 'float32', 'loss_scaling': False}, "
+            "'resources': {'nodes': 1, 'nproc_per_node': 2}}); "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'wandb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"

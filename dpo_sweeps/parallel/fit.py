@@ -56,7 +56,7 @@ def predicted_peak_gib(cfg, world_size: int) -> float:
 
     shape = _model_shape(_architecture_key(cfg.model))
     baseline = 0 if wants_cuda(cfg.resources.device) else resident_bytes()
-    plan = resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, world_size)
+    plan = resolve_plan(cfg, world_size)
     return estimate_peak_memory(shape, run_shape_of(cfg, plan), baseline_bytes=baseline).total / GIB
 
 

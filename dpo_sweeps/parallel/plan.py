@@ -181,10 +181,11 @@ def _loss_scale_setting(precision: Mapping, key: str):
     return precision[key]
 
 
-def resolve_plan(fsdp: Mapping, precision: Mapping, resources: Mapping, world_size: int | None = None) -> ParallelPlan:
-    """The plan of a config's `fsdp`, `precision` and `resources` groups (DictConfigs or plain dicts, as
-    summary.json's `config` holds them). `world_size`: the ranks the run has (default: resources.nodes x
-    resources.nproc_per_node). Raises InvalidConfig for a setting that cannot be planned."""
+def resolve_plan(cfg: Mapping, world_size: int | None = None) -> ParallelPlan:
+    """The plan of a resolved config, from its `fsdp`, `precision` and `resources` groups (a DictConfig,
+    or plain dicts as summary.json's `config` holds them). `world_size`: the ranks the run has (default:
+    resources.nodes x resources.nproc_per_node). Raises InvalidConfig for a setting that cannot be planned."""
+    fsdp, precision, resources = cfg["fsdp"], cfg["precision"], cfg["resources"]
     world = int(world_size if world_size is not None else resources["nodes"] * resources["nproc_per_node"])
     shape, names = mesh_of(fsdp, world, resources["nproc_per_node"])
     scaling = bool(precision["loss_scaling"])

@@ -91,7 +91,7 @@ class Trainer:
         self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
         # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
-        self.plan = resolve_plan(cfg.fsdp, cfg.precision, cfg.resources, world_size=env.world_size)
+        self.plan = resolve_plan(cfg, world_size=env.world_size)
         self.stop_watch = stop_watch or StopWatch()
         self.resumed_from: int | None = None  # the checkpoint step this attempt started from
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
