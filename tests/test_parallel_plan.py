@@ -98,7 +98,9 @@ def test_every_strategy_precision_layout_and_technique_resolves_to_a_consistent_
 ])
 def test_a_preset_changed_by_its_settings_is_labelled_and_estimated_as_what_it_runs(composer, overrides, same_as):
     # On CUDA the estimate has no process baseline: a pure function of the config.
-    common = ["resources.nodes=2", "resources.nproc_per_node=2", "precision=bf16", "resources.device=cuda"]
+    # Six blocks: kept gathered (all of them) and resharded (the root and two) differ.
+    common = ["resources.nodes=2", "resources.nproc_per_node=2", "precision=bf16", "resources.device=cuda",
+              "model.from_config.n_layer=6"]
     plan, other = plan_of(composer(*common, *overrides)), plan_of(composer(*common, *same_as))
     assert (plan.label, plan.strategy, plan.reshard_after_forward) == (other.label, other.strategy,
                                                                       other.reshard_after_forward)
@@ -106,7 +108,10 @@ def test_a_preset_changed_by_its_settings_is_labelled_and_estimated_as_what_it_r
     assert {k: v for k, v in plan.as_dict().items() if k != "sharding_strategy"} == \
            {k: v for k, v in other.as_dict().items() if k != "sharding_strategy"}
     # The pre-launch estimate (parallel/fit.py, the tiny GPT-2's real architecture) agrees too.
-    assert predicted_peak_gib(composer(*common, *overrides), 4) == predicted_peak_gib(composer(*common, *same_as), 4)
+    estimate = predicted_peak_gib(composer(*common, *overrides), 4)
+    assert estimate == predicted_peak_gib(composer(*common, *same_as), 4)
+    gathered, resharded = (predicted_peak_gib(composer(*common, f"fsdp={s}"), 4) for s in ("shard_grad_op", "full_shard"))
+    assert gathered > resharded  # so the equality above tells the two apart
 
 
 def test_the_precision_label_and_mfu_key_follow_the_dtypes_not_the_preset_name(composer):
