@@ -159,10 +159,12 @@ def effects_figure(ranking: Ranking) -> Figure | None:
 
 
 def heatmap_figure(runs: list[Run]) -> Figure | None:
-    """Mean speed per memory and accuracy per fsdp.sharding_strategy x precision.name cell."""
+    """Mean speed per memory and accuracy per sharding x precision cell, as the runs' parallel plans name
+    what ran (`Run.strategy_label`, `Run.precision_label`): fsdp=full_shard fsdp.reshard_after_forward=false
+    is a SHARD_GRAD_OP run."""
     finished = [r for r in runs if r.status in FINISHED_STATUSES]
-    shardings = sorted({str(r.config.get("fsdp.sharding_strategy")) for r in finished if "fsdp.sharding_strategy" in r.config})
-    precisions = sorted({str(r.config.get("precision.name")) for r in finished if "precision.name" in r.config})
+    shardings = sorted({str(r.strategy_label) for r in finished if r.strategy_label is not None})
+    precisions = sorted({str(r.precision_label) for r in finished if r.precision_label is not None})
     if not shardings or not precisions or len(shardings) * len(precisions) < 2:
         return None
     figure = Figure(figsize=(5.2 * len(CRITERIA), 1.1 * len(shardings) + 2.2), layout="constrained")
@@ -172,8 +174,8 @@ def heatmap_figure(runs: list[Run]) -> Figure | None:
         notes = [["" for _ in precisions] for _ in shardings]
         for i, sharding in enumerate(shardings):
             for j, precision in enumerate(precisions):
-                cell = [r for r in finished if str(r.config.get("fsdp.sharding_strategy")) == sharding
-                        and str(r.config.get("precision.name")) == precision]
+                cell = [r for r in finished if str(r.strategy_label) == sharding
+                        and str(r.precision_label) == precision]
                 values = [r.metric(metric) for r in cell if r.status == "completed" and math.isfinite(r.metric(metric))]
                 failures = Counter(r.failure_kind for r in cell if r.status == "failed")
                 lines = [f"{format_number(float(np.mean(values)))}\nn={len(values)}"] if values else []
@@ -195,8 +197,8 @@ def heatmap_figure(runs: list[Run]) -> Figure | None:
                 axes.text(j, i, notes[i][j], ha="center", va="center", fontsize=8, color=color)
         axes.set_xticks(range(len(precisions)), precisions)
         axes.set_yticks(range(len(shardings)), shardings)
-        axes.set_xlabel("precision.name")
-        axes.set_ylabel("fsdp.sharding_strategy")
+        axes.set_xlabel("precision (as run)")
+        axes.set_ylabel("sharding (as run)")
         axes.set_title(f"{metric}\n(mean over runs; other settings pooled)", fontsize=9)
         figure.colorbar(image, ax=axes, shrink=0.8)
     return figure

@@ -18,6 +18,9 @@ from typing import Any
 
 import yaml
 
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.parallel.plan import resolve_plan
+
 # summary.json's names come from its writer (a stdlib-only module): one source of truth.
 from dpo_sweeps.rundir.outputs import NON_DEFINING_KEYS
 from dpo_sweeps.rundir.outputs import SCHEMA as SUMMARY_SCHEMA
@@ -66,6 +69,8 @@ class Run:
     log: list[dict[str, Any]] = field(default_factory=list)
     # What was odd about the files (skipped log lines, an unreadable summary).
     problems: list[str] = field(default_factory=list)
+    # The parallel plan as the run resolved it (summary.json's `plan`), else as its config resolves.
+    plan: dict[str, Any] | None = None
 
     def metric(self, name: str) -> float:
         """A summary metric as a float; NaN where it is missing or null."""
@@ -83,6 +88,16 @@ class Run:
     def last_logged_step(self) -> int | None:
         steps = [r["step"] for r in self.log if isinstance(r.get("step"), int)]
         return max(steps) if steps else None
+
+    @property
+    def strategy_label(self) -> str | None:
+        """The sharding that ran (FULL_SHARD, SHARD_GRAD_OP, ...: the plan's), else the config's name for it."""
+        return self.plan["strategy"] if self.plan else self.config.get("fsdp.sharding_strategy")
+
+    @property
+    def precision_label(self) -> str | None:
+        """The precision that ran (bf16, ...: the plan's), else the config's name for it."""
+        return self.plan["precision"] if self.plan else self.config.get("precision.name")
 
     @cached_property
     def settings(self) -> dict[str, Any]:
@@ -224,6 +239,7 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
     hydra_config = _read_yaml(path / ".hydra" / "config.yaml")
     if isinstance(hydra_config, dict):
         run.config = flatten(hydra_config)
+        run.plan = plan_of(hydra_config)
 
     summary_path = path / "summary.json"
     if not summary_path.is_file():
@@ -244,6 +260,9 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.overrides = tuple(str(o) for o in summary["overrides"])
     if isinstance(summary.get("config"), dict):
         run.config = flatten(summary["config"])
+        run.plan = plan_of(summary["config"])
+    if isinstance(summary.get("plan"), dict):
+        run.plan = summary["plan"]
     run.metrics = dict(summary.get("metrics") or {})
     run.config_hash = summary.get("config_hash")
     if isinstance(summary.get("device_seconds"), (int, float)):
@@ -253,6 +272,15 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.failure_kind = str(summary["failure"].get("kind") or "crash")
         run.failure_message = str(summary["failure"].get("message") or "")
     return run
+
+
+def plan_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The parallel plan block (summary.json's `plan`) a resolved config resolves to; None for a config
+    without the groups it needs (a run that ended before it wrote one, a trimmed config)."""
+    try:
+        return resolve_plan(config).as_dict()
+    except (KeyError, TypeError, ValueError, InvalidConfig):
+        return None
 
 
 def _nearest_sweep(run_dir: Path, sweep_dirs: list[Path], root: Path) -> Path:

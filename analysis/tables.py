@@ -122,7 +122,7 @@ def config_rows(ranking: Ranking) -> list[dict[str, Any]]:
 
 
 def run_columns() -> list[str]:
-    return (["run", "status", "failure.kind", "failure.message", "config", *sorted(SEED_KEYS), "last_step",
+    return (["run", "status", "failure.kind", "failure.message", "config", "plan", *sorted(SEED_KEYS), "last_step",
              *SUMMARY_METRICS, "overrides", "problems"])
 
 
@@ -134,6 +134,7 @@ def run_rows(runs: list[Run], ranking: Ranking) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "run": run.name, "status": run.status, "failure.kind": run.failure_kind,
             "failure.message": run.failure_message, "config": labels.get(run.name, " ".join(run.config_overrides)),
+            "plan": run.plan["label"] if run.plan else None,  # what ran: FULL_SHARD bf16, ... (summary.json's plan)
             "last_step": run.last_logged_step,
         }
         row.update({key: run.config.get(key) for key in SEED_KEYS})

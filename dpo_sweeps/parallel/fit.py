@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dpo_sweeps.parallel.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
+from dpo_sweeps.parallel.plan import resolve_plan
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ def predicted_peak_gib(cfg, world_size: int) -> float:
 
     shape = _model_shape(_architecture_key(cfg.model))
     baseline = 0 if wants_cuda(cfg.resources.device) else resident_bytes()
-    return estimate_peak_memory(shape, run_shape_of(cfg, world_size), baseline_bytes=baseline).total / GIB
+    plan = resolve_plan(cfg, world_size)
+    return estimate_peak_memory(shape, run_shape_of(cfg, plan), baseline_bytes=baseline).total / GIB
 
 
 def check_fit(cfg, world_size: int) -> FitCheck | None:

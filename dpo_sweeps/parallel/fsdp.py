@@ -1,62 +1,28 @@
 """Sharding with FSDP2 (`fully_shard`): one FSDP unit per transformer block, then the root.
 
-Every strategy is `fully_shard` on a device mesh, so all of them share one code path:
-- full_shard:    1-D mesh over all ranks, parameters resharded after forward (ZeRO-3);
-- shard_grad_op: the same mesh, parameters kept gathered until backward (reshard_after_forward=False);
-- hybrid_shard:  2-D mesh (replicate x shard), sharded within groups of `hybrid_group_size` ranks;
-- no_shard:      2-D mesh (world x 1): every rank holds everything, gradients all-reduced (DDP-like).
+Every strategy is `fully_shard` on the device mesh of the run's plan (plan.py says which mesh and
+reshard policy each strategy resolves to), so all of them share one code path.
 """
 
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.models.build import check_block_name
+from dpo_sweeps.parallel.plan import ParallelPlan, check_dtype, check_fsdp_config, torch_dtype
 
-STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def hybrid_group_size(fsdp_cfg: DictConfig, nproc_per_node: int) -> int:
-    return fsdp_cfg.hybrid_group_size or nproc_per_node
-
-
-def check_fsdp_config(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, device_type: str | None) -> None:
-    """`device_type`: cpu or cuda, or None where it is not known yet (resources.device=auto before the
-    job is on its node: the rank checks again with the device it got)."""
-    strategy = fsdp_cfg.sharding_strategy
-    if strategy not in STRATEGIES:
-        raise InvalidConfig("fsdp.sharding_strategy", f"unknown strategy '{strategy}'", ", ".join(STRATEGIES))
-    if strategy == "hybrid_shard":
-        group = hybrid_group_size(fsdp_cfg, nproc_per_node)
-        if not isinstance(group, int) or group < 1 or world_size % group:
-            raise InvalidConfig(
-                "fsdp.hybrid_group_size", f"{group!r} does not divide the {world_size} ranks",
-                "a divisor of resources.nodes * resources.nproc_per_node (null: the ranks of one node)",
-            )
-    if fsdp_cfg.cpu_offload and device_type == "cpu":
-        raise InvalidConfig("fsdp.cpu_offload", "true on a CPU-only run (parameters are already in CPU memory)",
-                            "false, or true on GPUs (resources.device=cuda, or auto where there is a GPU)")
+__all__ = ["build_mesh", "casts_dtype", "check_fsdp_config", "dtype_of", "needs_fully_shard", "shard_model"]
 
 
 def dtype_of(name: str, setting: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise InvalidConfig(setting, f"unknown dtype '{name}'", ", ".join(DTYPES))
-    return DTYPES[name]
+    """The torch.dtype of a `precision.*` dtype name (plan.DTYPES), InvalidConfig naming `setting` if unknown."""
+    return torch_dtype(check_dtype(name, setting))
 
 
-def build_mesh(fsdp_cfg: DictConfig, world_size: int, nproc_per_node: int, device_type: str) -> DeviceMesh:
-    strategy = fsdp_cfg.sharding_strategy
-    if strategy == "hybrid_shard":
-        group = hybrid_group_size(fsdp_cfg, nproc_per_node)
-        return init_device_mesh(device_type, (world_size // group, group), mesh_dim_names=("replicate", "shard"))
-    if strategy == "no_shard":
-        return init_device_mesh(device_type, (world_size, 1), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+def build_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
+    return init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
 
 
 def casts_dtype(mp_policy: MixedPrecisionPolicy) -> bool:
@@ -68,8 +34,8 @@ def needs_fully_shard(world_size: int, mp_policy: MixedPrecisionPolicy, cpu_offl
     """Whether a model must be wrapped by fully_shard, or may run as it is (moved to the device).
 
     On one rank with nothing to cast or offload, FSDP would shard over a single rank and only copy
-    parameters into and out of its buffers around every forward and backward (about 6% of a step of
-    the bench/dpo_vs_trl.py workload); the math is the same.
+    parameters into and out of its buffers around every forward and backward (bench/README.md); the
+    math is the same.
     """
     return world_size > 1 or cpu_offload or casts_dtype(mp_policy)
 
@@ -77,7 +43,7 @@ def needs_fully_shard(world_size: int, mp_policy: MixedPrecisionPolicy, cpu_offl
 def shard_model(
     model: torch.nn.Module,
     *,
-    fsdp_cfg: DictConfig,
+    plan: ParallelPlan,
     block_name: str,
     mesh: DeviceMesh,
     mp_policy: MixedPrecisionPolicy,
@@ -92,15 +58,15 @@ def shard_model(
     (`needs_fully_shard`) is moved to `device` here, so a one-GPU run computes on its GPU.
     """
     blocks = check_block_name(model, block_name)
-    if trainable and fsdp_cfg.activation_checkpointing:
+    if trainable and plan.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if not needs_fully_shard(mesh.size(), mp_policy, bool(fsdp_cfg.cpu_offload)):
+    if not needs_fully_shard(mesh.size(), mp_policy, plan.cpu_offload):
         return model.to(device)
     if mesh.device_type != device.type:
         raise ValueError(f"a {mesh.device_type} mesh cannot place a model on {device}")
     # A frozen model never runs backward: keeping its parameters gathered would only cost memory.
-    reshard = bool(fsdp_cfg.reshard_after_forward) if trainable else True
-    offload: OffloadPolicy = CPUOffloadPolicy() if fsdp_cfg.cpu_offload else OffloadPolicy()
+    reshard = plan.reshard_after_forward if trainable else True
+    offload: OffloadPolicy = CPUOffloadPolicy() if plan.cpu_offload else OffloadPolicy()
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload)

@@ -1,15 +1,16 @@
 """Peak memory per device of a DPO run, estimated before it runs, from its shape.
 
-From the parameter count and the model's dimensions, the sharding strategy, the precision, the
-micro-batch and sequence length, and the speed/memory techniques. A sweep can rank or filter configs
+From the parameter count and the model's dimensions, the run's parallel plan (plan.py: shard group,
+reshard policy, compute dtype, offload, checkpointing), the micro-batch and sequence length, and the
+speed/memory techniques. A sweep can rank or filter configs
 with it before launching any; every run records it next to the measured peak
 (`perf/peak_memory_estimate_gib` beside `perf/peak_memory_gib`), and bench/probe_vs_full.py prints
 both for the quickstart grid.
 
 Bytes per parameter follow ZeRO's accounting (Rajbhandari et al. 2020, arXiv 1910.02054, sec. 3.1):
 fp32 master weights 4, fp32 gradients 4, AdamW moments 8, all divided by the shard group size; plus
-the unsharded compute copies FSDP gathers (every block for shard_grad_op, the root and about two
-blocks for full_shard). Under CPU offload (`fsdp.cpu_offload`) the model states live in CPU memory
+the unsharded compute copies FSDP gathers (every block when parameters stay gathered after forward,
+`reshard_after_forward` false as for shard_grad_op; else the root and about two blocks). Under CPU offload (`fsdp.cpu_offload`) the model states live in CPU memory
 and only the gathered copies count. Activations per token and layer are counted as in Korthikanti
 et al. 2022 (arXiv 2205.05198, sec. 4.1), for attention without a materialised score matrix (SDPA),
 with the counts measured on the Hugging Face blocks (saved-tensor hooks, bench_gpt2): about 8 h
@@ -29,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpo_sweeps.dpo.losses import uses_reference
+from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan
 
 GIB = 1024**3
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "rmsprop": 4}
 CPU_RUNTIME = 110 * 2**20  # resident memory of a training torch CPU process beyond its tensors (measured)
 
@@ -64,9 +65,8 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class RunShape:
-    sharding_strategy: str  # full_shard | shard_grad_op | hybrid_shard | no_shard
     shard_group_size: int  # ranks a parameter is sharded over (1 for no_shard)
-    param_dtype: str
+    param_dtype: str  # the compute dtype (a name of plan.DTYPES)
     optimizer: str
     micro_batch_size: int  # pairs per forward pass
     seq_len: int  # padded length of a row (max_length is the worst case)
@@ -77,6 +77,7 @@ class RunShape:
     response_fraction: float = 0.5  # share of a row's tokens that are response tokens (scored)
     cpu_offload: bool = False  # fsdp.cpu_offload: parameter shards, gradients and optimizer state in CPU memory
     activation_checkpointing: bool = False  # each block keeps only its input; backward recomputes one at a time
+    reshard_after_forward: bool = True  # false: the trained model's blocks stay gathered from forward to backward
 
 
 @dataclass
@@ -98,13 +99,13 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     is added to it); 0 on a GPU, whose allocator counts tensors only.
     """
     s = max(1, run.shard_group_size)
-    pb = DTYPE_BYTES[run.param_dtype]
+    pb = DTYPES[run.param_dtype].bytes
     p = model.num_params
     # Under CPU offload the shards (and the optimizer that steps them) live in CPU memory; only the
     # gathered compute copies and the activations are on the GPU.
     on_device = 0 if run.cpu_offload else 1
     model_states = on_device * (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * p // s
-    if run.sharding_strategy == "shard_grad_op" or (s == 1 and run.sharding_strategy == "no_shard"):
+    if not run.reshard_after_forward:
         gathered = pb * p  # kept unsharded from forward to backward
     else:
         gathered = pb * (model.root_params + 2 * model.block_params)  # root plus the block in use and the next
@@ -135,23 +136,17 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline, total)
 
 
-def run_shape_of(cfg, world_size: int, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
-    """The RunShape of a resolved dpo-sweeps config."""
-    strategy = cfg.fsdp.sharding_strategy
-    if strategy == "no_shard":
-        shard = 1
-    elif strategy == "hybrid_shard":
-        shard = cfg.fsdp.hybrid_group_size or cfg.resources.nproc_per_node
-    else:
-        shard = world_size
+def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
+    """The RunShape of a resolved dpo-sweeps config and its parallel plan (plan.resolve_plan)."""
     train = cfg.train
     return RunShape(
-        sharding_strategy=strategy, shard_group_size=shard, param_dtype=cfg.precision.param_dtype,
+        shard_group_size=plan.shard_size, param_dtype=plan.param_dtype,
+        reshard_after_forward=plan.reshard_after_forward, cpu_offload=plan.cpu_offload,
+        activation_checkpointing=plan.activation_checkpointing,
         optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
         seq_len=seq_len or cfg.data.max_length,
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
-        response_fraction=response_fraction, cpu_offload=bool(cfg.fsdp.cpu_offload),
-        activation_checkpointing=bool(cfg.fsdp.activation_checkpointing),
+        response_fraction=response_fraction,
     )

@@ -8,8 +8,8 @@ shared by chosen and rejected once, `train.share_prompt`), but the LM head only 
 scores (the response positions, `train.logps_chunk_size` > 0; every position with full logits); a
 reference scored in the step adds its forward pass. The input embedding is a lookup: no FLOPs.
 
-The peak is the GPU's dense (no sparsity) tensor-core peak for the compute dtype from NVIDIA's data
-sheets; fp32 is compared with the plain fp32 peak unless TF32 matmuls are enabled
+The peak is the GPU's dense (no sparsity) tensor-core peak for the plan's compute dtype (plan.py: what
+the run computes in, whatever the precision preset is called) from NVIDIA's data sheets; fp32 is compared with the plain fp32 peak unless TF32 matmuls are enabled
 (`torch.set_float32_matmul_precision("high")`), since that is what the GPU then runs. A device not in
 the table gets no MFU, and the summary says why (`perf/mfu_reason`), rather than a wrong number.
 """
@@ -38,9 +38,10 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
-def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | None, str | None]:
-    """(dense peak FLOP/s, None), or (None, why there is no peak) for an unknown device or precision."""
-    dtype = "tf32" if precision == "fp32" and tf32 else precision
+def peak_flops(device_name: str, compute: str, tf32: bool) -> tuple[float | None, str | None]:
+    """(dense peak FLOP/s, None), or (None, why there is no peak) for an unknown device or compute dtype
+    (`compute`: a short name of plan.DTYPES, the plan's `compute`)."""
+    dtype = "tf32" if compute == "fp32" and tf32 else compute
     for pattern, peaks in PEAK_FLOPS:
         if re.search(pattern, device_name, flags=re.IGNORECASE):
             if dtype not in peaks:
@@ -49,12 +50,13 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | No
     return None, f"no peak FLOP/s known for '{device_name}' (dpo_sweeps/parallel/mfu.py PEAK_FLOPS)"
 
 
-def device_peak_flops(device: torch.device, precision: str) -> tuple[float | None, str | None]:
-    """The run's device peak for `precision` (fp32, bf16, fp16); CPUs have none."""
+def device_peak_flops(device: torch.device, compute: str) -> tuple[float | None, str | None]:
+    """The run's device peak for the plan's compute dtype (`ParallelPlan.compute`: fp32, bf16, fp16);
+    CPUs have none."""
     if device.type != "cuda":
         return None, "MFU is measured on GPUs only"
     tf32 = torch.get_float32_matmul_precision() != "highest"
-    return peak_flops(torch.cuda.get_device_name(device), precision, tf32)
+    return peak_flops(torch.cuda.get_device_name(device), compute, tf32)
 
 
 @dataclass(frozen=True)

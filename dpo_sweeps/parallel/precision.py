@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from dpo_sweeps.parallel.fsdp import dtype_of
+from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
 
 
-def mixed_precision_policy(precision_cfg: DictConfig) -> MixedPrecisionPolicy:
-    return MixedPrecisionPolicy(
-        param_dtype=dtype_of(precision_cfg.param_dtype, "precision.param_dtype"),
-        reduce_dtype=dtype_of(precision_cfg.reduce_dtype, "precision.reduce_dtype"),
-    )
+def mixed_precision_policy(plan: ParallelPlan) -> MixedPrecisionPolicy:
+    """FSDP2's policy for the trained model: compute in the plan's param_dtype, reduce in its reduce_dtype."""
+    return MixedPrecisionPolicy(param_dtype=torch_dtype(plan.param_dtype), reduce_dtype=torch_dtype(plan.reduce_dtype))
+
+
+def loss_scaler(plan: ParallelPlan) -> DynamicLossScaler:
+    """The plan's loss scaler (one that never scales where the plan has no loss scaling)."""
+    return DynamicLossScaler(enabled=plan.loss_scaling, initial_scale=plan.initial_loss_scale,
+                             growth_interval=plan.loss_scale_growth_interval)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ from dpo_sweeps.parallel.distributed import (
     select_device,
     wants_cuda,
 )
+from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
@@ -87,7 +88,8 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
 
 def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
     """The settings that decide memory, for an out-of-memory message."""
-    return (f"model={cfg.model.name_or_path}, fsdp={cfg.fsdp.sharding_strategy}, precision={cfg.precision.name}, "
+    plan = resolve_plan(cfg, env.world_size)
+    return (f"model={cfg.model.name_or_path}, plan={plan.label} (fsdp={cfg.fsdp.sharding_strategy}), "
             f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
             f"data.max_length={cfg.data.max_length}, "
             f"fsdp.activation_checkpointing={cfg.fsdp.activation_checkpointing}, ranks={env.world_size}")
@@ -157,6 +159,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 extra["data"] = trainer.data_counts
             if hasattr(trainer, "layout"):
                 extra["layout"] = trainer.layout
+            extra["plan"] = trainer.plan.as_dict()
             extra.update(trainer.checkpointer_report())
         # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
         status = "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"

@@ -23,9 +23,10 @@ from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
 from dpo_sweeps.parallel.distributed import RankEnv, rank_layout
-from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, dtype_of, shard_model
+from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.mfu import ModelFlops
-from dpo_sweeps.parallel.precision import DynamicLossScaler, mixed_precision_policy
+from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
+from dpo_sweeps.parallel.precision import mixed_precision_policy
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +94,21 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
     )
 
 
-def build_models(cfg, env: RankEnv, device: torch.device, tokenizer, with_reference: bool) -> Models:
-    """Policy and reference, sharded (or moved) onto this rank's device."""
+def build_models(cfg, env: RankEnv, plan: ParallelPlan, device: torch.device, tokenizer,
+                 with_reference: bool) -> Models:
+    """Policy and reference, sharded (or moved) onto this rank's device as the parallel plan says."""
     check_fsdp_config(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, device.type)
     policy = build_policy(cfg.model, tokenizer, cfg.train.seed)
     num_params = sum(p.numel() for p in policy.parameters())
     model_flops = ModelFlops.of(policy, cfg.model.block_name)
-    mesh = build_mesh(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, device.type)
+    mesh = build_mesh(plan, device.type)
     layout = rank_layout(mesh, env.local_rank)
-    mp_policy = mixed_precision_policy(cfg.precision)
-    shard = dict(fsdp_cfg=cfg.fsdp, block_name=cfg.model.block_name, mesh=mesh, device=device)
+    mp_policy = mixed_precision_policy(plan)
+    shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
     # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
     # cast of its own (an empty policy).
     reference = shard_model(
-        build_reference(policy, dtype_of(cfg.precision.param_dtype, "precision.param_dtype")),
+        build_reference(policy, torch_dtype(plan.param_dtype)),
         mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
     ) if with_reference else None
     policy = shard_model(policy, mp_policy=mp_policy, **shard)
@@ -123,14 +125,6 @@ def build_optimizer(train, policy: torch.nn.Module) -> torch.optim.Optimizer:
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over train.warmup_steps, then a constant learning rate."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
-
-
-def build_loss_scaler(precision) -> DynamicLossScaler:
-    return DynamicLossScaler(
-        enabled=precision.loss_scaling,
-        initial_scale=precision.initial_loss_scale,
-        growth_interval=precision.loss_scale_growth_interval,
-    )
 
 
 def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, cfg, env: RankEnv,

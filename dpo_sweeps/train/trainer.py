@@ -33,6 +33,8 @@ from dpo_sweeps.models.build import save_model
 from dpo_sweeps.parallel.distributed import RankEnv, all_reduce
 from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
+from dpo_sweeps.parallel.plan import resolve_plan
+from dpo_sweeps.parallel.precision import loss_scaler
 from dpo_sweeps.rundir.outputs import MetricsLog
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.task import RunContext
@@ -43,7 +45,6 @@ from dpo_sweeps.train.probe import apply_probe
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.setup import (
     build_data,
-    build_loss_scaler,
     build_models,
     build_optimizer,
     build_scheduler,
@@ -73,6 +74,8 @@ class Trainer:
         self.heartbeat = heartbeat or (lambda step, phase: None)
         self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
+        # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
+        self.plan = resolve_plan(cfg, world_size=env.world_size)
         self.stop_watch = stop_watch or StopWatch()
         self.resumed_from: int | None = None  # the checkpoint step this attempt started from
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
@@ -92,7 +95,7 @@ class Trainer:
         self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
         self.uses_reference = uses_reference(cfg.loss)
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
-        models = build_models(cfg, env, self.device, self.tokenizer, with_reference=self.uses_reference)
+        models = build_models(cfg, env, self.plan, self.device, self.tokenizer, with_reference=self.uses_reference)
         self.policy, self.reference, self.layout = models.policy, models.reference, models.layout
         self.num_params, self.model_flops = models.num_params, models.model_flops
         del models  # self.reference is then the only name of the reference model, for _free_reference
@@ -105,15 +108,15 @@ class Trainer:
 
         self.optimizer = build_optimizer(cfg.train, self.policy)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.warmup_steps)
-        self.scaler = build_loss_scaler(cfg.precision)
+        self.scaler = loss_scaler(self.plan)
         self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
             self.trial_reporter = TrialReporter(self.trial_link)
         if env.is_main:
-            log.info("%s: %.2fM parameters, %d ranks, fsdp=%s, precision=%s", cfg.model.name_or_path,
-                     self.num_params / 1e6, env.world_size, cfg.fsdp.sharding_strategy, cfg.precision.name)
+            log.info("%s: %.2fM parameters, %d ranks, %s, mesh %s", cfg.model.name_or_path,
+                     self.num_params / 1e6, env.world_size, self.plan.label, self.plan.mesh)
 
     # ------------------------------------------------------------------ forward
     @property
@@ -226,7 +229,7 @@ class Trainer:
             record.update({"train/loss_scale": self.scaler.scale, "train/skipped_step": overflow})
         if not math.isfinite(record["train/loss"]):
             raise NonFiniteLoss(f"train/loss is {record['train/loss']} at step {step + 1} "
-                                f"(lr={lr:g}, precision={cfg.precision.name}, loss.beta={cfg.loss.beta})")
+                                f"(lr={lr:g}, precision={self.plan.precision}, loss.beta={cfg.loss.beta})")
         return record
 
     def _model_flops(self, pairs: list[EncodedPair]) -> float:
@@ -305,7 +308,7 @@ class Trainer:
 
     def final_metrics(self) -> dict[str, Any]:
         """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
-        peak, no_peak = device_peak_flops(self.device, self.cfg.precision.name)
+        peak, no_peak = device_peak_flops(self.device, self.plan.compute)
         perf = self.perf.summary(world_size=self.env.world_size, peak_flops=peak, mfu_reason=no_peak)
         metrics: dict[str, Any] = {}
         if self.probing:
@@ -327,7 +330,7 @@ class Trainer:
 
     def memory_estimate(self):
         """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
-        run = run_shape_of(self.cfg, self.env.world_size, seq_len=self.longest_row,
+        run = run_shape_of(self.cfg, self.plan, seq_len=self.longest_row,
                            response_fraction=self.response_fraction)
         return estimate_peak_memory(ModelShape.of(self.policy), run, baseline_bytes=self.rss_before_model)
 

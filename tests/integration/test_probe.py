@@ -58,7 +58,7 @@ def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):
 
 
 GPT2_SMALL = ModelShape(num_params=124_000_000, num_layers=12, hidden=768, intermediate=3072, vocab=50257)
-RUN = RunShape(sharding_strategy="full_shard", shard_group_size=1, param_dtype="float32", optimizer="adamw",
+RUN = RunShape(shard_group_size=1, param_dtype="float32", optimizer="adamw",
                micro_batch_size=4, seq_len=512)
 
 
@@ -68,7 +68,7 @@ def test_memory_estimate_follows_sharding_precision_and_techniques():
     sharded = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, shard_group_size=4))
     assert sharded.model_states == base.model_states // 4 and sharded.total < base.total
     grad_op = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, shard_group_size=4,
-                                                                   sharding_strategy="shard_grad_op"))
+                                                                   reshard_after_forward=False))
     assert grad_op.gathered_params == 4 * GPT2_SMALL.num_params > sharded.gathered_params
     bf16 = estimate_peak_memory(GPT2_SMALL, dataclasses.replace(RUN, param_dtype="bfloat16"))
     assert bf16.activations < base.activations and bf16.reference == base.reference // 2

@@ -13,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from dpo_sweeps.models.build import build_reference
 from dpo_sweeps.parallel.fsdp import needs_fully_shard, shard_model
+from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import mixed_precision_policy
 
 PRECISIONS = {
@@ -42,14 +43,17 @@ def tiny_llama() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def fsdp_cfg(cpu_offload: bool = False):
-    return OmegaConf.create({"sharding_strategy": "full_shard", "reshard_after_forward": True,
-                             "hybrid_group_size": None, "activation_checkpointing": False, "cpu_offload": cpu_offload})
+def plan_of(precision: str = "fp32", cpu_offload: bool = False):
+    """The one-rank full_shard plan of `precision` (plan.resolve_plan)."""
+    fsdp = {"sharding_strategy": "full_shard", "reshard_after_forward": True, "hybrid_group_size": None,
+            "activation_checkpointing": False, "cpu_offload": cpu_offload}
+    return resolve_plan({"fsdp": fsdp, "precision": {**PRECISIONS[precision], "loss_scaling": False},
+                         "resources": {"nodes": 1, "nproc_per_node": 1}})
 
 
 def roles(precision: str) -> dict[str, MixedPrecisionPolicy]:
     """The policy gets the precision's policy; the reference (stored in the compute dtype) an empty one."""
-    return {"policy": mixed_precision_policy(OmegaConf.create(PRECISIONS[precision])),
+    return {"policy": mixed_precision_policy(plan_of(precision)),
             "reference": MixedPrecisionPolicy()}
 
 
@@ -74,18 +78,18 @@ def test_one_rank_models_that_fsdp_does_not_wrap_are_moved_to_the_device(one_ran
         model = policy if role == "policy" else reference
         if needs_fully_shard(1, mp_policy, cpu_offload=False):
             continue  # fully_shard moves it to the mesh's device (below)
-        placed = shard_model(model, fsdp_cfg=fsdp_cfg(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
+        placed = shard_model(model, plan=plan_of(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
                              mp_policy=mp_policy, device=torch.device("meta"), trainable=role == "policy")
         assert {t.device.type for t in [*placed.parameters(), *placed.buffers()]} == {"meta"}, role
 
 
 def test_one_rank_models_fsdp_wraps_land_on_the_mesh_device(one_rank_group):
     policy = tiny_llama()
-    placed = shard_model(policy, fsdp_cfg=fsdp_cfg(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
+    placed = shard_model(policy, plan=plan_of(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
                          mp_policy=roles("bf16")["policy"], device=torch.device("cpu"))
     assert all(hasattr(p, "to_local") and p.device.type == "cpu" for p in placed.parameters())
     with pytest.raises(ValueError, match="cannot place"):
-        shard_model(tiny_llama(), fsdp_cfg=fsdp_cfg(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
+        shard_model(tiny_llama(), plan=plan_of(), block_name="LlamaDecoderLayer", mesh=one_rank_group,
                     mp_policy=roles("bf16")["policy"], device=torch.device("meta"))
 
 
@@ -226,7 +230,7 @@ def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_act
     from dpo_sweeps.parallel.memory_estimate import ModelShape, RunShape, estimate_peak_memory
 
     model = ModelShape(num_params=1_236_000_000, num_layers=16, hidden=2048, intermediate=8192, vocab=128256)
-    run = RunShape(sharding_strategy="full_shard", shard_group_size=1, param_dtype="bfloat16", optimizer="adamw",
+    run = RunShape(shard_group_size=1, param_dtype="bfloat16", optimizer="adamw",
                    micro_batch_size=2, seq_len=1024, logps_chunk_size=1024, share_prompt=True)
     base = estimate_peak_memory(model, run)
     offloaded = estimate_peak_memory(model, dataclasses.replace(run, cpu_offload=True))

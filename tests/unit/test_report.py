@@ -1,4 +1,4 @@
-"""analysis/report.py on real sweep directories written by report_fixtures.
+"""analysis/report.py on real sweep directories written by support.reports.
 
 Every expected number is computed here, straight from the summary.json files, without the
 analysis package: the report must agree with the runs it reads.
