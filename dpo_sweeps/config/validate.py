@@ -20,7 +20,7 @@ from dpo_sweeps.data.encoding import TRUNCATION_MODES, check_lengths
 from dpo_sweeps.data.sources import DATA_SOURCES, check_eval_size, looks_local
 from dpo_sweeps.dpo.losses import check_loss_config
 from dpo_sweeps.errors import DataError, InvalidConfig
-from dpo_sweeps.parallel.fsdp import check_fsdp_config, dtype_of
+from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
 from dpo_sweeps.train.faults import FAULT_KINDS
 from dpo_sweeps.train.tracking import check_wandb_config
 
@@ -55,7 +55,8 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
     device = cfg.resources.device
     check_fsdp_config(cfg.fsdp, world_size_of(cfg), cfg.resources.nproc_per_node, None if device == "auto" else device)
-    _check_precision(cfg.precision)
+    resolve_plan(cfg)  # the parallel plan's own refusals: the mesh, the dtypes
+    _check_loss_scaling(cfg.precision)
     _check_data(cfg.data, base_dir)
     _check_model(cfg.model)
     _check_probe_and_checkpoints(cfg)
@@ -109,9 +110,7 @@ def _check_train(cfg: DictConfig) -> None:
                             "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
 
 
-def _check_precision(precision: DictConfig) -> None:
-    for key in ("param_dtype", "reduce_dtype"):
-        dtype_of(precision[key], f"precision.{key}")
+def _check_loss_scaling(precision: DictConfig) -> None:
     if precision.loss_scaling:
         _positive_number(precision.initial_loss_scale, "precision.initial_loss_scale", "a number > 0")
         _at_least(precision.loss_scale_growth_interval, 1, "precision.loss_scale_growth_interval")

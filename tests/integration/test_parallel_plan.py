@@ -128,7 +128,6 @@ def test_the_precision_label_and_mfu_key_follow_the_dtypes_not_the_preset_name(c
     (["fsdp=hybrid_shard", "resources.nproc_per_node=3", "fsdp.hybrid_group_size=2"], "fsdp.hybrid_group_size"),
     (["precision.param_dtype=float8"], "precision.param_dtype"),
     (["precision.reduce_dtype=half"], "precision.reduce_dtype"),
-    (["precision=bf16", "precision.loss_scaling=true"], "precision.initial_loss_scale"),
 ])
 def test_a_setting_the_plan_cannot_resolve_is_named(composer, overrides, setting):
     with pytest.raises(InvalidConfig) as error:
