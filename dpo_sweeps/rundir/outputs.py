@@ -131,10 +131,18 @@ def _drop_key(tree: dict, dotted: str) -> None:
 
 
 def config_hash(config: dict) -> str:
-    """A stable hash of the resolved config keys that define the run."""
+    """A stable hash of the resolved config keys that define the run.
+
+    The loss-scale settings count only where loss scaling is on: the typed schema gives every precision
+    preset them (before it, only fp16 had them), and runs written before it must keep their hash, so that
+    their sweep directories still resume."""
     defining = json.loads(json.dumps(config))
     for key in NON_DEFINING_KEYS:
         _drop_key(defining, key)
+    precision = defining.get("precision")
+    if isinstance(precision, dict) and not precision.get("loss_scaling"):
+        for key in ("initial_loss_scale", "loss_scale_growth_interval"):
+            precision.pop(key, None)
     blob = json.dumps(defining, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
