@@ -13,49 +13,22 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.slurm import ensure_slurm_cluster  # noqa: E402
+from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 
+from dpo_sweeps.rundir.outputs import read_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 40
-
-
-def _wait(what: str, condition, proc: subprocess.Popen, log: Path, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if proc.poll() is not None:
-            raise AssertionError(f"the sweep ended while waiting for {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
-
-
-def _summary(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _checkpoint_after(run_dir: Path, step: int) -> int | None:
-    latest = latest_checkpoint(run_dir)
-    return latest.step if latest is not None and latest.step > step else None
-
-
-def _slurm(*args: str, env: dict) -> str:
-    return subprocess.run(args, env=env, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+WAIT_S = 240  # the longest wait for one event of a sweep's jobs
 
 
 def test_requeued_job_resumes_from_its_checkpoint_and_completes(tmp_path):
@@ -72,20 +45,21 @@ def test_requeued_job_resumes_from_its_checkpoint_and_completes(tmp_path):
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        job_id = _wait("the SLURM job", lambda: _slurm("squeue", "-h", "-n", name, "-o", "%i", env=env), proc, log)
+        job_id = wait_for("the SLURM job", lambda: slurm("squeue", "-h", "-n", name, "-o", "%i", env=env),
+                          proc, log, WAIT_S)
 
         # 1. The preemption signal: checkpoint, summary `preempted`, requeued by submitit.
-        _wait("a first checkpoint", lambda: _checkpoint_after(run_dir, 0), proc, log)
-        _slurm("scancel", "--signal=USR2", job_id, env=env)
-        first = _wait("the first attempt's summary", lambda: _summary(run_dir), proc, log)
+        wait_for("a first checkpoint", lambda: checkpoint_after(run_dir, 0), proc, log, WAIT_S)
+        slurm("scancel", "--signal=USR2", job_id, env=env)
+        first = wait_for("the first attempt's summary", lambda: read_summary(run_dir), proc, log, WAIT_S)
         assert first["failure"]["kind"] == "preempted" and "SIGUSR2" in first["failure"]["message"]
         first_stop = first["metrics"]["steps"]
         assert latest_checkpoint(run_dir).step == first_stop < MAX_STEPS
 
         # 2. The requeued job resumed from that checkpoint; once it has saved one more, SLURM requeues it.
-        second_ckpt = _wait("a checkpoint of the second attempt", lambda: _checkpoint_after(run_dir, first_stop),
-                            proc, log)
-        _slurm("scontrol", "requeue", job_id, env=env)
+        second_ckpt = wait_for("a checkpoint of the second attempt", lambda: checkpoint_after(run_dir, first_stop),
+                            proc, log, WAIT_S)
+        slurm("scontrol", "requeue", job_id, env=env)
 
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
@@ -93,7 +67,7 @@ def test_requeued_job_resumes_from_its_checkpoint_and_completes(tmp_path):
             proc.kill()
             subprocess.run(["scancel", "-n", name], env=env, timeout=30)
 
-    summary = _summary(run_dir)
+    summary = read_summary(run_dir)
     context = f"first stop {first_stop}, second checkpoint {second_ckpt}, summary {summary}"
     assert summary["status"] == "completed", context
     assert summary["metrics"]["steps"] == MAX_STEPS, context

@@ -23,9 +23,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import QUIET, REPO, run_cli  # noqa: E402
-from support.slurm import ensure_slurm_cluster  # noqa: E402
+from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 from support.sweeps import FAST, SweepResult, run_sweep  # noqa: E402
 
+from dpo_sweeps.rundir.outputs import read_summary, write_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 from launchers.jobs import SweepJob  # noqa: E402
 
@@ -194,25 +195,6 @@ def _job_tasks(job_name: str, array_task: int | None = None, netns: str | None =
     return found
 
 
-def _wait(what: str, condition, proc: subprocess.Popen, log: Path, timeout: float = 600):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if proc.poll() is not None:
-            raise AssertionError(f"the sweep ended while waiting for {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
-
-
-def _summary(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _steps_logged(run_dir: Path) -> int:
     try:
         return len(_losses(run_dir))
@@ -220,16 +202,8 @@ def _steps_logged(run_dir: Path) -> int:
         return 0
 
 
-def _checkpoint_after(run_dir: Path, step: int) -> int | None:
-    latest = latest_checkpoint(run_dir)
-    return latest.step if latest is not None and latest.step > step else None
-
-
-def _slurm(*args: str, env: dict) -> str:
-    return subprocess.run(args, env=env, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-
-
 MAX_STEPS = 12
+WAIT_S = 600  # the longest wait for one event of a sweep's jobs
 COLLECTIVE_TIMEOUT_S = 20
 
 
@@ -248,35 +222,35 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        array_id = _wait("the SLURM jobs", lambda: _slurm("squeue", "-h", "-n", name, "-o", "%F", env=env),
-                         proc, log).split()[0]
+        array_id = wait_for("the SLURM jobs", lambda: slurm("squeue", "-h", "-n", name, "-o", "%F", env=env),
+                         proc, log, WAIT_S).split()[0]
 
         # Run #1 loses its second node mid-run: every rank there is killed at once.
-        _wait("run #1 in mid-run", lambda: _steps_logged(lost) >= 2, proc, log)
-        victims = _wait("the ranks of run #1 on dpo-n2", lambda: _job_tasks(name, 1, "dpo-n2"), proc, log)
+        wait_for("run #1 in mid-run", lambda: _steps_logged(lost) >= 2, proc, log, WAIT_S)
+        victims = wait_for("the ranks of run #1 on dpo-n2", lambda: _job_tasks(name, 1, "dpo-n2"), proc, log, WAIT_S)
         assert len(victims) == 2, victims  # ranks 2 and 3
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
 
         # Run #0 gets the preemption signal once it has a checkpoint.
-        _wait("a first checkpoint of run #0", lambda: _checkpoint_after(preempted, 0), proc, log)
-        _slurm("scancel", "--signal=USR2", f"{array_id}_0", env=env)
+        wait_for("a first checkpoint of run #0", lambda: checkpoint_after(preempted, 0), proc, log, WAIT_S)
+        slurm("scancel", "--signal=USR2", f"{array_id}_0", env=env)
 
-        failed = _wait("run #1's failed summary", lambda: (_summary(lost) or {}).get("status") == "failed",
-                       proc, log)
+        failed = wait_for("run #1's failed summary", lambda: (read_summary(lost) or {}).get("status") == "failed",
+                       proc, log, WAIT_S)
         lost_after_s = time.monotonic() - killed_at
         assert failed and lost_after_s <= COLLECTIVE_TIMEOUT_S + 30, lost_after_s
         print(f"node lost -> failed summary.json in {lost_after_s:.1f} s")
 
-        first = _wait("run #0's preempted summary", lambda: _summary(preempted), proc, log)
+        first = wait_for("run #0's preempted summary", lambda: read_summary(preempted), proc, log, WAIT_S)
         assert first["failure"]["kind"] == "preempted", first
         first_stop = first["metrics"]["steps"]
         assert latest_checkpoint(preempted).step == first_stop < MAX_STEPS
         # The requeued job resumed from that checkpoint; once it has saved one more, SLURM requeues it.
-        second_ckpt = _wait("a checkpoint of run #0's second attempt",
-                            lambda: _checkpoint_after(preempted, first_stop), proc, log)
-        _slurm("scontrol", "requeue", f"{array_id}_0", env=env)
+        second_ckpt = wait_for("a checkpoint of run #0's second attempt",
+                            lambda: checkpoint_after(preempted, first_stop), proc, log, WAIT_S)
+        slurm("scontrol", "requeue", f"{array_id}_0", env=env)
 
         assert proc.wait(timeout=600) != 0, log.read_text()[-3000:]  # run #1 failed
     finally:
@@ -286,7 +260,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     output = log.read_text()
 
     # The lost node: run #1 failed naming the node and a rank there; nothing of the sweep is left anywhere.
-    failure = _summary(lost)["failure"]
+    failure = read_summary(lost)["failure"]
     assert failure["kind"] in ("node_failure", "crash"), failure
     assert "dpo-n2" in failure["message"] and ("rank 2" in failure["message"] or "rank 3" in failure["message"]), failure
     # SLURM records a job's end while its processes still exit: give them a bound to be gone in
@@ -297,7 +271,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     assert left == {}, "processes of the sweep's jobs are still running"
 
     # The preempted run resumed twice and ends where the uninterrupted one does.
-    done, ref = _summary(preempted), _summary(reference)
+    done, ref = read_summary(preempted), read_summary(reference)
     assert done["status"] == "completed" and ref["status"] == "completed", output[-3000:]
     assert done["resumed_from_step"] >= second_ckpt > first_stop
     assert done["layout"]["nodes"] == ref["layout"]["nodes"] == ["dpo-n1", "dpo-n2"]
@@ -324,7 +298,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait("the run in mid-run", lambda: _steps_logged(run_dir) >= 2, proc, log)
+        wait_for("the run in mid-run", lambda: _steps_logged(run_dir) >= 2, proc, log, WAIT_S)
         subprocess.run(["bash", str(SCRIPT), "kill-node", "dpo-n2", slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]],
                        check=True, capture_output=True, timeout=60)
         killed_at = time.monotonic()
@@ -339,16 +313,15 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
                         slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]], check=True, capture_output=True, timeout=300)
     print(f"node killed -> sweep ended in {ended_after_s:.1f} s")
     assert ended_after_s <= COLLECTIVE_TIMEOUT_S + 30, log.read_text()[-3000:]
-    failure = _summary(run_dir)["failure"]
+    failure = read_summary(run_dir)["failure"]
     assert failure["kind"] == "node_failure", failure
     assert "dpo-n2" in failure["message"] and "rank 2" in failure["message"], failure
-    assert _slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
+    assert slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
     assert _job_tasks(name) == []
 
 
 def test_a_failed_run_that_slurm_requeued_is_cancelled_but_a_preempted_one_is_not(tmp_path):
     """No cluster needed: the launcher's rule for a job SLURM holds pending again after a node failure."""
-    from dpo_sweeps.rundir.outputs import write_summary
     from launchers.base import summary_stamp
     from launchers.slurm.launcher import failed_but_held
 

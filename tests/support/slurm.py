@@ -15,9 +15,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+
+from dpo_sweeps.train.checkpoint import latest_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "launchers" / "slurm" / "local_cluster.sh"
@@ -108,3 +111,28 @@ def ensure_slurm_cluster(nodes: int = 1) -> dict[str, str]:
     if _nodes_of(_cached) < nodes:
         pytest.fail(f"the local SLURM cluster has {_nodes_of(_cached)} node(s) after start; {nodes} wanted", pytrace=False)
     return dict(_cached)
+
+
+# ---------------------------------------------------------------------- driving a sweep's SLURM jobs
+def slurm(*args: str, env: dict) -> str:
+    """A SLURM client command's stdout (squeue, scancel, scontrol, ...), failing the test if it fails."""
+    return subprocess.run(args, env=env, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
+def wait_for(what: str, condition, proc: subprocess.Popen, log: Path, timeout: float):
+    """condition()'s first true value, polled while the sweep `proc` (its output in `log`) runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended while waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def checkpoint_after(run_dir: Path, step: int) -> int | None:
+    """The step of run_dir's newest checkpoint when it is later than `step`, else None."""
+    latest = latest_checkpoint(run_dir)
+    return latest.step if latest is not None and latest.step > step else None
