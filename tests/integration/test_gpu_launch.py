@@ -7,30 +7,15 @@ import json
 
 import pytest
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 
 # ---------------------------------------------------------------------- SLURM: the GPUs a job asks for
 def sbatch_script(tmp_path, *overrides: str) -> str:
-    """The batch script submitit would hand to sbatch for one run (no job is submitted)."""
-    import submitit
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-    from support import REPO
+    """The batch script submitit would hand to sbatch for one 4-rank run (no job is submitted)."""
+    from support import slurm
 
-    from launchers.jobs import SweepJob
-
-    overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "resources.nproc_per_node=4", *overrides]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    launcher = instantiate(cfg.hydra.launcher)
-    task_config = OmegaConf.to_container(cfg, resolve=False)
-    task_config.pop("hydra")
-    job = SweepJob(num=0, overrides=overrides, config=cfg, task_config=task_config, config_hash="", run_dir=tmp_path / "0")
-    parameters = launcher.executor_parameters(launcher._shape(job))
-    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / ".submitit" / "%j")
-    executor.update_parameters(**parameters)
-    return executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
+    launcher, job = slurm.compose_slurm_job(tmp_path, "resources.nproc_per_node=4", *overrides)
+    return slurm.sbatch_script(tmp_path, launcher, job)
 
 
 @pytest.mark.parametrize("device,gpus_line", [("cuda", "#SBATCH --gpus-per-node=4"), ("cpu", None)])

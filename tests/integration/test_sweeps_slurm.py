@@ -12,8 +12,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.slurm import ensure_slurm_cluster  # noqa: E402
 from support.sweeps import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
-from launchers.jobs import SweepJob  # noqa: E402
-
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
             "hydra.launcher.poll_interval_s=1"]
 
@@ -83,29 +81,19 @@ def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_
 
 def test_sbatch_script_takes_each_runs_shape_and_the_launcher_settings(tmp_path):
     """No cluster needed: the batch script submitit would hand to sbatch for a 2-node GPU run."""
-    submitit = pytest.importorskip("submitit")
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-    from support import REPO
+    pytest.importorskip("submitit")
+    from support.slurm import compose_slurm_job, sbatch_script
 
-    overrides = ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.launcher.partition=gpu",
+    overrides = ["hydra.launcher.partition=gpu",
                  "hydra.launcher.account=dpo", "hydra.launcher.qos=high", "hydra.launcher.timeout_min=90",
                  "hydra.launcher.cpus_per_task=10", "+hydra.launcher.additional_parameters.reservation=dpo-week",
                  "hydra.launcher.setup=[module load cuda/12.4]",
                  "hydra.launcher.srun_args=['--kill-on-bad-exit=1','--cpu-bind=cores']",
                  "resources.device=cuda", "resources.nodes=2", "resources.nproc_per_node=8", "fsdp=hybrid_shard"]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    launcher = instantiate(cfg.hydra.launcher)
-    task_config = OmegaConf.to_container(cfg, resolve=False)
-    task_config.pop("hydra")
-    job = SweepJob(num=0, overrides=overrides, config=cfg, task_config=task_config, config_hash="", run_dir=tmp_path / "0")
+    launcher, job = compose_slurm_job(tmp_path, *overrides)
     assert launcher.describe_job(job) == "2 nodes x 8 tasks, 8 GPUs/node"
 
-    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / ".submitit" / "%j")
-    executor.update_parameters(**launcher.executor_parameters(launcher._shape(job)))
-    script = executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
+    script = sbatch_script(tmp_path, launcher, job)
     for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--partition=gpu", "--account=dpo",
                  "--qos=high", "--time=90", "--cpus-per-task=10", "--reservation=dpo-week", "--job-name=dpo_sweeps"):
         assert f"#SBATCH {line}" in script, line

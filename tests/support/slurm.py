@@ -136,3 +136,33 @@ def checkpoint_after(run_dir: Path, step: int) -> int | None:
     """The step of run_dir's newest checkpoint when it is later than `step`, else None."""
     latest = latest_checkpoint(run_dir)
     return latest.step if latest is not None and latest.step > step else None
+
+
+# ---------------------------------------------------------------------- the batch script of one run
+def compose_slurm_job(tmp_path: Path, *overrides: str):
+    """The SLURM launcher and the SweepJob of one run composed from conf/ (nothing is submitted)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from launchers.jobs import SweepJob
+
+    overrides = ("hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", *overrides)
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    launcher = instantiate(cfg.hydra.launcher)
+    task_config = OmegaConf.to_container(cfg, resolve=False)
+    task_config.pop("hydra")
+    job = SweepJob(num=0, overrides=list(overrides), config=cfg, task_config=task_config, config_hash="",
+                   run_dir=tmp_path / "0")
+    return launcher, job
+
+
+def sbatch_script(tmp_path: Path, launcher, job) -> str:
+    """The batch script submitit would hand to sbatch for `job` (no job is submitted)."""
+    import submitit
+
+    parameters = launcher.executor_parameters(launcher._shape(job))  # refusals come before submitit looks for srun
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / ".submitit" / "%j")
+    executor.update_parameters(**parameters)
+    return executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
