@@ -22,19 +22,24 @@ pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 120  # HANG_BOUND's
 
 
-def test_a_stopped_rank_is_found_and_killed(tmp_path):
-    """SIGSTOP of rank 1 at step 2: its heartbeat stops; rank 0 names it, kills it and writes the summary."""
-    run_dir = tmp_path / "run"
-
-    def stop_rank1(beats: dict) -> bool:
-        beat = beats.get(1)
-        if beat is None or (beat["step"] or 0) < 2:
+def sigstop_at_step(rank: int, step: int):
+    """An `act` for run_watched: SIGSTOP `rank` once its heartbeat says it reached `step`."""
+    def act(beats: dict) -> bool:
+        beat = beats.get(rank)
+        if beat is None or (beat["step"] or 0) < step:
             return False
         os.kill(beat["pid"], signal.SIGSTOP)
         return True
 
+    return act
+
+
+def test_a_stopped_rank_is_found_and_killed(tmp_path):
+    """SIGSTOP of rank 1 at step 2: its heartbeat stops; rank 0 names it, kills it and writes the summary."""
+    run_dir = tmp_path / "run"
+
     run = run_watched(dpo("resources.nproc_per_node=2", "train.max_steps=40", *HANG_BOUND, run_dir=run_dir),
-                      lambda: [run_dir], act=stop_rank1)
+                      lambda: [run_dir], act=sigstop_at_step(rank=1, step=2))
     assert run.acted_at is not None and run.returncode == 1, run.output[-3000:]
     failure = summary_of(run_dir)["failure"]
     assert failure["kind"] == "hang" and failure["rank"] == 1 and failure["step"] >= 2, failure
@@ -50,16 +55,9 @@ def test_a_job_whose_only_rank_is_stopped_is_cancelled_by_the_local_launcher(tmp
     stale, cancels the job and writes its `hang` summary."""
     sweep_dir = tmp_path / "sweep"
 
-    def stop_rank0(beats: dict) -> bool:
-        beat = beats.get(0)
-        if beat is None or (beat["step"] or 0) < 2:
-            return False
-        os.kill(beat["pid"], signal.SIGSTOP)
-        return True
-
     args = [sys.executable, "-m", "dpo_sweeps", "-m", *SHORT, "train.max_steps=40", *HANG_BOUND,
             f"hydra.sweep.dir={sweep_dir}"]
-    run = run_watched(args, lambda: [sweep_dir / "0"], act=stop_rank0)
+    run = run_watched(args, lambda: [sweep_dir / "0"], act=sigstop_at_step(rank=0, step=2))
     assert run.acted_at is not None and run.returncode != 0, run.output[-3000:]
     failure = summary_of(sweep_dir / "0")["failure"]
     assert failure["kind"] == "hang" and failure["rank"] == 0 and failure["step"] >= 2, failure
