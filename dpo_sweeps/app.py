@@ -69,6 +69,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = run_config(ctx)
     if summary["status"] != "completed":
         failure = summary["failure"]
+        if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
+            if multirun:
+                raise RunFailed(f"rank {summary['rank']}: run {summary['status']}")
+            sys.exit(1)
         where = "" if summary.get("refused") else f"  [{run_dir / 'summary.json'}]"
         verdict = "run pruned" if summary["status"] == "pruned" else f"run failed ({failure['kind']})"
         message = f"{verdict}: {failure['message']}{where}"
@@ -104,8 +108,7 @@ def run_config(ctx: RunContext) -> dict:
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     rank_env = from_torchrun_env() or from_submitit_env()
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock
-        summary = run_rank(ctx, rank_env, claim_run_dir=True)
-        return summary if summary is not None else {"status": "completed", "metrics": {}}
+        return run_rank(ctx, rank_env, claim_run_dir=True)
     try:
         lock = RunDirLock(ctx.run_dir).acquire()
     except RunDirInUse as exc:

@@ -1,7 +1,8 @@
 """What the local and SLURM launchers share: per-job submission, the job side, and collecting results.
 
 Both launchers submit one submitit job per run with `resources.nodes` x `resources.nproc_per_node`
-tasks, one task per rank, taken from that run's own config (a sweep may vary them). Every task
+tasks, one task per rank, taken from that run's own config (a sweep may vary them); a probe batch
+(launchers.jobs.probe_batches) is one job whose tasks run its probes in turn. Every task
 runs the Hydra job (hydra-submitit-launcher's design); tasks other than rank 0 write nothing into
 the run directory (no `.hydra/`, no log file), and `dpo_sweeps.runtime.rank` lets only rank 0 write outputs.
 
@@ -40,6 +41,14 @@ log = logging.getLogger("launchers")
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
                "NODE_FAIL": "node_failure"}
+
+
+def probes_per_job_of(value: Any) -> int | None:
+    """hydra.launcher.probes_per_job, checked: how many probes one set of rank processes runs in turn."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"hydra.launcher.probes_per_job: got {value!r} (accepted: null to spread a sweep's "
+                         "probes over the jobs that run at once, or an integer >= 1; 1: every probe alone)")
+    return value
 
 
 class JobNotRun(Exception):
@@ -81,24 +90,37 @@ class SweepLauncher(BaseSubmititLauncher):
     # ------------------------------------------------------------------ the job side
     def __call__(  # type: ignore[override]
         self,
-        sweep_overrides: list[str],
-        job_dir_key: str,
-        job_num: int,
-        job_id: str,
+        runs: list[tuple[list[str], int]],
         singleton_state: dict[type, Singleton],
         placement: Placement | None = None,
-    ) -> JobReturn:
-        """Runs in each task (rank) of the submitted job."""
+    ) -> list[JobReturn]:
+        """Runs in each task (rank) of the submitted job: its run, or a probe batch's runs in turn
+        (`runs`: each one's overrides and job number); one JobReturn per run it got to."""
         import submitit
 
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         Singleton.set_state(singleton_state)
         setup_globals()
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
         env = submitit.JobEnvironment()
-        if placement is not None:  # before anything touches CUDA
-            bind = sweep_config.resources.bind_cores
-            placement.apply(env.local_rank, env.num_tasks // env.num_nodes, bind_cores=bind)
+        configs = [self.hydra_context.config_loader.load_sweep_config(self.config, list(o)) for o, _ in runs]
+        if placement is not None:  # before anything touches CUDA (a batch's runs share their resources)
+            placement.apply(env.local_rank, env.num_tasks // env.num_nodes,
+                            bind_cores=configs[0].resources.bind_cores)
+        if len(runs) == 1:
+            return [self._run_job(configs[0], runs[0][1], env)]
+        from dpo_sweeps.runtime.shared_ranks import all_completed, sharing_ranks
+
+        returns: list[JobReturn] = []
+        with sharing_ranks():
+            for (_, num), config in zip(runs, configs):
+                returns.append(self._run_job(config, num, env))
+                # Every rank goes on only if every rank completed this run; else the launcher starts the rest anew.
+                if not all_completed(returns[-1].status == JobStatus.COMPLETED):
+                    break
+        return returns
+
+    def _run_job(self, sweep_config: Any, job_num: int, env: Any) -> JobReturn:
+        """One run of the job: the Hydra job, in its own run directory."""
         with open_dict(sweep_config.hydra.job) as job:
             job.id = env.job_id
             job.num = job_num
@@ -108,26 +130,43 @@ class SweepLauncher(BaseSubmititLauncher):
             hydra_context=self.hydra_context,
             task_function=self.task_function,
             config=sweep_config,
-            job_dir_key=job_dir_key,
+            job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )
 
-    def _submit_args(self, job: SweepJob, placement: Placement | None = None) -> tuple:
-        return (list(job.overrides), "hydra.sweep.dir", job.num, f"job_id_for_{job.num}", Singleton.get_state(),
-                placement)
+    def _submit_args(self, jobs: Sequence[SweepJob], placement: Placement | None = None) -> tuple:
+        return ([(list(job.overrides), job.num) for job in jobs], Singleton.get_state(), placement)
 
     # ------------------------------------------------------------------ collecting results
-    def _collect(self, job: SweepJob, submitted: Any, started: float, earlier_summary: int | None,
-                 timeout_min: float, known_failure: dict | None = None) -> JobReturn:
-        """Rank 0's JobReturn; when rank 0 wrote no summary.json for this attempt, write a failed one
-        (`known_failure`: what the launcher itself found, e.g. every rank stopped)."""
-        ret: JobReturn | None = None
+    def _collect_unit(self, jobs: Sequence[SweepJob], submitted: Any, started: float,
+                      earlier_summaries: Sequence[int | None], timeout_min: float,
+                      known_failure: dict | None = None) -> tuple[list[JobReturn], list[int]]:
+        """The JobReturns of a job's runs, in order, as far as it got; and the positions of the runs it
+        never started (a probe batch stops at a failed run: the launcher starts the rest anew)."""
+        returns: list[JobReturn] | None = None
         error: BaseException | None = None
         try:
             if known_failure is None:  # a cancelled job has no result (submitit would wait for one)
-                ret = submitted.task(0).result()
+                returns = list(submitted.task(0).result())
         except Exception as exc:  # submitit's UncompletedJobError / FailedJobError, or a lost job
             error = exc
+        collected: list[JobReturn] = []
+        for pos, (job, earlier) in enumerate(zip(jobs, earlier_summaries)):
+            ret = returns[pos] if returns is not None and pos < len(returns) else None
+            if ret is None and returns is not None:  # the job ended after an earlier run failed
+                return collected, list(range(pos, len(jobs)))
+            fresh = summary_stamp(job.run_dir) != earlier
+            collected.append(self._collect(job, submitted, started, earlier, timeout_min, known_failure, ret, error))
+            if ret is None and not fresh:  # the job died in this run (or just before it)
+                return collected, list(range(pos + 1, len(jobs)))
+        return collected, []
+
+    def _collect(self, job: SweepJob, submitted: Any, started: float, earlier_summary: int | None,
+                 timeout_min: float, known_failure: dict | None, ret: JobReturn | None,
+                 error: BaseException | None) -> JobReturn:
+        """Rank 0's JobReturn of one run (`ret`: None when the job died); when rank 0 wrote no
+        summary.json for this attempt, write a failed one (`known_failure`: what the launcher itself
+        found, e.g. every rank stopped)."""
         summary = read_summary(job.run_dir)
         fresh = summary is not None and summary_stamp(job.run_dir) != earlier_summary
         if fresh and summary.get("status") == "failed":

@@ -10,7 +10,9 @@ not known here: a task config key that interpolates them cannot be matched on re
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import json
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,28 @@ class SweepJob:
         _set_job_num(config, num)
         return SweepJob(num=num, overrides=self.overrides, config=config, task_config=self.task_config,
                         config_hash=self.config_hash, run_dir=_run_dir(config))
+
+
+def probe_batches(jobs: Sequence[SweepJob], slots: Callable[[SweepJob], int],
+                  probes_per_job: int | None = None) -> list[list[int]]:
+    """The jobs (by index) as a launcher starts them: each probe batch in one set of rank processes
+    (dpo_sweeps/runtime/shared_ranks.py), every other job alone; in order of their first job.
+
+    A batch holds probes (probe.steps > 0) with the same `resources` (the same ranks, device and
+    limits): `probes_per_job` of them, or by default as many as spread them evenly over the jobs
+    that can run at once (`slots(job)`), so sharing a start-up never costs a probe its parallelism.
+    """
+    units: list[list[int]] = []
+    groups: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        if job.task_config["probe"]["steps"]:
+            groups.setdefault(json.dumps(job.task_config["resources"], sort_keys=True), []).append(i)
+        else:
+            units.append([i])
+    for members in groups.values():
+        size = probes_per_job or math.ceil(len(members) / slots(jobs[members[0]]))
+        units += [members[k:k + size] for k in range(0, len(members), size)]
+    return sorted(units)
 
 
 def override_key(override: str) -> str:

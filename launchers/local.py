@@ -6,6 +6,9 @@ GPU per rank with a per-job `CUDA_VISIBLE_DEVICES`, so concurrent jobs never sha
 (submitit's local executor alone gives every job the same GPUs); on a CPU-only machine,
 `cpus_per_rank` cores per rank, pinned. `max_concurrent_jobs` caps the count further: set it to
 1 when runs must not compete for memory bandwidth (fair speed measurements on CPU).
+Probes (`probe.steps`) that need the same ranks share jobs: each such job's ranks start once and
+run several probes in turn (`probes_per_job`; by default the probes spread evenly over the jobs
+the machine runs at once; launchers.jobs.probe_batches, dpo_sweeps/runtime/shared_ranks.py).
 
 A job that fails does not stop the others; a job that dies without a summary.json gets one.
 Ctrl-C cancels the running jobs.
@@ -17,13 +20,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.utils import JobReturn
 
+from dpo_sweeps.rundir.outputs import read_summary
 from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
-from launchers.base import JobNotRun, SweepLauncher, failed_return, log, progress_line, summary_stamp
-from launchers.jobs import PointLabels, SweepJob
+from launchers.base import (
+    JobNotRun,
+    SweepLauncher,
+    failed_return,
+    log,
+    probes_per_job_of,
+    progress_line,
+    summary_stamp,
+)
+from launchers.jobs import PointLabels, SweepJob, probe_batches
 from launchers.placement import DevicePool, usable_cpus, visible_gpus
 
 
@@ -47,19 +60,21 @@ class LocalLauncher(SweepLauncher):
         gpus: Sequence[str | int] | None = None,
         stderr_to_stdout: bool = False,
         poll_interval_s: float = 0.2,
+        probes_per_job: int | None = None,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise ValueError(
                 f"hydra.launcher.{', hydra.launcher.'.join(sorted(unknown))}: not settings of the local launcher "
                 "(accepted: timeout_min, cpus_per_rank, max_concurrent_jobs, cpus, gpus, stderr_to_stdout, "
-                "poll_interval_s). For SLURM settings add hydra/launcher=slurm to the command line")
+                "poll_interval_s, probes_per_job). For SLURM settings add hydra/launcher=slurm to the command line")
         super().__init__(submitit_folder=submitit_folder, timeout_min=timeout_min)
         if not isinstance(cpus_per_rank, int) or cpus_per_rank < 1:
             raise ValueError(f"hydra.launcher.cpus_per_rank: got {cpus_per_rank!r} (accepted: an integer >= 1)")
         if max_concurrent_jobs is not None and (not isinstance(max_concurrent_jobs, int) or max_concurrent_jobs < 1):
             raise ValueError(f"hydra.launcher.max_concurrent_jobs: got {max_concurrent_jobs!r} "
                              "(accepted: null for as many as the machine holds, or an integer >= 1)")
+        self.probes_per_job = probes_per_job_of(probes_per_job)
         self.submitit_folder = submitit_folder
         self.timeout_min = timeout_min
         self.cpus_per_rank = cpus_per_rank
@@ -109,6 +124,12 @@ class LocalLauncher(SweepLauncher):
             return "resources.device: cuda, but this machine has no visible GPU (accepted here: cpu or auto)"
         return pool.cannot_hold(job.world_size, self._uses_gpus(job, pool))
 
+    def _slots(self, job: SweepJob) -> int:
+        """How many jobs like this one run at once here (probe batches are spread over them)."""
+        pool = self._pool()
+        slots = pool.slots(job.world_size, self._uses_gpus(job, pool))
+        return min(slots, self.max_concurrent_jobs or slots)
+
     def launch_jobs(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
         import submitit
 
@@ -119,9 +140,9 @@ class LocalLauncher(SweepLauncher):
             pool = self._devices
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
         results: dict[int, JobReturn] = {}
-        pending = deque(range(len(jobs)))
+        pending = deque(probe_batches(jobs, self._slots, self.probes_per_job))
         label = PointLabels([job.overrides for job in jobs])
-        running: dict[int, tuple[Any, Any, float, int | None]] = {}
+        running: dict[int, _Running] = {}  # by the first job of each
         hung: dict[int, dict] = {}  # jobs cancelled because every rank stopped: their failure
         log.info("local launcher: %d jobs on %d CPU cores%s%s, into %s", len(jobs), len(pool.cpus),
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
@@ -130,25 +151,31 @@ class LocalLauncher(SweepLauncher):
         try:
             while pending or running:
                 self._start_what_fits(executor, jobs, pool, pending, running, results, label)
-                for i, (submitted, *_rest) in running.items():
-                    if i not in hung and (verdict := _every_rank_stopped(jobs[i])) is not None:
-                        log.error("#%d: %s; cancelling the job", jobs[i].num, verdict["message"])
-                        hung[i] = verdict
-                        submitted.cancel()
-                for i in [i for i, (submitted, *_rest) in running.items() if submitted.done()]:
-                    submitted, placement, started, earlier = running.pop(i)
+                for key, job in running.items():
+                    current = job.current(jobs)
+                    if key not in hung and current is not None and (verdict := _every_rank_stopped(current)):
+                        log.error("#%d: %s; cancelling the job", current.num, verdict["message"])
+                        hung[key] = verdict
+                        job.submitted.cancel()
+                for key in [key for key, job in running.items() if job.submitted.done()]:
+                    job = running.pop(key)
                     with self._devices_lock:
-                        pool.give_back(placement)
-                    results[i] = self._collect(jobs[i], submitted, started, earlier, self.timeout_min,
-                                               known_failure=hung.get(i))
-                    log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
+                        pool.give_back(job.placement)
+                    members = [jobs[i] for i in job.unit]
+                    returns, not_run = self._collect_unit(members, job.submitted, job.started, job.earlier,
+                                                          self.timeout_min, known_failure=hung.pop(key, None))
+                    for i, ret in zip(job.unit, returns):
+                        results[i] = ret
+                        log.info(progress_line(jobs[i], ret, job.elapsed(jobs[i]), len(results), len(jobs)))
+                    if not_run:  # a probe batch stopped at a failed run: the rest get processes of their own
+                        pending.appendleft([job.unit[p] for p in not_run])
                 if pending or running:
                     time.sleep(self.poll_interval_s)
         except BaseException:
-            for submitted, placement, *_rest in running.values():
-                submitted.cancel()
+            for job in running.values():
+                job.submitted.cancel()
                 with self._devices_lock:
-                    pool.give_back(placement)
+                    pool.give_back(job.placement)
             log.warning("cancelled %d running local jobs", len(running))
             raise
         return [results[i] for i in range(len(jobs))]
@@ -156,26 +183,57 @@ class LocalLauncher(SweepLauncher):
     def _start_what_fits(self, executor: Any, jobs: Sequence[SweepJob], pool: DevicePool, pending: deque,
                          running: dict, results: dict[int, JobReturn], label: PointLabels) -> None:
         """Start pending jobs, in order, while devices are free (a later, smaller job may go first)."""
-        for i in list(pending):
+        for unit in list(pending):
             if self.max_concurrent_jobs and len(running) >= self.max_concurrent_jobs:
                 return
-            job = jobs[i]
+            job = jobs[unit[0]]  # a probe batch's jobs need the same ranks
             use_gpus = self._uses_gpus(job, pool)
             impossible = pool.cannot_hold(job.world_size, use_gpus)
             if impossible:
-                pending.remove(i)
-                results[i] = failed_return(job.overrides, JobNotRun(impossible), job)
+                pending.remove(unit)
+                for i in unit:
+                    results[i] = failed_return(jobs[i].overrides, JobNotRun(impossible), jobs[i])
                 continue
             with self._devices_lock:
                 placement = pool.take(job.world_size, use_gpus)
             if placement is None:
                 continue
-            pending.remove(i)
+            pending.remove(unit)
             executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
                                        timeout_min=self.timeout_min, stderr_to_stdout=self.stderr_to_stdout)
-            job.run_dir.mkdir(parents=True, exist_ok=True)
-            earlier = summary_stamp(job.run_dir)
-            submitted = executor.submit(self, *self._submit_args(job, placement))
-            running[i] = (submitted, placement, time.monotonic(), earlier)
-            log.info("#%d started: %s  (%d ranks; %s; job %s)", job.num, label(job.overrides), job.world_size,
-                     placement.describe(), submitted.job_id)
+            members = [jobs[i] for i in unit]
+            for member in members:
+                member.run_dir.mkdir(parents=True, exist_ok=True)
+            earlier = [summary_stamp(member.run_dir) for member in members]
+            submitted = executor.submit(self, *self._submit_args(members, placement))
+            running[unit[0]] = _Running(unit, submitted, placement, time.monotonic(), earlier)
+            if len(members) == 1:
+                log.info("#%d started: %s  (%d ranks; %s; job %s)", job.num, label(job.overrides), job.world_size,
+                         placement.describe(), submitted.job_id)
+            else:
+                log.info("#%s started in turn, sharing one start-up: %s  (%d ranks; %s; job %s)",
+                         ", #".join(str(m.num) for m in members), "; ".join(label(m.overrides) for m in members),
+                         job.world_size, placement.describe(), submitted.job_id)
+
+
+@dataclass
+class _Running:
+    """A started job: the sweep's jobs it runs (one, or a probe batch in turn) and where."""
+
+    unit: list[int]
+    submitted: Any
+    placement: Any
+    started: float
+    earlier: list[int | None]  # each run's summary.json stamp before the start
+
+    def current(self, jobs: Sequence[SweepJob]) -> SweepJob | None:
+        """The run the job is on: the first one without a new summary.json."""
+        for i, stamp in zip(self.unit, self.earlier):
+            if summary_stamp(jobs[i].run_dir) == stamp:
+                return jobs[i]
+        return None
+
+    def elapsed(self, job: SweepJob) -> float:
+        """How long the run took: the job's time, or in a probe batch the run's own (summary.json wall_s)."""
+        wall = (read_summary(job.run_dir) or {}).get("wall_s") if len(self.unit) > 1 else None
+        return wall if isinstance(wall, (int, float)) else time.monotonic() - self.started

@@ -104,6 +104,12 @@ class DevicePool:
                     f"lower resources.nodes x resources.nproc_per_node, or use hydra/launcher=slurm")
         return None
 
+    def slots(self, ranks: int, use_gpus: bool) -> int:
+        """How many jobs of `ranks` ranks the whole machine runs at once (at least 1)."""
+        if use_gpus:
+            return max(1, len(self.gpus) // ranks)
+        return max(1, len(self.cpus) // (ranks * self.cpus_per_rank))
+
     def take(self, ranks: int, use_gpus: bool) -> Placement | None:
         """A placement for the job if it fits now (taking it from the pool), else None."""
         if use_gpus:

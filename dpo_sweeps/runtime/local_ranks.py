@@ -40,8 +40,7 @@ def _rank_process(ctx: RunContext, env: RankEnv) -> None:
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
     summary = run_rank(ctx, env, bind_cores=True)
-    failed = summary is None and (ctx.run_dir / "rank_failures" / f"rank{env.rank}.json").exists()
-    sys.exit(1 if failed or (summary is not None and summary["status"] != "completed") else 0)
+    sys.exit(0 if summary["status"] == "completed" else 1)
 
 
 def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict:

@@ -44,6 +44,7 @@ from dpo_sweeps.rundir.outputs import (
     write_rank_failure,
     write_summary,
 )
+from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
 from dpo_sweeps.task import RunContext
@@ -133,8 +134,9 @@ def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
     return max(1, len(allowed) // env.local_world_size)
 
 
-def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_cores: bool = False) -> dict | None:
-    """Train as rank `env.rank`; rank 0 writes and returns the summary, other ranks return None.
+def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_cores: bool = False) -> dict:
+    """Train as rank `env.rank`. Rank 0 writes and returns the summary; other ranks return what they
+    saw (`status`, their own `failure`, and `rank`), writing nothing but their failure record.
 
     `claim_run_dir`: rank 0 takes the run directory's lock here (torchrun, multi-task submitit jobs);
     otherwise the caller holds it. `bind_cores`: the caller started all local ranks with the same cores
@@ -161,9 +163,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 extra["layout"] = trainer.layout
             extra["plan"] = trainer.plan.as_dict()
             extra.update(trainer.checkpointer_report())
-        # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
-        status = "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
-        return write_summary(ctx.run_dir, status=status, failure=failure,
+        return write_summary(ctx.run_dir, status=_status_of(failure), failure=failure,
                              overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
 
     def on_verdict(verdict: dict) -> None:  # rank 0's watchdog, when a peer failed or the run hung
@@ -176,7 +176,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     try:
         try:
             device = select_device(cfg.resources.device, env.local_rank)
-            init_process_group(env, device, cfg.resources.collective_timeout_s)
+            if not dist.is_initialized():  # the previous run in these processes may have left it up
+                init_process_group(env, device, cfg.resources.collective_timeout_s)
             if claim_run_dir:
                 lock = _claim_run_dir(ctx, env, cfg)
             hang_timeout_s = cfg.resources.hang_timeout_s or cfg.resources.collective_timeout_s
@@ -192,7 +193,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             if env.is_main and not trainer.checkpointer.keep_when_completed:
                 remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
         except RunDirInUse as exc:
-            return refused_summary(exc) if env.is_main else None
+            return refused_summary(exc) if env.is_main else {**refused_summary(exc), "rank": env.rank}
         except Exception as exc:
             if watchdog is not None:
                 watchdog.begin_ending()
@@ -220,20 +221,26 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         if not env.is_main:
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
-            return None
+            return {"status": _status_of(failure), "failure": failure, "metrics": {}, "rank": env.rank}
         summary = summary_of(failure, metrics)
         if interrupted is not None:
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
     finally:
         # After the summary: with NCCL and a dead peer, tearing the process group down can block.
-        if dist.is_initialized():
+        # The next run of a probe batch reuses the group (runtime/shared_ranks.py); a failed run ends the batch.
+        if dist.is_initialized() and (failure is not None or not sharing()):
             dist.destroy_process_group()
         if watchdog is not None:
             watchdog.stop()
         watch.uninstall()
         if lock is not None:
             lock.release()
+
+
+def _status_of(failure: dict | None) -> str:
+    # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
+    return "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
 
 
 def _partial_metrics(trainer: Trainer) -> dict[str, Any]:

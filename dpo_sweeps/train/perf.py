@@ -2,12 +2,14 @@
 
 Metric names are INTERFACE.md's: perf/tokens_per_s (all ranks), perf/tokens_per_s_per_device,
 perf/examples_per_s (pairs/s), perf/step_time_s (median after warm-up), perf/peak_memory_gib (the
-busiest device: GPU max allocated, or a CPU rank process's peak resident memory), perf/mfu (GPU only;
-perf/mfu_reason says why it is null, mfu.py counts the FLOPs).
+busiest device, from the trainer's creation on: GPU max allocated, or a CPU rank process's peak
+resident memory), perf/mfu (GPU only; perf/mfu_reason says why it is null, mfu.py counts the FLOPs).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import statistics
 import time
 
@@ -35,6 +37,28 @@ def peak_resident_gib() -> float:
     return resident_bytes("VmHWM") / GIB
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Count this run's peak memory from now, leaving out what earlier runs in this process freed (the
+    runs of a probe batch, runtime/shared_ranks.py). On CUDA: the allocator's peak statistics, after
+    returning its cached blocks. On CPU: the process's peak resident set (VmHWM, reset through
+    /proc/self/clear_refs), after collecting garbage and handing freed heap back to the system
+    (glibc keeps freed small blocks, which would count towards the next run's peak)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux: the peak is the process's
+        pass
+
+
 class PerfMeter:
     def __init__(self, device: torch.device, warmup_steps: int):
         self.device = device
@@ -44,8 +68,7 @@ class PerfMeter:
         self.step_pairs: list[float] = []
         self.step_flops: list[float] = []
         self._t0 = 0.0
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)  # created with the trainer, before it builds the data and models
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -7,6 +7,7 @@ they return; nothing here runs a training step.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, encode_pairs, render_pair
@@ -27,6 +29,7 @@ from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.mfu import ModelFlops
 from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
 from dpo_sweeps.parallel.precision import mixed_precision_policy
+from dpo_sweeps.runtime.shared_ranks import sharing
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,36 @@ class Models:
     layout: dict  # summary.json: the mesh, and the node of each rank
 
 
-def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
-    share_prompt = cfg.train.share_prompt
+@dataclass(frozen=True)
+class _Encoded:
+    tokenizer: Any
+    train_pairs: list[EncodedPair]
+    eval_pairs: list[EncodedPair]
+    counts: dict[str, int]
+    eval_source: str
+
+
+# The tokenized pairs of the previous run in this process, with what decided them: the runs of a probe
+# batch (runtime/shared_ranks.py) run one after another in the same rank processes, most on the same data.
+_previous: tuple[str, _Encoded] | None = None
+
+
+def _encode(cfg, base_dir: Path) -> _Encoded:
+    """The run's pairs, tokenized; in a probe batch, the previous run's when made from the same settings."""
+    global _previous
+    if not sharing():
+        _previous = None
+        return _load_and_encode(cfg, base_dir)
+    key = json.dumps({"data": OmegaConf.to_container(cfg.data), "model": OmegaConf.to_container(cfg.model),
+                      "eval_max_pairs": cfg.train.eval_max_pairs, "base_dir": str(base_dir)},
+                     sort_keys=True, default=str)
+    if _previous is None or _previous[0] != key:
+        _previous = None  # one set of pairs at a time
+        _previous = (key, _load_and_encode(cfg, base_dir))
+    return _previous[1]
+
+
+def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
     rows = load_preference_rows(cfg.data, base_dir)
     plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
     tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
@@ -73,10 +104,17 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
         "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
         "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
     }
+    return _Encoded(tokenizer, train_pairs, eval_pairs, counts, str(rows.eval_source))
+
+
+def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
+    share_prompt = cfg.train.share_prompt
+    encoded = _encode(cfg, base_dir)
+    tokenizer, train_pairs, eval_pairs, counts = encoded.tokenizer, encoded.train_pairs, encoded.eval_pairs, encoded.counts
     if env.is_main:
         log.info("data %s: %d train pairs (%d truncated), %d eval pairs from %s (%d truncated)",
-                 cfg.data.name, len(train_pairs), train_truncated, len(eval_pairs),
-                 rows.eval_source, eval_truncated)
+                 cfg.data.name, len(train_pairs), counts["train_truncated"], len(eval_pairs),
+                 encoded.eval_source, counts["eval_truncated"])
     if len(train_pairs) < cfg.train.batch_size:
         raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(train_pairs)} "
                         f"training pairs of data.path (use a batch size <= {len(train_pairs)})")
@@ -88,7 +126,8 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
                                  lengths=lengths, group_window=window)
     tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in train_pairs)
     return TrainingData(
-        tokenizer=tokenizer, train_pairs=train_pairs, eval_pairs=eval_pairs, sampler=sampler, counts=counts,
+        tokenizer=tokenizer, train_pairs=list(train_pairs), eval_pairs=list(eval_pairs), sampler=sampler,
+        counts=dict(counts),
         longest_row=max(lengths),
         response_fraction=sum(len(p.chosen) + len(p.rejected) for p in train_pairs) / max(1, tokens),
     )

@@ -3,7 +3,8 @@
 A run with `resources.nodes` = N and `resources.nproc_per_node` = P becomes a job of N nodes x
 P tasks per node (P GPUs per node when `resources.device=cuda`, unless `gpus_per_node` says
 otherwise); hybrid_shard then shards within a node and replicates across nodes. Runs of the same
-shape go in one job array, at most `array_parallelism` at once. Everything else (partition,
+shape go in one job array, at most `array_parallelism` at once. Probes of the same shape may share a
+job, run in turn by its ranks (`probes_per_job`; launchers.jobs.probe_batches). Everything else (partition,
 account, qos, time limit, CPUs and memory, extra sbatch and srun arguments, a setup block)
 comes from `conf/hydra/launcher/slurm.yaml` and can be overridden on the command line as
 `hydra.launcher.<key>=...`.
@@ -34,11 +35,12 @@ from launchers.base import (
     SweepLauncher,
     failed_return,
     log,
+    probes_per_job_of,
     progress_line,
     summary_stamp,
     task_overrides,
 )
-from launchers.jobs import PointLabels, SweepJob
+from launchers.jobs import PointLabels, SweepJob, probe_batches
 from launchers.slurm.gpus import query_partition_gpus
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
@@ -101,6 +103,7 @@ class SlurmLauncher(SweepLauncher):
         array_parallelism: int = 256,
         max_num_timeout: int = 0,
         poll_interval_s: float = 5.0,
+        probes_per_job: int | None = None,
         **params: Any,
     ) -> None:
         for key, where in PER_RUN_KEYS.items():
@@ -111,6 +114,7 @@ class SlurmLauncher(SweepLauncher):
             raise ValueError(f"hydra.launcher.gpus_per_node: got {gpus_per_node!r} "
                              "(accepted: null for one GPU per rank when resources.device=cuda, or an integer >= 0)")
         super().__init__(submitit_folder=submitit_folder, **params)
+        self.probes_per_job = probes_per_job_of(probes_per_job)
         self.submitit_folder = submitit_folder
         self.gpus_per_node = gpus_per_node
         self.array_parallelism = array_parallelism
@@ -165,56 +169,44 @@ class SlurmLauncher(SweepLauncher):
         assert self.config is not None
         executor = submitit.AutoExecutor(cluster="slurm", folder=self.submitit_folder,
                                          slurm_max_num_timeout=self.max_num_timeout)
-        by_shape: Mapping[tuple[int, int, int], list[int]] = defaultdict(list)
-        for i, job in enumerate(jobs):
-            by_shape[self._shape(job)].append(i)
-        running: dict[int, tuple[Any, float, int | None]] = {}
         label = PointLabels([job.overrides for job in jobs])
         results: dict[int, JobReturn] = {}
+        pending = probe_batches(jobs, lambda job: self.array_parallelism, self.probes_per_job)
+        running: dict[int, tuple[list[int], Any, float, list[int | None]]] = {}  # by the first job of each
         cancelled: set[int] = set()  # jobs SLURM requeued after their run failed (failed_but_held)
         try:
-            for shape, indices in by_shape.items():
-                executor.update_parameters(**self.executor_parameters(shape))
-                earlier = {}
-                for i in indices:
-                    jobs[i].run_dir.mkdir(parents=True, exist_ok=True)
-                    earlier[i] = summary_stamp(jobs[i].run_dir)
-                args = [self._submit_args(jobs[i]) for i in indices]
-                try:
-                    submitted = executor.map_array(self, *zip(*args))
-                except Exception as exc:  # sbatch refused (unknown partition, over a limit) or SLURM is down
-                    for i in indices:
-                        results[i] = refused(jobs[i], exc)
-                        log.error("#%d not submitted: %s", jobs[i].num, results[i]._return_value)
-                    continue
-                now = time.monotonic()
-                for i, sj in zip(indices, submitted):
-                    running[i] = (sj, now, earlier[i])
-                    log.info("#%d submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)",
-                             jobs[i].num, label(jobs[i].overrides),
-                             shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)
-            while running:
+            while pending or running:
+                self._submit(executor, jobs, pending, running, results, label)
+                pending = []
                 # submitit's own sacct polls thin out to one a minute as jobs age (and done(force_check=True)
                 # does not reach the tasks of a multi-task job): one sacct poll of all the jobs per interval,
                 # so that a job that ended is collected within poll_interval_s.
-                next(iter(running.values()))[0].watcher.update()
-                for i, (sj, _started, earlier_stamp) in running.items():
-                    if i not in cancelled and not sj.done() and failed_but_held(jobs[i], sj, earlier_stamp):
-                        log.warning("#%d: SLURM requeued SLURM job %s after its run failed: cancelling it",
-                                    jobs[i].num, sj.job_id)
-                        sj.cancel(check=False)
-                        cancelled.add(i)
-                for i in [i for i, (sj, *_rest) in running.items() if sj.done()]:
-                    sj, started, earlier_stamp = running.pop(i)
-                    # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
-                    results[i] = self._collect(jobs[i], sj, started, earlier_stamp, timeout_min=0)
-                    if node_failed(str(sj.job_id)):
-                        record_node_failure(jobs[i].run_dir)
-                    log.info(progress_line(jobs[i], results[i], time.monotonic() - started, len(results), len(jobs)))
                 if running:
+                    next(iter(running.values()))[1].watcher.update()
+                for key, (unit, sj, _started, earlier) in running.items():
+                    current = next((p for p, i in enumerate(unit) if summary_stamp(jobs[i].run_dir) == earlier[p]),
+                                   len(unit) - 1)  # the run the job is on
+                    if key not in cancelled and not sj.done() and failed_but_held(jobs[unit[current]], sj,
+                                                                                  earlier[current]):
+                        log.warning("#%d: SLURM requeued SLURM job %s after its run failed: cancelling it",
+                                    jobs[unit[current]].num, sj.job_id)
+                        sj.cancel(check=False)
+                        cancelled.add(key)
+                for key in [key for key, (_unit, sj, *_rest) in running.items() if sj.done()]:
+                    unit, sj, started, earlier = running.pop(key)
+                    # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
+                    returns, not_run = self._collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
+                    for i, ret in zip(unit, returns):
+                        results[i] = ret
+                        if node_failed(str(sj.job_id)):
+                            record_node_failure(jobs[i].run_dir)
+                        log.info(progress_line(jobs[i], ret, time.monotonic() - started, len(results), len(jobs)))
+                    if not_run:  # a probe batch stopped at a failed run: the rest go in a job of their own
+                        pending.append([unit[p] for p in not_run])
+                if running or pending:
                     time.sleep(self.poll_interval_s)
         except BaseException:
-            for sj, *_rest in running.values():
+            for _unit, sj, *_rest in running.values():
                 try:
                     sj.cancel(check=False)
                 except Exception:
@@ -223,3 +215,32 @@ class SlurmLauncher(SweepLauncher):
                 log.warning("cancelled %d SLURM jobs of this sweep", len(running))
             raise
         return [results[i] for i in range(len(jobs))]
+
+    def _submit(self, executor: Any, jobs: Sequence[SweepJob], units: list[list[int]], running: dict,
+                results: dict[int, JobReturn], label: PointLabels) -> None:
+        """Submit the jobs of `units` (each one job, or a probe batch run in turn), one job array per shape."""
+        by_shape: Mapping[tuple[int, int, int], list[list[int]]] = defaultdict(list)
+        for unit in units:
+            by_shape[self._shape(jobs[unit[0]])].append(unit)  # a probe batch's jobs need the same ranks
+        for shape, shape_units in by_shape.items():
+            executor.update_parameters(**self.executor_parameters(shape))
+            earlier = {}
+            for unit in shape_units:
+                for i in unit:
+                    jobs[i].run_dir.mkdir(parents=True, exist_ok=True)
+                earlier[unit[0]] = [summary_stamp(jobs[i].run_dir) for i in unit]
+            args = [self._submit_args([jobs[i] for i in unit]) for unit in shape_units]
+            try:
+                submitted = executor.map_array(self, *zip(*args))
+            except Exception as exc:  # sbatch refused (unknown partition, over a limit) or SLURM is down
+                for unit in shape_units:
+                    for i in unit:
+                        results[i] = refused(jobs[i], exc)
+                        log.error("#%d not submitted: %s", jobs[i].num, results[i]._return_value)
+                continue
+            now = time.monotonic()
+            for unit, sj in zip(shape_units, submitted):
+                running[unit[0]] = (unit, sj, now, earlier[unit[0]])
+                log.info("#%s submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)",
+                         ", #".join(str(jobs[i].num) for i in unit), "; ".join(label(jobs[i].overrides) for i in unit),
+                         shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)

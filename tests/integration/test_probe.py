@@ -57,6 +57,42 @@ def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):
     assert "probe.steps" in result.summary["failure"]["message"]
 
 
+# Two ranks, so the batch's runs reuse one process group; micro-batches far apart, so peaks differ.
+BATCHED = ["train.eval_every=0", "train.batch_size=64", "resources.nproc_per_node=2", "probe.steps=3",
+           "perf.warmup_steps=1"]
+
+
+def _submitit_jobs(sweep_dir) -> int:
+    return sum(1 for p in (sweep_dir / ".submitit").iterdir() if p.name.isdigit())
+
+
+def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_its_own_peak(tmp_path):
+    batch = run_sweep(tmp_path / "batch", *BATCHED, "train.micro_batch_size=32,2")
+    alone = run_sweep(tmp_path / "alone", *BATCHED, "train.micro_batch_size=2")
+    assert batch.returncode == 0 and alone.returncode == 0, batch.output[-3000:] + alone.output[-3000:]
+    assert "#0, #1 started in turn, sharing one start-up" in batch.output
+    assert _submitit_jobs(tmp_path / "batch") == 1  # one set of rank processes ran both probes
+    big, small = batch.summary(0), batch.summary(1)
+    for summary in (big, small):  # each probe is a run of its own
+        assert summary["status"] == "completed" and summary["metrics"]["probe/steps"] == 3
+    assert big["attempt"] != small["attempt"] and (tmp_path / "batch" / "1" / ".hydra" / "overrides.yaml").exists()
+    peak = lambda s: s["metrics"]["perf/peak_memory_gib"]  # noqa: E731
+    # A process's peak resident set never falls by itself: the second probe measures from its own start.
+    assert peak(small) < peak(big) - 0.01, (peak(small), peak(big))
+    assert abs(peak(small) / peak(alone.summary(0)) - 1) < 0.05, (peak(small), peak(alone.summary(0)))
+
+
+def test_a_probe_that_fails_in_a_batch_spares_the_probes_after_it(tmp_path):
+    # faults.step 100 and 99 are never reached in 3 steps: only the middle probe crashes (on rank 1).
+    sweep = run_sweep(tmp_path / "s", *BATCHED, "train.micro_batch_size=8", "faults.kind=crash", "faults.rank=1",
+                      "faults.step=100,2,99")
+    assert sweep.returncode != 0
+    assert [sweep.summary(n)["status"] for n in range(3)] == ["completed", "failed", "completed"], sweep.output[-3000:]
+    failure = sweep.summary(1)["failure"]
+    assert (failure["kind"], failure["rank"], failure["step"]) == ("crash", 1, 2), failure
+    assert _submitit_jobs(tmp_path / "s") == 2  # the probe after the failed one got processes of its own
+
+
 GPT2_SMALL = ModelShape(num_params=124_000_000, num_layers=12, hidden=768, intermediate=3072, vocab=50257)
 RUN = RunShape(shard_group_size=1, param_dtype="float32", optimizer="adamw",
                micro_batch_size=4, seq_len=512)

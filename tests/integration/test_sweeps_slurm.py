@@ -43,6 +43,20 @@ def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
 
 
 @pytest.mark.slurm
+def test_probes_of_one_shape_share_a_slurm_job_when_asked(slurm_env, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_sweep(sweep_dir, *ON_SLURM, "hydra.launcher.probes_per_job=2", "fsdp=full_shard,shard_grad_op",
+                       "resources.nproc_per_node=2", "probe.steps=3", "perf.warmup_steps=1", env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    assert re.search(r"#0, #1 submitted: .*\(1 node\(s\) x 2 tasks; SLURM job \d+\)", result.output), result.output
+    for n in range(2):
+        summary = result.summary(n)
+        assert summary["status"] == "completed" and summary["metrics"]["probe/steps"] == 3
+        assert summary["metrics"]["world_size"] == 2
+        assert run_dir_form(sweep_dir / str(n)) == COMPLETED_RUN_FORM
+
+
+@pytest.mark.slurm
 def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp_path):
     result = run_sweep(tmp_path / "sweep", *ON_SLURM, "resources.nproc_per_node=2", "train.max_steps=4",
                        "faults.kind=sigkill", "faults.step=2", "faults.rank=1", env=slurm_env)
