@@ -19,9 +19,12 @@ against the mean of the full sweeps and each full sweep against the mean of the 
 pair of shapes, whether the full runs tell the two apart at all (rank-sum test over every full run of
 each) and whether the probe orders them as the full runs do. First of all it runs bench/steadiness.py
 for a minute: how much the machine's own speed drifts, which bounds what any single run can rank.
-Cost, against one full sweep: training steps (the same batches, so steps are compute), the measured
-step time plus the reference pass, the CPU seconds of every process (start-up, data, evaluation
-included) and the wall time. Each config's measured peak memory is printed beside
+Then, shape by shape, whether its probe's speed per memory lies within the spread (lowest to highest)
+of that shape's full runs. Cost, against one full sweep: training steps (the same batches, so steps
+are compute), the measured step time plus the reference pass, the CPU seconds of every process
+(start-up, data, evaluation included) and the wall time. The probe sweep runs its probes in turn in
+one set of rank processes (dpo_sweeps/runtime/shared_ranks.py); `--probes-per-job 1` gives every
+probe processes of its own, as before that existed. Each config's measured peak memory is printed beside
 memory_estimate.py's estimate.
 """
 
@@ -164,6 +167,9 @@ def main() -> None:
                         help="probe all 8 grid points instead of the 4 shapes beta does not change")
     parser.add_argument("--full-repeats", type=int, default=3,
                         help="full sweeps to run: the probe is compared with each, and the sweeps with each other")
+    parser.add_argument("--probes-per-job", type=int, default=None,
+                        help="hydra.launcher.probes_per_job of the probe sweep (default: all 4 in one set of "
+                             "rank processes; 1: each probe in processes of its own)")
     parser.add_argument("--reuse", action="store_true", help="only compare the runs already in --workdir")
     parser.add_argument("--steadiness-s", type=float, default=60.0,
                         help="seconds of bench/steadiness.py first, to show how much this machine's speed drifts "
@@ -184,8 +190,10 @@ def main() -> None:
             print(f"This machine, same matrix products over {args.steadiness_s:g} s (bench/steadiness.py):")
             print(steadiness.describe(machine, STEADINESS_WINDOW_S))
         shapes_only = [] if args.probe_every_point else ["loss.beta=0.1"]
+        batching = [] if args.probes_per_job is None else [f"hydra.launcher.probes_per_job={args.probes_per_job}"]
         cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
-                                                         f"perf.warmup_steps={args.probe_warmup}", *shapes_only],
+                                                         f"perf.warmup_steps={args.probe_warmup}", *shapes_only,
+                                                         *batching],
                                args.workdir / "probe.log")}
         for d in full_dirs:
             cost[d.name] = sweep(d, [], args.workdir / f"{d.name}.log")
@@ -233,6 +241,19 @@ def main() -> None:
     print(f"  the full runs tell {len(apart)} of {len(pairs)} pairs apart; the probe orders "
           f"{sum(q['probe_agrees'] for q in apart)} of those {len(apart)} the same way")
     results["pairs"] = [{**q, "a": "/".join(q["a"]), "b": "/".join(q["b"])} for q in pairs]
+
+    # Does each shape's probe land within the spread of that shape's full runs?
+    print(f"\nEach shape's probe against the spread (lowest to highest) of its {2 * len(fulls)} full runs, tok/s/GiB:")
+    spreads = {}
+    for shape in sorted({c[:2] for c in ok}):
+        runs_of = [f[c]["speed_per_memory"] for f in fulls for c in ok if c[:2] == shape]
+        value = probe[next(c for c in ok if c[:2] == shape)]["speed_per_memory"]
+        spreads["/".join(shape)] = {"probe": value, "full_min": min(runs_of), "full_max": max(runs_of),
+                                    "within": min(runs_of) <= value <= max(runs_of)}
+        print(f"  {'/'.join(shape):<22} probe {value:>8.0f}   full {min(runs_of):>8.0f} .. {max(runs_of):<8.0f} "
+              f"{'within' if spreads['/'.join(shape)]['within'] else 'OUTSIDE'}")
+    print(f"  {sum(s['within'] for s in spreads.values())} of {len(spreads)} probes within their shape's spread")
+    results["within_spread"] = spreads
 
     runs = {"probe": probed, "full": full}
     train_s = {name: sum(r["step_s"] + r["reference_s"] for r in rs.values() if r["status"] == "completed")

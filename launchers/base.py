@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
-from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
@@ -90,38 +90,39 @@ class SweepLauncher(BaseSubmititLauncher):
     # ------------------------------------------------------------------ the job side
     def __call__(  # type: ignore[override]
         self,
-        runs: list[tuple[list[str], int]],
+        runs: list[tuple[int, DictConfig]],
         singleton_state: dict[type, Singleton],
         placement: Placement | None = None,
     ) -> list[JobReturn]:
         """Runs in each task (rank) of the submitted job: its run, or a probe batch's runs in turn
-        (`runs`: each one's overrides and job number); one JobReturn per run it got to."""
+        (`runs`: each one's job number and config, as the sweep composed it); one JobReturn per run
+        it got to."""
         import submitit
 
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         Singleton.set_state(singleton_state)
         setup_globals()
         env = submitit.JobEnvironment()
-        configs = [self.hydra_context.config_loader.load_sweep_config(self.config, list(o)) for o, _ in runs]
         if placement is not None:  # before anything touches CUDA (a batch's runs share their resources)
             placement.apply(env.local_rank, env.num_tasks // env.num_nodes,
-                            bind_cores=configs[0].resources.bind_cores)
+                            bind_cores=runs[0][1].resources.bind_cores)
         if len(runs) == 1:
-            return [self._run_job(configs[0], runs[0][1], env)]
-        from dpo_sweeps.runtime.shared_ranks import all_completed, sharing_ranks
+            return [self._run_job(runs[0][1], runs[0][0], env)]
+        from dpo_sweeps.runtime.shared_ranks import all_completed, free_previous_run, sharing_ranks
 
         returns: list[JobReturn] = []
         with sharing_ranks():
-            for (_, num), config in zip(runs, configs):
+            for num, config in runs:
                 returns.append(self._run_job(config, num, env))
                 # Every rank goes on only if every rank completed this run; else the launcher starts the rest anew.
                 if not all_completed(returns[-1].status == JobStatus.COMPLETED):
                     break
+                free_previous_run()
         return returns
 
     def _run_job(self, sweep_config: Any, job_num: int, env: Any) -> JobReturn:
         """One run of the job: the Hydra job, in its own run directory."""
-        with open_dict(sweep_config.hydra.job) as job:
+        with read_write(sweep_config.hydra), open_dict(sweep_config.hydra.job) as job:
             job.id = env.job_id
             job.num = job_num
         if env.global_rank != 0:
@@ -135,7 +136,8 @@ class SweepLauncher(BaseSubmititLauncher):
         )
 
     def _submit_args(self, jobs: Sequence[SweepJob], placement: Placement | None = None) -> tuple:
-        return ([(list(job.overrides), job.num) for job in jobs], Singleton.get_state(), placement)
+        # Each job's config as the sweep composed it (launchers.jobs): the job need not compose it again.
+        return ([(job.num, job.config) for job in jobs], Singleton.get_state(), placement)
 
     # ------------------------------------------------------------------ collecting results
     def _collect_unit(self, jobs: Sequence[SweepJob], submitted: Any, started: float,

@@ -67,6 +67,10 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+    # Without an NVIDIA (or ROCm) driver there is no GPU to count: say so without loading torch,
+    # which a sweep's own process on a CPU machine never needs otherwise.
+    if not (os.path.isdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/kfd")):
+        return []
     try:
         import torch
 

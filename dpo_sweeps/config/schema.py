@@ -163,6 +163,10 @@ class ProbeConfig:
     memory; no periodic eval, saved model, checkpoints or reference pass. 0: a normal run."""
 
 
+# faults.kind's accepted values (besides null); train/faults.py injects them.
+FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
+
+
 @dataclass
 class FaultsConfig:
     """Fault injection, for tests (train/faults.py): at optimizer step `step` on rank `rank`, `kind` happens:

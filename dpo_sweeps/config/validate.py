@@ -16,12 +16,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from dpo_sweeps.config.schema import FAULT_KINDS
 from dpo_sweeps.data.encoding import TRUNCATION_MODES, check_lengths
 from dpo_sweeps.data.sources import DATA_SOURCES, check_eval_size, looks_local
 from dpo_sweeps.dpo.losses import check_loss_config
 from dpo_sweeps.errors import DataError, InvalidConfig
 from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
-from dpo_sweeps.train.faults import FAULT_KINDS
 from dpo_sweeps.train.tracking import check_wandb_config
 
 DEVICES = ("auto", "cpu", "cuda")

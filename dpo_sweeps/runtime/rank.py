@@ -8,6 +8,7 @@ that ends a failed or hung run.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -143,6 +144,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     (so each may take its own block of them, `resources.bind_cores`); torchrun and SLURM tasks leave
     binding to their launcher (`srun --cpu-bind`).
     """
+    # What exists now (imported modules, the config) outlives the run: the collections the run makes
+    # (the freed reference, a probe batch's cleanup between runs) need not scan it again.
+    gc.freeze()
     cfg = OmegaConf.create(ctx.config)
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.time_limit_min).install()

@@ -9,17 +9,20 @@ each as the Hydra job it would be alone: its own run directory, summary.json and
 - the process group stays up from one run to the next (`runtime.rank.run_rank` joins it once);
 - the tokenized data of the previous run is reused when the next run's data settings are the same
   (`train.setup.build_data`);
-- each run's peak memory is its own: the trainer resets the peak when it is created, after the
-  previous run's models are freed (`train.perf.reset_peak_memory`).
+- each run's peak memory is its own: what the previous run held is freed (`free_previous_run`)
+  before the next trainer resets the peak (`train.perf.reset_peak_memory`).
 After each run the ranks agree whether every one of them completed it (`all_completed`); if not,
 they stop, and the launcher gives the runs not yet run a new set of processes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
 from dpo_sweeps.parallel.distributed import all_reduce
@@ -59,3 +62,15 @@ def all_completed(completed: bool) -> bool:
         return all_reduce([1.0], "sum")[0] == dist.get_world_size()
     except Exception:  # a peer left (its run failed) or the group broke: stop here
         return False
+
+
+def free_previous_run() -> None:
+    """Give back what the run just ended held: its models and optimizer (collected: FSDP modules hold
+    reference cycles), the heap glibc keeps for freed small blocks, CUDA's cached blocks."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
-"""Fault injection for tests: `faults.kind` at optimizer step `faults.step` on rank `faults.rank`
-(conf/config.yaml). Faults hit only an attempt that started from step 0, so running the same
-command again shows the recovery.
+"""Fault injection for tests: `faults.kind` (config/schema.py FAULT_KINDS) at optimizer step
+`faults.step` on rank `faults.rank` (conf/config.yaml). Faults hit only an attempt that started from
+step 0, so running the same command again shows the recovery.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from collections.abc import Callable
 import torch
 
 log = logging.getLogger(__name__)
-
-FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
-
 
 def _due(fault, step: int, rank: int, resumed: bool) -> bool:
     return bool(fault) and bool(fault.kind) and step == fault.step and rank == fault.rank and not resumed

@@ -8,8 +8,6 @@ resident memory), perf/mfu (GPU only; perf/mfu_reason says why it is null, mfu.p
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import statistics
 import time
 
@@ -38,20 +36,12 @@ def peak_resident_gib() -> float:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Count this run's peak memory from now, leaving out what earlier runs in this process freed (the
-    runs of a probe batch, runtime/shared_ranks.py). On CUDA: the allocator's peak statistics, after
-    returning its cached blocks. On CPU: the process's peak resident set (VmHWM, reset through
-    /proc/self/clear_refs), after collecting garbage and handing freed heap back to the system
-    (glibc keeps freed small blocks, which would count towards the next run's peak)."""
-    gc.collect()
+    """Count this run's peak memory from now (the runs of a probe batch share a process and free what
+    they held in between, runtime/shared_ranks.py): CUDA's peak statistics, or on CPU the process's
+    peak resident set (VmHWM, reset to the present resident set through /proc/self/clear_refs)."""
     if device.type == "cuda":
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -20,13 +20,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dpo_sweeps.data.encoding import (
-    EncodedPair,
-    collate,
-    eval_micro_batch_indices,
-    rank_micro_batch_indices,
-)
-from dpo_sweeps.dpo.losses import PairLogps, ld_alpha_of, metric_names, preference_loss, uses_reference
+from dpo_sweeps.data.collate import collate
+from dpo_sweeps.data.encoding import EncodedPair, eval_micro_batch_indices, rank_micro_batch_indices
+from dpo_sweeps.dpo.losses import ld_alpha_of, metric_names, uses_reference
+from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model

@@ -15,7 +15,8 @@ import torch
 from omegaconf import OmegaConf
 from support import HH_PATH, REPO, run_cli
 
-from dpo_sweeps.data.encoding import GlobalBatchSampler, collate, encode_pairs, render_pair
+from dpo_sweeps.data.collate import collate
+from dpo_sweeps.data.encoding import GlobalBatchSampler, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo.response_logps import batch_logps
 from dpo_sweeps.dpo.token_logps import chunked_token_logps

@@ -7,15 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpo_sweeps.dpo.losses import (
-    LOSSES,
-    NAMES,
-    PairLogps,
-    check_loss_config,
-    loss_keys,
-    preference_loss,
-    uses_reference,
-)
+from dpo_sweeps.dpo.losses import LOSSES, NAMES, check_loss_config, loss_keys, uses_reference
+from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.dpo.token_logps import labelled_token_logps, length_desensitized_sums
 from dpo_sweeps.errors import InvalidConfig
 

@@ -22,8 +22,10 @@ import torch
 from omegaconf import OmegaConf
 from support import REPO
 
-from dpo_sweeps.data.encoding import EncodedPair, collate
-from dpo_sweeps.dpo.losses import PairLogps, check_loss_config, ld_alpha_of, preference_loss
+from dpo_sweeps.data.collate import collate
+from dpo_sweeps.data.encoding import EncodedPair
+from dpo_sweeps.dpo.losses import check_loss_config, ld_alpha_of
+from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.models.tokenizers import byte_tokenizer
 

@@ -1,20 +1,18 @@
 """Preference losses: `loss=<name>` picks one (conf/loss/<name>.yaml documents it), `loss=mix` a weighted sum.
 
-- pairwise.py: each loss as a pure function over per-sequence log-probs;
+- pairwise.py: each loss as a pure function over per-sequence log-probs, and `preference_loss`, the
+  loss a config names, which the trainer calls;
 - registry.py: the table of names, papers, TRL names, references and hyperparameters;
-- here: the entry points the trainer and validate.py call.
+- here: what the config says of a loss (its keys, whether it needs a reference, its metrics) and the
+  checks validate.py runs. Nothing here loads torch: a sweep validates every point before launch.
 Per-token log-probs are computed beside the model (response_logps.py, token_logps.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-import torch
-
-from dpo_sweeps.dpo.losses.pairwise import LossTerms, PairLogps, nll
 from dpo_sweeps.dpo.losses.registry import (
     F_DIVERGENCE_TERMS,
     HYPERPARAMETERS,
@@ -28,8 +26,8 @@ from dpo_sweeps.dpo.losses.registry import (
 )
 from dpo_sweeps.errors import InvalidConfig
 
-__all__ = ["LOSSES", "NAMES", "LossSpec", "LossTerms", "PairLogps", "check_loss_config", "ld_alpha_of",
-           "loss_keys", "metric_names", "preference_loss", "uses_reference"]
+__all__ = ["LOSSES", "MIX", "NAMES", "LossSpec", "check_loss_config", "ld_alpha_of", "loss_keys", "metric_names",
+           "uses_reference"]
 
 
 def _terms(loss_cfg: Mapping) -> list[str]:
@@ -61,33 +59,6 @@ def metric_names(loss_cfg: Mapping) -> tuple[str, ...]:
         return tuple(f"mix/{name}" for name in dict.fromkeys(_terms(loss_cfg)))
     spec = LOSSES[loss_cfg["name"]]
     return spec.metrics + (("nll_loss",) if "sft_weight" in spec.keys and loss_cfg["sft_weight"] > 0 else ())
-
-
-def preference_loss(loss_cfg: Mapping, x: PairLogps) -> LossTerms:
-    """Per-pair losses, rewards and metrics of `loss_cfg` on one micro-batch; the mean over pairs is the loss."""
-    if x.ref_chosen is None:  # no reference: a uniform one (log-probs 0), so rewards are beta * policy log-probs
-        x = replace(x, ref_chosen=torch.zeros_like(x.chosen), ref_rejected=torch.zeros_like(x.rejected))
-    if loss_cfg["name"] == MIX:
-        return _mix(loss_cfg, x)
-    spec = LOSSES[loss_cfg["name"]]
-    out = spec.function(x, loss_cfg)
-    if "sft_weight" in spec.keys and loss_cfg["sft_weight"] > 0:
-        nll_loss = nll(x, loss_cfg["nll_average"])
-        out.losses = out.losses + loss_cfg["sft_weight"] * nll_loss
-        out.metrics["nll_loss"] = nll_loss.detach()
-    return out
-
-
-def _mix(loss_cfg: Mapping, x: PairLogps) -> LossTerms:
-    """sum_k weight_k loss_k, the terms sharing the hyperparameters (TRL's loss_type list with loss_weights)."""
-    total, metrics = 0.0, {}
-    for term in loss_cfg["terms"]:
-        out = LOSSES[term["name"]].function(x, loss_cfg)
-        total = total + term["weight"] * out.losses
-        metrics[f"mix/{term['name']}"] = out.losses.detach()
-    r_w, r_l = x.logratios()
-    beta = loss_cfg["beta"]
-    return LossTerms(total, (beta * r_w).detach(), (beta * r_l).detach(), metrics)
 
 
 # ------------------------------------------------------------------ checks (validate.py calls these)

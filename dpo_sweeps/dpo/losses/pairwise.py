@@ -3,7 +3,8 @@
 Every function takes the pairs' log-probs (`PairLogps`: summed over each response's tokens, with
 token counts for the length-normalised ones) and the loss config (`hp`: `loss.*`), and returns the
 per-pair loss, the implicit rewards and the loss's own per-pair metrics. Which function a `loss=`
-name runs, its hyperparameters and their accepted values are in registry.py.
+name runs, its hyperparameters and their accepted values are in registry.py; `preference_loss` (at
+the end) runs the one a config names.
 
 Notation: pi_w, pi_l the policy's log-probs of the chosen (w) and rejected (l) response, ref_w,
 ref_l the reference's; the log-ratios r_w = pi_w - ref_w, r_l = pi_l - ref_l; the scores s_w, s_l
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+
+from dpo_sweeps.dpo.losses.registry import LOSSES, MIX
 
 
 @dataclass
@@ -248,3 +251,31 @@ def rso(x, hp):
     (Liu et al. 2023, arXiv 2309.06657; the sampling is the data's, not the loss's)."""
     r_w, r_l = x.logratios()
     return _dpo_rewards(x, hp, torch.relu(1 - hp["beta"] * (r_w - r_l)))
+
+
+# ------------------------------------------------------------------ the loss a config names
+def preference_loss(loss_cfg: Mapping, x: PairLogps) -> LossTerms:
+    """Per-pair losses, rewards and metrics of `loss_cfg` on one micro-batch; the mean over pairs is the loss."""
+    if x.ref_chosen is None:  # no reference: a uniform one (log-probs 0), so rewards are beta * policy log-probs
+        x = replace(x, ref_chosen=torch.zeros_like(x.chosen), ref_rejected=torch.zeros_like(x.rejected))
+    if loss_cfg["name"] == MIX:
+        return _mix(loss_cfg, x)
+    spec = LOSSES[loss_cfg["name"]]
+    out = spec.function(x, loss_cfg)
+    if "sft_weight" in spec.keys and loss_cfg["sft_weight"] > 0:
+        nll_loss = nll(x, loss_cfg["nll_average"])
+        out.losses = out.losses + loss_cfg["sft_weight"] * nll_loss
+        out.metrics["nll_loss"] = nll_loss.detach()
+    return out
+
+
+def _mix(loss_cfg: Mapping, x: PairLogps) -> LossTerms:
+    """sum_k weight_k loss_k, the terms sharing the hyperparameters (TRL's loss_type list with loss_weights)."""
+    total, metrics = 0.0, {}
+    for term in loss_cfg["terms"]:
+        out = LOSSES[term["name"]].function(x, loss_cfg)
+        total = total + term["weight"] * out.losses
+        metrics[f"mix/{term['name']}"] = out.losses.detach()
+    r_w, r_l = x.logratios()
+    beta = loss_cfg["beta"]
+    return LossTerms(total, (beta * r_w).detach(), (beta * r_l).detach(), metrics)

@@ -1,15 +1,15 @@
 """The table of `loss=` names: each one's function, paper, TRL name, whether it needs a reference,
 and its hyperparameters with their accepted values. Validation, the documentation and the report
-all read this one table.
+all read this one table. Functions are named here, not imported: a sweep's own process validates
+every point with this table before launch and never needs torch (pairwise.py holds the functions).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from dpo_sweeps.dpo.losses import pairwise
 
 
 def _number(value: Any) -> bool:
@@ -69,7 +69,7 @@ F_DIVERGENCE = ("f_divergence", "f_alpha_divergence_coef")
 @dataclass(frozen=True)
 class LossSpec:
     name: str
-    function: Callable[..., pairwise.LossTerms]
+    function_name: str  # its function in pairwise.py
     paper: str
     trl_name: str  # how TRL 1.16 names it (DPOTrainer loss_type unless said otherwise)
     uses_reference: bool
@@ -82,6 +82,11 @@ class LossSpec:
     def keys(self) -> tuple[str, ...]:
         return ("name",) + self.own + self.modifiers
 
+    @property
+    def function(self) -> Callable[..., Any]:
+        """pairwise.<function_name>: (PairLogps, loss config) -> LossTerms."""
+        return getattr(importlib.import_module("dpo_sweeps.dpo.losses.pairwise"), self.function_name)
+
     def hyperparameter(self, key: str) -> Hyperparameter:
         return dict(self.ranges).get(key, HYPERPARAMETERS.get(key))
 
@@ -93,41 +98,40 @@ def _spec(name, function, paper, trl_name, own=("beta",), *, reference=True, nll
     return LossSpec(name, function, paper, trl_name, reference, tuple(own), modifiers, tuple(metrics), tuple(ranges))
 
 
-p = pairwise
 SPECS = (
-    _spec("dpo", p.dpo, "Rafailov et al. 2023 (2305.18290); cDPO, Mitchell 2023", "sigmoid (at label_smoothing 0)",
+    _spec("dpo", "dpo", "Rafailov et al. 2023 (2305.18290); cDPO, Mitchell 2023", "sigmoid (at label_smoothing 0)",
           ("beta", "label_smoothing"), f_div=True),
-    _spec("sigmoid", p.sigmoid, "Rafailov et al. 2023 (2305.18290)", "sigmoid", f_div=True),
-    _spec("hinge", p.hinge, "SLiC, Zhao et al. 2023 (2305.10425)", "hinge", f_div=True),
-    _spec("ipo", p.ipo, "Azar et al. 2023 (2310.12036)", "ipo (length_normalized: true)",
+    _spec("sigmoid", "sigmoid", "Rafailov et al. 2023 (2305.18290)", "sigmoid", f_div=True),
+    _spec("hinge", "hinge", "SLiC, Zhao et al. 2023 (2305.10425)", "hinge", f_div=True),
+    _spec("ipo", "ipo", "Azar et al. 2023 (2310.12036)", "ipo (length_normalized: true)",
           ("beta", "length_normalized"), f_div=True, metrics=("ipo/gap",)),
-    _spec("exo_pair", p.exo_pair, "EXO, Ji et al. 2024 (2402.00856)", "exo_pair", ("beta", "label_smoothing"),
+    _spec("exo_pair", "exo_pair", "EXO, Ji et al. 2024 (2402.00856)", "exo_pair", ("beta", "label_smoothing"),
           f_div=True, ranges=(("label_smoothing", EXO_SMOOTHING),)),
-    _spec("nca_pair", p.nca_pair, "NCA, Chen et al. 2024 (2402.05369)", "nca_pair"),
-    _spec("robust", p.robust, "Robust DPO, Chowdhury et al. 2024 (2403.00409)", "robust",
+    _spec("nca_pair", "nca_pair", "NCA, Chen et al. 2024 (2402.05369)", "nca_pair"),
+    _spec("robust", "robust", "Robust DPO, Chowdhury et al. 2024 (2403.00409)", "robust",
           ("beta", "label_smoothing"), f_div=True),
-    _spec("bco_pair", p.bco_pair, "BCO, Jung et al. 2024 (2404.04656)", "bco_pair"),
-    _spec("sppo_hard", p.sppo_hard, "SPPO, Wu et al. 2024 (2405.00675)", "sppo_hard"),
-    _spec("aot", p.aot, "AOT, Melnyk et al. 2024 (2406.05882)", "aot", ("beta", "label_smoothing")),
-    _spec("aot_unpaired", p.aot_unpaired, "AOT, Melnyk et al. 2024 (2406.05882)", "aot_unpaired",
+    _spec("bco_pair", "bco_pair", "BCO, Jung et al. 2024 (2404.04656)", "bco_pair"),
+    _spec("sppo_hard", "sppo_hard", "SPPO, Wu et al. 2024 (2405.00675)", "sppo_hard"),
+    _spec("aot", "aot", "AOT, Melnyk et al. 2024 (2406.05882)", "aot", ("beta", "label_smoothing")),
+    _spec("aot_unpaired", "aot_unpaired", "AOT, Melnyk et al. 2024 (2406.05882)", "aot_unpaired",
           ("beta", "label_smoothing")),
-    _spec("apo_zero", p.apo_zero, "APO, D'Oosterlinck et al. 2024 (2408.06266)", "apo_zero"),
-    _spec("apo_down", p.apo_down, "APO, D'Oosterlinck et al. 2024 (2408.06266)", "apo_down"),
-    _spec("discopop", p.discopop, "DiscoPOP, Chris Lu et al. 2024 (2406.08414)", "discopop",
+    _spec("apo_zero", "apo_zero", "APO, D'Oosterlinck et al. 2024 (2408.06266)", "apo_zero"),
+    _spec("apo_down", "apo_down", "APO, D'Oosterlinck et al. 2024 (2408.06266)", "apo_down"),
+    _spec("discopop", "discopop", "DiscoPOP, Chris Lu et al. 2024 (2406.08414)", "discopop",
           ("beta", "discopop_tau"), f_div=True),
-    _spec("sigmoid_norm", p.sigmoid_norm, "DPO on per-token mean log-ratios (TRL)", "sigmoid_norm", f_div=True),
-    _spec("sft", p.sft, "NLL of the chosen responses", "sft (nll_average: batch)", ("beta", "nll_average"),
+    _spec("sigmoid_norm", "sigmoid_norm", "DPO on per-token mean log-ratios (TRL)", "sigmoid_norm", f_div=True),
+    _spec("sft", "sft", "NLL of the chosen responses", "sft (nll_average: batch)", ("beta", "nll_average"),
           reference=False, nll=False, ld=False),
-    _spec("simpo", p.simpo, "SimPO, Meng et al. 2024 (2405.14734)", "CPOTrainer loss_type=simpo, cpo_alpha=sft_weight",
+    _spec("simpo", "simpo", "SimPO, Meng et al. 2024 (2405.14734)", "CPOTrainer loss_type=simpo, cpo_alpha=sft_weight",
           ("beta", "gamma"), reference=False, ld=False, metrics=("simpo/margin_minus_gamma",)),
-    _spec("orpo", p.orpo, "ORPO, Hong et al. 2024 (2403.07691)", "ORPOTrainer (nll_average: batch)",
+    _spec("orpo", "orpo", "ORPO, Hong et al. 2024 (2403.07691)", "ORPOTrainer (nll_average: batch)",
           ("beta", "nll_average"), reference=False, nll=False, ld=False,
           metrics=("orpo/log_odds_ratio", "orpo/log_odds_chosen", "orpo/nll_loss")),
-    _spec("rso", p.rso, "RSO, Liu et al. 2023 (2309.06657)", "hinge"),
-    _spec("rpo", p.sigmoid, "RPO, Pang et al. 2024 (2404.19733)", "[sigmoid, sft], loss_weights [1, sft_weight]",
+    _spec("rso", "rso", "RSO, Liu et al. 2023 (2309.06657)", "hinge"),
+    _spec("rpo", "sigmoid", "RPO, Pang et al. 2024 (2404.19733)", "[sigmoid, sft], loss_weights [1, sft_weight]",
           f_div=True),
-    _spec("f_dpo", p.sigmoid, "f-DPO, Wang et al. 2023 (2309.16240)", "sigmoid with f_divergence_type", f_div=True),
-    _spec("ld_dpo", p.sigmoid, "LD-DPO, Liu et al. 2024 (2409.06411)", "sigmoid with ld_alpha", f_div=True),
+    _spec("f_dpo", "sigmoid", "f-DPO, Wang et al. 2023 (2309.16240)", "sigmoid with f_divergence_type", f_div=True),
+    _spec("ld_dpo", "sigmoid", "LD-DPO, Liu et al. 2024 (2409.06411)", "sigmoid with ld_alpha", f_div=True),
 )
 LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in SPECS}
 
