@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, collate, encode_pairs, render_pair
+from dpo_sweeps.data.collate import collate
+from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows, split_hh_dialogue
 from dpo_sweeps.data.synthetic import generate_pairs, topic_preferences
 from dpo_sweeps.errors import DataError, InvalidConfig
