@@ -180,7 +180,8 @@ def run_bare(workdir: Path, w: dict, out: Path) -> None:
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from dpo_sweeps.data.encoding import GlobalBatchSampler, collate
+    from dpo_sweeps.data.collate import collate
+    from dpo_sweeps.data.encoding import GlobalBatchSampler
     from dpo_sweeps.dpo.response_logps import batch_logps
     from dpo_sweeps.models.build import build_reference
 
