@@ -120,6 +120,18 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     return kept
 
 
+def release_freed_heap() -> None:
+    """Hand the memory glibc's heap holds free back to the system (malloc_trim(3)), so that the
+    process's resident memory counts only what it holds: read before a model is built, it is then the
+    baseline `heap_kept` assumes, also in a process that trained before. No-op without glibc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:
     """Estimated peak bytes on the busiest device (see the module docstring for the accounting).
 
