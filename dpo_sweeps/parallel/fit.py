@@ -7,8 +7,10 @@ data and no model, so the estimate here takes:
   tokenizer's vocabulary: the byte tokenizer's, `model.tokenizer.vocab_size` for a BPE still to be
   trained, or the saved or named model's own config;
 - `data.max_length` as every row's length (runs pad to their longest row, which is at most that);
-- on a CPU, this process's resident memory in place of a rank's before its model exists (the sweep's
-  process has imported the same libraries; a rank also holds its data).
+- on a CPU, a rank's resident memory before its model exists, measured once in a fresh Python
+  process that imports what a rank imports (`rank_baseline_bytes`; this process, with Hydra, the
+  sweeper and meta-device models loaded, is larger). A rank also holds its data, which is not
+  counted here (the sweep has not read it).
 """
 
 from __future__ import annotations
@@ -52,10 +54,9 @@ def device_memory_limit_gib(cfg) -> float | None:
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
     from dpo_sweeps.parallel.distributed import wants_cuda
-    from dpo_sweeps.train.perf import resident_bytes
 
     shape = _model_shape(_architecture_key(cfg.model))
-    baseline = 0 if wants_cuda(cfg.resources.device) else resident_bytes()
+    baseline = 0 if wants_cuda(cfg.resources.device) else rank_baseline_bytes()
     plan = resolve_plan(cfg, world_size)
     return estimate_peak_memory(shape, run_shape_of(cfg, plan), baseline_bytes=baseline).total / GIB
 
@@ -66,6 +67,27 @@ def check_fit(cfg, world_size: int) -> FitCheck | None:
     if limit is None:
         return None
     return FitCheck(predicted_peak_gib(cfg, world_size), limit)
+
+
+RANK_IMPORTS = "dpo_sweeps.runtime.rank"  # the module a rank process runs (and all it imports)
+
+
+@lru_cache(maxsize=1)
+def rank_baseline_bytes() -> int:
+    """The resident memory of a fresh Python process once it has imported what a rank imports: a CPU
+    rank's memory before its data and model. Falls back to this process's (larger: the safe side)
+    where that process cannot be run."""
+    import subprocess
+    import sys
+
+    from dpo_sweeps.train.perf import resident_bytes
+
+    code = f"import {RANK_IMPORTS}; from dpo_sweeps.train.perf import resident_bytes; print(resident_bytes())"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+        return int(out.stdout.split()[-1]) or resident_bytes()
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return resident_bytes()
 
 
 def _architecture_key(model_cfg) -> tuple:

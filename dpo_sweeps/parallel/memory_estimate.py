@@ -22,7 +22,7 @@ a time, while backward recomputes it. Backward adds a few intermediate-sized gra
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
 model exists (Python, libraries, data) is added, plus what a torch CPU process gains once it trains
 beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers: CPU_RUNTIME,
-measured on the bench and quickstart runs).
+measured on the bench and quickstart runs), plus the freed memory glibc's heap keeps (`heap_kept`).
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ class RunShape:
     cpu_offload: bool = False  # fsdp.cpu_offload: parameter shards, gradients and optimizer state in CPU memory
     activation_checkpointing: bool = False  # each block keeps only its input; backward recomputes one at a time
     reshard_after_forward: bool = True  # false: the trained model's blocks stay gathered from forward to backward
+    reduce_dtype: str = "float32"  # the dtype gradients are reduce-scattered in
+    fully_sharded: bool = True  # the trained model is wrapped by fully_shard (fsdp.needs_fully_shard)
 
 
 @dataclass
@@ -89,7 +91,45 @@ class MemoryEstimate:
     logits: int
     baseline: int  # CPU: the process's resident memory before the model existed, plus CPU_RUNTIME
     total: int
+    heap_kept: int = 0  # CPU: freed step buffers glibc's heap keeps resident (heap_kept)
 
+
+def heap_kept(model: ModelShape, run: RunShape) -> int:
+    """Bytes of the buffers a CPU training step allocates and frees that glibc's heap keeps resident.
+
+    glibc serves a large allocation by mmap, and returns it to the system when freed, only until the
+    first such block is freed: then its mmap threshold rises to that size (dynamic threshold, mallopt(3))
+    and later tensors up to it come from the heap, which keeps freed memory for reuse. Holes between
+    tensors still alive cannot be given back, so the heap's footprint grows by the parameter-sized
+    buffers each step frees: the optimizer's temporaries (AdamW's foreach step computes one fp32
+    shard-sized tensor), and under fully_shard the all-gather buffers (FSDP2 gathers into one flat
+    buffer and copies it out into the unsharded parameters: twice the model in the compute dtype, for
+    forward and again for backward when resharded after forward) and the unsharded gradients with the
+    flat reduce-scatter input (reduce dtype) they are copied into. Activations are reallocated in the
+    same sizes and order every micro-batch and refill their own holes, so they are not counted twice.
+    Fixing the threshold (MALLOC_MMAP_THRESHOLD_) returns all of this but makes a CPU step slower
+    (every large tensor then page-faults in afresh): bench/README.md.
+    """
+    p = model.num_params
+    kept = 4 * p // max(1, run.shard_group_size)  # the optimizer step's fp32 temporary
+    if run.fully_sharded:
+        pb, rb = DTYPES[run.param_dtype].bytes, DTYPES[run.reduce_dtype].bytes
+        gathers = 1 if not run.reshard_after_forward else 2  # forward, and backward's regather
+        kept += gathers * 2 * pb * p  # flat all-gather output and the unsharded copies
+        kept += (pb + rb) * p  # the unsharded gradients, and the flat reduce-scatter input they are copied into
+    return kept
+
+
+def release_freed_heap() -> None:
+    """Hand the memory glibc's heap holds free back to the system (malloc_trim(3)), so that the
+    process's resident memory counts only what it holds: read before a model is built, it is then the
+    baseline `heap_kept` assumes, also in a process that trained before. No-op without glibc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:
@@ -132,8 +172,9 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
         # logits (compute dtype), their fp32 log-softmax, and the gradient in backward
         logits = tokens * model.vocab * (pb + 4 + 4 + (4 if pb != 4 else 0))
     baseline = baseline_bytes + CPU_RUNTIME if baseline_bytes else 0
-    total = model_states + gathered + reference + activations + logits + baseline
-    return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline, total)
+    kept = heap_kept(model, run) if baseline_bytes else 0
+    total = model_states + gathered + reference + activations + logits + baseline + kept
+    return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline, total, kept)
 
 
 def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
@@ -142,6 +183,9 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
     return RunShape(
         shard_group_size=plan.shard_size, param_dtype=plan.param_dtype,
         reshard_after_forward=plan.reshard_after_forward, cpu_offload=plan.cpu_offload,
+        reduce_dtype=plan.reduce_dtype,
+        # as fsdp.needs_fully_shard decides for the trained model
+        fully_sharded=plan.world_size > 1 or plan.cpu_offload or plan.casts,
         activation_checkpointing=plan.activation_checkpointing,
         optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
         seq_len=seq_len or cfg.data.max_length,

@@ -28,7 +28,7 @@ from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model
 from dpo_sweeps.parallel.distributed import RankEnv, all_reduce
-from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
+from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, release_freed_heap, run_shape_of
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler
@@ -89,6 +89,7 @@ class Trainer:
         data = build_data(cfg, self.ctx.base_dir, env)
         self.tokenizer, self.sampler, self.data_counts = data.tokenizer, data.sampler, data.counts
         self.longest_row, self.response_fraction = data.longest_row, data.response_fraction
+        release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
         self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
         self.uses_reference = uses_reference(cfg.loss)
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
