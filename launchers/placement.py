@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from dpo_sweeps.parallel.cpu_binding import OWN_CORES_ENV, rank_cores
+from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,7 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
-    # Without an NVIDIA (or ROCm) driver there is no GPU to count: say so without loading torch,
-    # which a sweep's own process on a CPU machine never needs otherwise.
-    if not (os.path.isdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/kfd")):
+    if not gpu_driver_present():  # no GPU to count: say so without loading torch
         return []
     try:
         import torch

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
 from dpo_sweeps.parallel.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.plan import resolve_plan
 
@@ -41,6 +42,8 @@ def device_memory_limit_gib(cfg) -> float | None:
     will use CUDA; None (no check) on a CPU or where no GPU is visible to the sweep."""
     if cfg.resources.device_memory_gib is not None:
         return float(cfg.resources.device_memory_gib)
+    if cfg.resources.device == "cpu" or not gpu_driver_present():  # no GPU: no check, and no torch to load
+        return None
     from dpo_sweeps.parallel.distributed import wants_cuda
 
     if wants_cuda(cfg.resources.device):

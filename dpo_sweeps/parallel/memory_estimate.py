@@ -120,23 +120,13 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     return kept
 
 
-def release_freed_heap() -> None:
-    """Hand the memory glibc's heap holds free back to the system (malloc_trim(3)), so that the
-    process's resident memory counts only what it holds: read before a model is built, it is then the
-    baseline `heap_kept` assumes, also in a process that trained before. No-op without glibc."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0) -> MemoryEstimate:
+def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0,
+                         runtime_resident: bool = False) -> MemoryEstimate:
     """Estimated peak bytes on the busiest device (see the module docstring for the accounting).
 
     `baseline_bytes`: on a CPU, the process's resident memory before the model was built (CPU_RUNTIME
-    is added to it); 0 on a GPU, whose allocator counts tensors only.
+    is added to it, unless `runtime_resident`: the process trained before, so its runtime is in the
+    baseline); 0 on a GPU, whose allocator counts tensors only.
     """
     s = max(1, run.shard_group_size)
     pb = DTYPES[run.param_dtype].bytes
@@ -171,7 +161,8 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     else:
         # logits (compute dtype), their fp32 log-softmax, and the gradient in backward
         logits = tokens * model.vocab * (pb + 4 + 4 + (4 if pb != 4 else 0))
-    baseline = baseline_bytes + CPU_RUNTIME if baseline_bytes else 0
+    # A process that trained before (a probe batch's later runs) holds its runtime in the baseline already.
+    baseline = baseline_bytes + (0 if runtime_resident else CPU_RUNTIME) if baseline_bytes else 0
     kept = heap_kept(model, run) if baseline_bytes else 0
     total = model_states + gathered + reference + activations + logits + baseline + kept
     return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline, total, kept)

@@ -17,7 +17,6 @@ they stop, and the launcher gives the runs not yet run a new set of processes.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dpo_sweeps.parallel.distributed import all_reduce
+from dpo_sweeps.train.perf import release_freed_heap
 
 _sharing = False
 
@@ -68,9 +68,6 @@ def free_previous_run() -> None:
     """Give back what the run just ended held: its models and optimizer (collected: FSDP modules hold
     reference cycles), the heap glibc keeps for freed small blocks, CUDA's cached blocks."""
     gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    release_freed_heap()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()

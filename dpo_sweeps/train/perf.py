@@ -8,6 +8,7 @@ resident memory), perf/mfu (GPU only; perf/mfu_reason says why it is null, mfu.p
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
 
@@ -35,6 +36,17 @@ def peak_resident_gib() -> float:
     return resident_bytes("VmHWM") / GIB
 
 
+def release_freed_heap() -> None:
+    """Hand the memory glibc's heap holds free back to the system (malloc_trim(3)), so that the
+    process's resident memory counts only what it holds: read before a model is built, it is the
+    baseline the memory estimate's `heap_kept` assumes, also in a process that trained before (a
+    probe batch). No-op without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Count this run's peak memory from now (the runs of a probe batch share a process and free what
     they held in between, runtime/shared_ranks.py): CUDA's peak statistics, or on CPU the process's
@@ -47,6 +59,15 @@ def reset_peak_memory(device: torch.device) -> None:
             f.write("5")
     except OSError:  # not Linux: the peak is the process's
         pass
+
+
+_trained_here = False  # whether a PerfMeter of this process timed a step
+
+
+def trained_before() -> bool:
+    """Whether a run already trained in this process (the later runs of a probe batch): the memory a
+    training torch process gains beyond its tensors is then resident before the next run's model."""
+    return _trained_here
 
 
 class PerfMeter:
@@ -71,8 +92,10 @@ class PerfMeter:
     def stop(self, tokens: float, pairs: float, flops: float = 0.0) -> float:
         """End a step that processed `tokens` non-padding tokens and `pairs` pairs on this rank, with
         `flops` model FLOPs (mfu.py)."""
+        global _trained_here
         self._sync()
         elapsed = time.perf_counter() - self._t0
+        _trained_here = True
         self.step_times.append(elapsed)
         self.step_tokens.append(tokens)
         self.step_pairs.append(pairs)

@@ -28,7 +28,7 @@ from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model
 from dpo_sweeps.parallel.distributed import RankEnv, all_reduce
-from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, release_freed_heap, run_shape_of
+from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler
@@ -37,7 +37,7 @@ from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
-from dpo_sweeps.train.perf import GIB, PerfMeter, resident_bytes
+from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
 from dpo_sweeps.train.probe import apply_probe
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.setup import (
@@ -91,6 +91,7 @@ class Trainer:
         self.longest_row, self.response_fraction = data.longest_row, data.response_fraction
         release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
         self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
+        self.runtime_resident = trained_before()
         self.uses_reference = uses_reference(cfg.loss)
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
         models = build_models(cfg, env, self.plan, self.device, self.tokenizer, with_reference=self.uses_reference)
@@ -330,7 +331,8 @@ class Trainer:
         """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
         run = run_shape_of(self.cfg, self.plan, seq_len=self.longest_row,
                            response_fraction=self.response_fraction)
-        return estimate_peak_memory(ModelShape.of(self.policy), run, baseline_bytes=self.rss_before_model)
+        return estimate_peak_memory(ModelShape.of(self.policy), run, baseline_bytes=self.rss_before_model,
+                                    runtime_resident=self.runtime_resident)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume_from_checkpoint(self) -> None:

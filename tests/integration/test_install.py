@@ -13,6 +13,8 @@ import pytest
 from support import REPO, cli_env
 from support.sweeps import FAST
 
+from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
+
 HEAVY = ("torch", "transformers", "datasets", "wandb")
 # One job of two steps: enough to show the sweeper, the launcher and the training job all load.
 ONE_JOB = [*FAST, "train.max_steps=2", "perf.warmup_steps=0", "data.num_train_pairs=64",
@@ -47,6 +49,21 @@ def test_help_loads_no_training_stack():
     assert proc.returncode == 0, proc.stderr
     assert "== Config ==" in proc.stdout or "Powered by Hydra" in proc.stdout, proc.stdout
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
+
+
+def test_checking_a_sweep_before_launch_loads_no_training_stack(tmp_path):
+    # The sweep's own process composes and validates every point (losses, lengths, the fit check's
+    # "is there a GPU") before any job starts; on a CPU machine it needs none of the training stack.
+    code = ("import sys, runpy\n"
+            f"sys.argv = ['dpo_sweeps', '-m', '+sweep=quickstart', 'hydra.sweeper.dry_run=true', "
+            f"'hydra.sweep.dir={tmp_path / 'sweep'}']\n"
+            "try:\n    runpy.run_module('dpo_sweeps', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    proc = _python(["-c", code], cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "dry run: 8 of 8 jobs would be launched" in proc.stdout, proc.stdout
+    if not gpu_driver_present():  # with a GPU driver, torch is asked how many GPUs there are
+        assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
 
 
 def _sweep_and_report_from(cwd: Path, pythonpath: Path | None = None) -> None:

@@ -91,6 +91,8 @@ def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_it
     # A process's peak resident set never falls by itself: the second probe measures from its own start.
     assert peak(small) < peak(big) - 0.01, (peak(small), peak(big))
     assert abs(peak(small) / peak(alone.summary(0)) - 1) < 0.05, (peak(small), peak(alone.summary(0)))
+    for summary in (big, small):  # and the estimate of the later probe does not count the runtime twice
+        assert abs(summary["metrics"]["perf/peak_memory_estimate_gib"] / peak(summary) - 1) < 0.1, summary["metrics"]
 
 
 def test_a_probe_that_fails_in_a_batch_spares_the_probes_after_it(tmp_path):
