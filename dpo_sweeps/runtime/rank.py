@@ -144,9 +144,11 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     (so each may take its own block of them, `resources.bind_cores`); torchrun and SLURM tasks leave
     binding to their launcher (`srun --cpu-bind`).
     """
-    # What exists now (imported modules, the config) outlives the run: the collections the run makes
-    # (the freed reference, a probe batch's cleanup between runs) need not scan it again.
-    gc.freeze()
+    if not sharing():
+        # What exists now (imported modules, the config) outlives the run: the collections it makes (the
+        # freed reference) need not scan it. Not in a probe batch, whose later runs' objects would be
+        # frozen with it (even this frame's cells): sharing_ranks() freezes once, before its first run.
+        gc.freeze()
     cfg = OmegaConf.create(ctx.config)
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.time_limit_min).install()

@@ -35,6 +35,7 @@ def sharing_ranks() -> Iterator[None]:
     """Keep the process group up between the runs of this block; leave it at the end."""
     global _sharing
     _sharing = True
+    gc.freeze()  # the imported modules outlive every run: the cleanups between runs need not scan them
     try:
         yield
     finally:
