@@ -1,6 +1,7 @@
 """Does probing a sweep rank its configs by speed per memory as training them fully does?
 
-    python bench/probe_vs_full.py                       # 4 probes (one per shape), then 3 full sweeps of 8 runs
+    python bench/probe_vs_full.py                       # 3 probe sweeps (4 probes, one per shape) alternating
+                                                        # with 3 full sweeps of 8 runs
     python bench/probe_vs_full.py --probe-every-point   # 8 probes, one per grid point
     python bench/probe_vs_full.py --full-repeats 1 --probe-steps 10 --probe-warmup 1 --workdir /tmp/pvf
 
@@ -8,7 +9,9 @@ The quickstart grid is fsdp {full_shard, shard_grad_op} x precision {fp32, bf16}
 2 ranks each. Beta changes neither what is computed nor what is held in memory, so by default the probe
 sweep covers the four shapes that can differ (`+sweep=quickstart probe.steps=N loss.beta=0.1`) and each
 grid point takes the probe of its shape: the beta=0.1 and beta=0.5 points tie in the probe's ranking.
-Each full sweep trains all 8 points for 60 steps.
+Each full sweep trains all 8 points for 60 steps. Probe and full sweeps alternate (probe, full, probe,
+full, ...), so a slow spell of the machine falls on both kinds; a probe's figures are the medians of
+its probe sweeps.
 
 Rankings are compared with Spearman's rho (ties at their average rank) on `perf/speed_per_memory` of
 summary.json (tokens over the summed step times, per GiB: what analysis/report.py ranks by) and on the
@@ -85,6 +88,18 @@ def read_runs(sweep_dir: Path) -> dict[tuple, dict]:
                      "estimate_gib": metrics.get("perf/peak_memory_estimate_gib"), "steps": metrics.get("steps"),
                      "step_s": sum(steps)}
     return runs
+
+
+def median_runs(sweeps: list[dict[tuple, dict]]) -> dict[tuple, dict]:
+    """Per config, the median of each figure over repeated sweeps (completed only if completed in all)."""
+    merged = {}
+    for c in sweeps[0]:
+        runs = [s[c] for s in sweeps if c in s]
+        numbers = {k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        merged[c] = {**runs[0], **{k: statistics.median(r[k] for r in runs) for k in numbers
+                                   if all(isinstance(r.get(k), (int, float)) for r in runs)}}
+        merged[c]["status"] = "completed" if all(r["status"] == "completed" for r in runs) else "failed"
+    return merged
 
 
 def average_ranks(values: list[float]) -> np.ndarray:
@@ -165,6 +180,8 @@ def main() -> None:
     parser.add_argument("--probe-warmup", type=int, default=1, help="perf.warmup_steps of the probes")
     parser.add_argument("--probe-every-point", action="store_true",
                         help="probe all 8 grid points instead of the 4 shapes beta does not change")
+    parser.add_argument("--probe-repeats", type=int, default=3,
+                        help="probe sweeps to run, each before a full sweep: the probe figures are their medians")
     parser.add_argument("--full-repeats", type=int, default=3,
                         help="full sweeps to run: the probe is compared with each, and the sweeps with each other")
     parser.add_argument("--probes-per-job", type=int, default=None,
@@ -179,6 +196,7 @@ def main() -> None:
         args.probe_steps = 5 if args.probe_every_point else 10
     args.workdir.mkdir(parents=True, exist_ok=True)
     full_dirs = [args.workdir / (f"full-{i + 1}" if i else "full") for i in range(args.full_repeats)]
+    probe_dirs = [args.workdir / (f"probe-{i + 1}" if i else "probe") for i in range(args.probe_repeats)]
 
     if args.reuse:
         saved = json.loads((args.workdir / "results.json").read_text())
@@ -191,13 +209,17 @@ def main() -> None:
             print(steadiness.describe(machine, STEADINESS_WINDOW_S))
         shapes_only = [] if args.probe_every_point else ["loss.beta=0.1"]
         batching = [] if args.probes_per_job is None else [f"hydra.launcher.probes_per_job={args.probes_per_job}"]
-        cost = {"probe": sweep(args.workdir / "probe", [f"probe.steps={args.probe_steps}",
-                                                         f"perf.warmup_steps={args.probe_warmup}", *shapes_only,
-                                                         *batching],
-                               args.workdir / "probe.log")}
-        for d in full_dirs:
-            cost[d.name] = sweep(d, [], args.workdir / f"{d.name}.log")
-    probed = read_runs(args.workdir / "probe")
+        probing = [f"probe.steps={args.probe_steps}", f"perf.warmup_steps={args.probe_warmup}", *shapes_only,
+                   *batching]
+        cost = {}
+        # Alternating (probe sweep, full sweep, ...): a slow spell of the machine hits both kinds alike.
+        for i in range(max(len(probe_dirs), len(full_dirs))):
+            for d, extra in ((probe_dirs[i] if i < len(probe_dirs) else None, probing),
+                             (full_dirs[i] if i < len(full_dirs) else None, [])):
+                if d is not None:
+                    cost[d.name] = sweep(d, extra, args.workdir / f"{d.name}.log")
+    probe_sweeps = [read_runs(d) for d in probe_dirs]
+    probed = median_runs(probe_sweeps)
     fulls = [read_runs(d) for d in full_dirs]
     full = fulls[0]
     probe = shape_probes(probed, sorted(full))
@@ -252,7 +274,14 @@ def main() -> None:
                                     "within": min(runs_of) <= value <= max(runs_of)}
         print(f"  {'/'.join(shape):<22} probe {value:>8.0f}   full {min(runs_of):>8.0f} .. {max(runs_of):<8.0f} "
               f"{'within' if spreads['/'.join(shape)]['within'] else 'OUTSIDE'}")
-    print(f"  {sum(s['within'] for s in spreads.values())} of {len(spreads)} probes within their shape's spread")
+    print(f"  {sum(s['within'] for s in spreads.values())} of {len(spreads)} probes (median of {len(probe_sweeps)} "
+          "probe sweeps) within their shape's spread")
+    for d, one in zip(probe_dirs, probe_sweeps):
+        inside = sum(min(f[c]["speed_per_memory"] for f in fulls for c in ok if c[:2] == c0[:2])
+                     <= one[c0]["speed_per_memory"]
+                     <= max(f[c]["speed_per_memory"] for f in fulls for c in ok if c[:2] == c0[:2])
+                     for c0 in one if c0 in probe and one[c0]["status"] == "completed")
+        print(f"  {d.name} alone: {inside} of {len(one)} within (wall {cost[d.name]['wall_s']:.1f} s)")
     results["within_spread"] = spreads
 
     runs = {"probe": probed, "full": full}
@@ -261,10 +290,16 @@ def main() -> None:
     steps = {name: sum(r["steps"] or 0 for r in rs.values()) for name, rs in runs.items()}
     step_ratio = train_s["probe"] / max(1e-9, train_s["full"])
     steps_ratio = steps["probe"] / max(1, steps["full"])
+    med = {kind: {k: statistics.median(cost[d.name][k] for d in dirs) for k in ("cpu_s", "wall_s")}
+           for kind, dirs in (("probe", probe_dirs), ("full", full_dirs))}
+    walls = {kind: ", ".join(f"{cost[d.name]['wall_s']:.1f}" for d in dirs)
+             for kind, dirs in (("probe", probe_dirs), ("full", full_dirs))}
     print(f"\nprobe cost / one full sweep's: training steps {steps['probe']}/{steps['full']} = {steps_ratio:.1%}, "
           f"measured step time and reference pass {step_ratio:.1%}, "
-          f"CPU seconds of all processes {cost['probe']['cpu_s'] / cost['full']['cpu_s']:.1%}, "
-          f"wall {cost['probe']['wall_s'] / cost['full']['wall_s']:.1%} (process start-up included)")
+          f"CPU seconds of all processes {med['probe']['cpu_s'] / med['full']['cpu_s']:.1%}, "
+          f"wall {med['probe']['wall_s'] / med['full']['wall_s']:.1%} (process start-up included; medians of: "
+          f"probe sweeps {walls['probe']} s, full sweeps {walls['full']} s)")
+    results["wall_ratio"] = med["probe"]["wall_s"] / med["full"]["wall_s"]
     print(f"(probe: {len(probed)} runs of {args.probe_steps} steps, {args.probe_warmup} untimed; full: "
           f"{len(fulls)} sweeps of {max(full[c]['steps'] or 0 for c in ok)} steps a run; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")

@@ -67,8 +67,10 @@ def all_completed(completed: bool) -> bool:
 
 def free_previous_run() -> None:
     """Give back what the run just ended held: its models and optimizer (collected: FSDP modules hold
-    reference cycles), the heap glibc keeps for freed small blocks, CUDA's cached blocks."""
+    reference cycles), the heap glibc keeps for freed small blocks, CUDA's cached blocks. What is left
+    (the modules the run imported) outlives every run: frozen, the next collections skip it."""
     gc.collect()
+    gc.freeze()  # after the collection: only what is alive is frozen
     release_freed_heap()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
