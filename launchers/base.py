@@ -333,6 +333,13 @@ def progress_line(job: SweepJob, ret: JobReturn, elapsed: float, done: int, tota
     return f"[{done}/{total}] #{job.num} FAILED ({reason}) in {elapsed:.0f} s: {message}"
 
 
+def runs_written(jobs: Sequence[SweepJob], earlier: Sequence[int | None]) -> int:
+    """How many of a started job's runs (one, or a probe batch's in turn) have written a new summary.json
+    (`earlier`: each one's summary_stamp before the start): the job is on the next one."""
+    return next((p for p, (job, stamp) in enumerate(zip(jobs, earlier)) if summary_stamp(job.run_dir) == stamp),
+                len(jobs))
+
+
 def summary_stamp(run_dir: Path) -> int | None:
     """When run_dir's summary.json was last written (None: there is none), to tell a new one from an old."""
     try:

@@ -34,6 +34,7 @@ from launchers.base import (
     log,
     probes_per_job_of,
     progress_line,
+    runs_written,
     summary_stamp,
 )
 from launchers.jobs import PointLabels, SweepJob, probe_batches
@@ -227,11 +228,9 @@ class _Running:
     earlier: list[int | None]  # each run's summary.json stamp before the start
 
     def current(self, jobs: Sequence[SweepJob]) -> SweepJob | None:
-        """The run the job is on: the first one without a new summary.json."""
-        for i, stamp in zip(self.unit, self.earlier):
-            if summary_stamp(jobs[i].run_dir) == stamp:
-                return jobs[i]
-        return None
+        """The run the job is on (None: all of its runs wrote their summary)."""
+        done = runs_written([jobs[i] for i in self.unit], self.earlier)
+        return jobs[self.unit[done]] if done < len(self.unit) else None
 
     def elapsed(self, job: SweepJob) -> float:
         """How long the run took: the job's time, or in a probe batch the run's own (summary.json wall_s)."""

@@ -37,6 +37,7 @@ from launchers.base import (
     log,
     probes_per_job_of,
     progress_line,
+    runs_written,
     summary_stamp,
     task_overrides,
 )
@@ -184,12 +185,11 @@ class SlurmLauncher(SweepLauncher):
                 if running:
                     next(iter(running.values()))[1].watcher.update()
                 for key, (unit, sj, _started, earlier) in running.items():
-                    current = next((p for p, i in enumerate(unit) if summary_stamp(jobs[i].run_dir) == earlier[p]),
-                                   len(unit) - 1)  # the run the job is on
-                    if key not in cancelled and not sj.done() and failed_but_held(jobs[unit[current]], sj,
-                                                                                  earlier[current]):
+                    last = runs_written([jobs[i] for i in unit], earlier) - 1  # the run that wrote last
+                    if (key not in cancelled and last >= 0 and not sj.done()
+                            and failed_but_held(jobs[unit[last]], sj, earlier[last])):
                         log.warning("#%d: SLURM requeued SLURM job %s after its run failed: cancelling it",
-                                    jobs[unit[current]].num, sj.job_id)
+                                    jobs[unit[last]].num, sj.job_id)
                         sj.cancel(check=False)
                         cancelled.add(key)
                 for key in [key for key, (_unit, sj, *_rest) in running.items() if sj.done()]:
