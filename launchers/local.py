@@ -125,9 +125,8 @@ class LocalLauncher(SweepLauncher):
             return "resources.device: cuda, but this machine has no visible GPU (accepted here: cpu or auto)"
         return pool.cannot_hold(job.world_size, self._uses_gpus(job, pool))
 
-    def _slots(self, job: SweepJob) -> int:
-        """How many jobs like this one run at once here (probe batches are spread over them)."""
-        pool = self._pool()
+    def _slots(self, job: SweepJob, pool: DevicePool) -> int:
+        """How many jobs like this one run at once on `pool` (probe batches are spread over them)."""
         slots = pool.slots(job.world_size, self._uses_gpus(job, pool))
         return min(slots, self.max_concurrent_jobs or slots)
 
@@ -141,7 +140,7 @@ class LocalLauncher(SweepLauncher):
             pool = self._devices
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
         results: dict[int, JobReturn] = {}
-        pending = deque(probe_batches(jobs, self._slots, self.probes_per_job))
+        pending = deque(probe_batches(jobs, lambda job: self._slots(job, pool), self.probes_per_job))
         label = PointLabels([job.overrides for job in jobs])
         running: dict[int, _Running] = {}  # by the first job of each
         hung: dict[int, dict] = {}  # jobs cancelled because every rank stopped: their failure

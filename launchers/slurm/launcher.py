@@ -196,9 +196,10 @@ class SlurmLauncher(SweepLauncher):
                     unit, sj, started, earlier = running.pop(key)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
                     returns, not_run = self._collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
+                    lost_node = node_failed(str(sj.job_id))  # one sacct call for all of the job's runs
                     for i, ret in zip(unit, returns):
                         results[i] = ret
-                        if node_failed(str(sj.job_id)):
+                        if lost_node:
                             record_node_failure(jobs[i].run_dir)
                         log.info(progress_line(jobs[i], ret, time.monotonic() - started, len(results), len(jobs)))
                     if not_run:  # a probe batch stopped at a failed run: the rest go in a job of their own
