@@ -1,24 +1,29 @@
 """The Optuna sweeper's loop: ask for a trial whenever a slot is free, tell the study how each one ended.
 
-The search space, sampler, storage and trial count come from hydra-optuna-sweeper's configuration
-(its `OptunaSweeperImpl`, which parses `hydra.sweeper.params` and the command line); the loop is
-ours, so that trials run asynchronously (launchers/trial_slots.py) and can be pruned
-(dpo_sweeps/train/pruning.py). A trial the pruner stopped ends with summary status `pruned` and is told
-to the study as PRUNED, with its last reported value.
+Trials run asynchronously (launchers/trial_slots.py) and can be pruned (dpo_sweeps/train/pruning.py);
+the loop uses Optuna's public ask-and-tell API only. Trial N of the study runs in `<sweep dir>/N`:
+trial numbers are unique in the study, so several sweep processes sharing one study (the same
+`hydra.sweeper.storage` and `study_name`) never write into each other's runs, and a continued
+study never overwrites an earlier invocation's.
 
-Optuna's cached RDB storage keeps its own copy of the trials a study object created and does not
-see what trial processes write (intermediate values, states), so each ask and tell goes through a
-fresh study object: the storage is the source of truth.
+How a trial ends, as the study records it:
+- completed: COMPLETE with its objective values;
+- stopped by the pruner: PRUNED (summary status `pruned`);
+- skipped by the fit check (predicted out of memory): with a sampler that takes constraints (TPE,
+  NSGA-II, GP), COMPLETE and infeasible (its memory constraint > 0), with the worst objective
+  values of the study's feasible trials, so the sampler learns where the memory boundary is and
+  Optuna never counts it best; with other samplers, or before any trial completed, FAIL;
+- invalid, failed, or without a finite objective: FAIL (samplers ignore it).
+Every trial records its memory constraint (estimated peak minus the device's memory, in GiB) as a
+user attribute when the fit check had a limit.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import os
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,73 +32,61 @@ from omegaconf import OmegaConf
 
 from dpo_sweeps.rundir.outputs import read_summary
 from dpo_sweeps.train.pruning import TrialLink
-from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
+from launchers.optuna_space import SearchSpace
 from launchers.trial_slots import SlotRun, TrialSlots
 
 log = logging.getLogger("launchers")
 
 
-def absolute_storage(storage: str) -> str:
-    """A sqlite URL with an absolute path: trial processes may start in another working directory."""
-    prefix = "sqlite:///"
-    if storage.startswith(prefix) and not storage[len(prefix):].startswith("/"):
-        return prefix + os.path.abspath(storage[len(prefix):])
-    return storage
+@dataclass
+class StudySettings:
+    """What the sweeper resolved from hydra.sweeper.*."""
+
+    study_name: str
+    storage: Any  # an Optuna storage object (dpo_sweeps.train.study_storage.open_storage), or None: in memory
+    storage_spec: str | None  # what trial processes open (trial.json)
+    directions: list[str]
+    objective: str  # the first objective: what a pruned trial reports
+    n_trials: int
+    max_failure_rate: float
+    pruner: Any
+    pruner_spec: tuple[str, dict]
+    constrained: bool  # the sampler takes the memory constraint (constraints_func)
 
 
 class AsyncStudy:
-    def __init__(self, impl: Any, arguments: Sequence[str], directions: list[str], pruner: Any, trials: Any,
-                 objective: str, pruner_spec: tuple[str, dict]):
+    def __init__(self, settings: StudySettings, sampler: Any, space: SearchSpace, trials: Any, config: Any):
         import optuna
 
         self.optuna = optuna
-        self.impl = impl
+        self.settings = settings
+        self.sampler = sampler  # launchers.optuna_sampler.trial_seeded_sampler
+        self.space = space
         self.trials = trials  # launchers.optuna_sweeper.TrialLauncher
-        self.directions = directions
-        self.pruner = pruner
-        self.objective = objective
-        self.pruner_spec = pruner_spec
-        self.storage = absolute_storage(str(impl.storage)) if impl.storage else None
-        # One database engine for all the fresh study handles below (each has its own, empty cache).
-        self._backend = optuna.storages.RDBStorage(self.storage) if self.storage else None
-        self.space, self.fixed = self._search_space(list(arguments))
-        created = optuna.create_study(study_name=impl.study_name, storage=self._backend, sampler=self.sampler,
-                                      directions=directions, pruner=pruner, load_if_exists=True)
+        self.config = config
+        created = optuna.create_study(study_name=settings.study_name, storage=settings.storage, sampler=sampler,
+                                      directions=settings.directions, pruner=settings.pruner, load_if_exists=True)
+        if [d.name.lower() for d in created.directions] != settings.directions:
+            from launchers.preflight import InvalidSweep
+
+            raise InvalidSweep(f"hydra.sweeper.direction: {settings.directions} but study '{settings.study_name}' "
+                               f"was created with {[d.name.lower() for d in created.directions]} (accepted: the "
+                               "study's directions, or a new study_name or hydra.sweep.dir)")
         # Without storage (hydra.sweeper.storage=null) the study lives in this process only: keep that one.
-        self._in_memory = created if self._backend is None else None
+        self._in_memory = created if settings.storage is None else None
         self.failures = 0
         self.told = 0
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.slots: TrialSlots | None = None
 
-    def _search_space(self, arguments: list[str]) -> tuple[dict, dict]:
-        """hydra.sweeper.params and the command line's sweep overrides, as Optuna distributions."""
-        impl = self.impl
-        impl._process_searchspace_config()
-        space, fixed = create_params_from_overrides(impl._parse_sweeper_params_config() + arguments)
-        space = {**(impl.search_space_distributions or {}), **space}
-        for name in fixed:
-            space.pop(name, None)
-        self.sampler = impl.sampler
-        self.n_trials = impl.n_trials
-        if isinstance(self.sampler, functools.partial) and self.sampler.func == self._grid_sampler():
-            grid = {name: impl._to_grid_sampler_choices(dist) for name, dist in space.items()}
-            self.sampler = self.sampler(grid)
-            size = 1
-            for choices in grid.values():
-                size *= len(choices)
-            self.n_trials = min(self.n_trials, size)
-        return space, fixed
-
-    def _grid_sampler(self) -> Any:
-        return self.optuna.samplers.GridSampler
-
     def study(self) -> Any:
+        """A fresh handle on the study: the storage, which every worker and trial process writes, is the truth."""
         if self._in_memory is not None:
             return self._in_memory
-        return self.optuna.load_study(study_name=self.impl.study_name, storage=self._backend, sampler=self.sampler,
-                                      pruner=self.pruner)
+        return self.optuna.load_study(study_name=self.settings.study_name, storage=self.settings.storage,
+                                      sampler=self.sampler, pruner=self.settings.pruner)
 
     def enqueue(self, params: dict) -> None:
         self.study().enqueue_trial(params)
@@ -110,7 +103,8 @@ class AsyncStudy:
         asked = 0
         try:
             while True:
-                while asked < self.n_trials and slots.free and not self._too_many_failures():
+                while (asked < self.settings.n_trials and slots.free and not self._too_many_failures()
+                       and not self.sampler.exhausted(self.study())):
                     asked += 1
                     self._start_one(slots)
                 if not slots.running:
@@ -123,24 +117,31 @@ class AsyncStudy:
             self.ended_at = time.time()
 
     def _too_many_failures(self) -> bool:
-        return self.told > 0 and self.failures / self.told > self.impl.max_failure_rate
+        return self.told > 0 and self.failures / self.told > self.settings.max_failure_rate
 
     def _start_one(self, slots: TrialSlots) -> None:
+        TrialState = self.optuna.trial.TrialState
         trial = self.study().ask()
-        overrides = list(self.impl._configure_trials([trial], self.space, self.fixed)[0])
-        num = self.impl.job_idx
-        self.impl.job_idx += 1
-        job, refusal = self.trials.prepare(overrides, num)
-        if refusal is not None:
-            self._finish(trial.number, self.optuna.trial.TrialState.FAIL)
+        try:
+            overrides = self.space.suggest(trial, self.config)
+        except Exception as exc:  # the custom search space function, or a distribution Optuna refuses
+            log.warning("trial %d: no parameters: %s", trial.number, exc)
+            self._finish(trial.number, TrialState.FAIL)
             return
-        if self.pruner is not None:
-            name, settings = self.pruner_spec
-            # Optuna 2.10 has no public accessor for the storage id a trial process reports under.
-            TrialLink(storage=self.storage, study_name=self.impl.study_name, trial_id=trial._trial_id,
-                      trial_number=trial.number, objective=self.objective, pruner=name,
-                      pruner_settings=settings).write(job.run_dir)
-        log.info("trial %d -> #%d: %s", trial.number, num, " ".join(overrides))
+        prepared = self.trials.prepare(overrides, trial.number)
+        if prepared.memory_over_limit_gib is not None:
+            trial.set_user_attr(MEMORY_CONSTRAINT, prepared.memory_over_limit_gib)
+        if prepared.refusal is not None:
+            if prepared.skipped and self.settings.constrained:
+                self._finish_infeasible(trial.number)
+            else:
+                self._finish(trial.number, TrialState.FAIL)
+            return
+        job = prepared.job
+        name, settings = self.settings.pruner_spec
+        TrialLink(storage=self.settings.storage_spec, study_name=self.settings.study_name, trial_number=trial.number,
+                  objective=self.settings.objective, pruner=name, pruner_settings=settings).write(job.run_dir)
+        log.info("trial %d: %s", trial.number, " ".join(overrides))
         slots.start(job, trial.number)
 
     def _tell(self, run: SlotRun) -> None:
@@ -155,8 +156,22 @@ class AsyncStudy:
             values = ret.return_value if isinstance(ret.return_value, list) else [ret.return_value]
             self._finish(run.tag, TrialState.COMPLETE, values)
         else:
-            log.warning("trial %d failed: %s", run.tag, ret._return_value)
+            failure = summary.get("failure") or {}
+            log.warning("trial %d failed: %s", run.tag, failure.get("message") or "no finite objective in its metrics")
             self._finish(run.tag, TrialState.FAIL)
+
+    def _finish_infeasible(self, number: int) -> None:
+        """A skipped trial: COMPLETE with the worst feasible values so far, infeasible by its constraint."""
+        TrialState = self.optuna.trial.TrialState
+        feasible = [t.values for t in self.study().get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.user_attrs.get(MEMORY_CONSTRAINT, 0.0) <= 0.0]
+        if not feasible:  # nothing to rank it below yet
+            self._finish(number, TrialState.FAIL)
+            return
+        worst = [min(v[i] for v in feasible) if d == "maximize" else max(v[i] for v in feasible)
+                 for i, d in enumerate(self.settings.directions)]
+        self.told += 1
+        self.study().tell(number, values=worst, state=TrialState.COMPLETE)
 
     def _finish(self, number: int, state: Any, values: list[float] | None = None) -> None:
         self.told += 1
@@ -174,16 +189,19 @@ class AsyncStudy:
 
     # ------------------------------------------------------------------ the result
     def save_results(self, path: Path) -> None:
-        """optimization_results.yaml, as hydra-optuna-sweeper writes it: the best trial or the Pareto front."""
+        """optimization_results.yaml, as hydra-optuna-sweeper writes it: the best trial or the Pareto front
+        (of the feasible trials: Optuna leaves out those that broke a constraint)."""
         study = self.study()
-        done = [t for t in study.trials if t.state == self.optuna.trial.TrialState.COMPLETE]
-        if not done:
+        try:
+            if len(self.settings.directions) < 2:
+                best = study.best_trial
+                results: dict[str, Any] = {"name": "optuna", "best_params": best.params, "best_value": best.value}
+                log.info("best parameters: %s (value %s)", best.params, best.value)
+            else:
+                results = {"name": "optuna", "solutions": [{"params": t.params, "values": t.values}
+                                                           for t in study.best_trials]}
+        except ValueError:  # no trial completed (or none feasible)
             return
-        if len(self.directions) < 2:
-            best = study.best_trial
-            results: dict[str, Any] = {"name": "optuna", "best_params": best.params, "best_value": best.value}
-            log.info("best parameters: %s (value %s)", best.params, best.value)
-        else:
-            results = {"name": "optuna", "solutions": [{"params": t.params, "values": t.values}
-                                                       for t in study.best_trials]}
+        if len(self.settings.directions) > 1 and not results["solutions"]:
+            return
         OmegaConf.save(OmegaConf.create(results), path)

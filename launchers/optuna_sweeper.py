@@ -1,17 +1,18 @@
-"""`hydra/sweeper=optuna`: hydra-optuna-sweeper, kept in the sweep directory and checked before launch.
+"""`hydra/sweeper=optuna`: an Optuna search with hydra-optuna-sweeper's keys, on Optuna's public API.
 
-`OptunaSweeperConf` below replaces the plugin's own `hydra/sweeper=optuna` config (same keys, plus
-`objectives` and `dry_run`, and defaults that suit this project; registered by
-hydra_plugins/dpo_sweeps_launchers). What this adds to the plugin's sweeper:
-- the study lives in `sqlite:///<sweep dir>/optuna.db` under a fixed name, so running the same
-  command again (same `hydra.sweep.dir`) continues the same study; run directories are numbered
-  after the study's existing trials, so a second invocation never overwrites the first's runs;
-- `objectives` names the summary metrics each trial returns (one per `direction`), read from the
-  run's metrics; `dpo_sweeps.app.run` itself stays objective-free;
+The config is conf/hydra/sweeper/optuna.yaml (samplers: conf/hydra/sweeper/sampler/), registered by
+hydra_plugins/dpo_sweeps_launchers. It takes hydra-optuna-sweeper's keys (`sampler`, `direction`,
+`storage`, `study_name`, `n_trials`, `n_jobs`, `max_failure_rate`, `params`, `custom_search_space`)
+and override syntax (launchers/optuna_space.py), so a config written for that plugin runs as it is,
+and adds:
+- the study in `sqlite:///<sweep dir>/optuna.db` under a fixed name, so the same command again
+  continues it; `storage` also takes any RDB URL or `journal:PATH`, and several sweep processes
+  naming the same study share it (trial N runs in `<sweep dir>/N`, whichever process asked for it);
+- `objectives`: the summary metrics each trial returns (one per `direction`), read from the run's
+  metrics; `dpo_sweeps.app.run` itself stays objective-free;
 - each trial is validated before launch: an invalid trial (say, a batch size the ranks do not
-  divide) is not run; it gets a failed summary.json (`invalid_config`) and is told to the study as
-  FAIL, like a run that fails. Optuna's samplers ignore failed trials, and `max_failure_rate: 1.0`
-  keeps the study going;
+  divide) is not run; it gets a failed summary.json (`invalid_config`) and is FAIL in the study;
+  a trial predicted not to fit its device is skipped and infeasible to the study (a constraint);
 - asynchronous trials: `n_jobs` run at once and a new one starts as soon as any ends
   (launchers/optuna_study.py), instead of batches that wait for their slowest;
 - pruning (`pruner`, `pruner_settings`): each evaluation of a trial is reported to the study and a
@@ -25,26 +26,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import RunFailure
 from dpo_sweeps.rundir.outputs import write_summary
 from dpo_sweeps.train.pruning import make_pruner
-from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf as PluginOptunaSweeperConf
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as PluginOptunaSweeper
 from launchers.base import JobNotRun, failed_return, log, task_overrides
 from launchers.grid_sweeper import launch_numbered
 from launchers.jobs import SweepJob
 from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
-from launchers.preflight import InvalidSweep, compose_and_check, predicted_ooms, record_predicted_oom
+from launchers.preflight import InvalidSweep, PredictedOOM, compose_and_check, record_predicted_oom
+
+DIRECTIONS = ("maximize", "minimize")
 
 
 class ObjectiveUnavailable(Exception):
@@ -66,51 +68,73 @@ def objective_values(metrics: Any, objectives: Sequence[str]) -> float | list[fl
     return values[0] if len(values) == 1 else values
 
 
+@dataclass
+class PreparedTrial:
+    """A trial composed and checked: its job (None when it could not be composed), and why it will not run."""
+
+    job: SweepJob | None
+    refusal: JobReturn | None = None
+    skipped: bool = False  # predicted not to fit its device
+    # Estimated peak memory minus resources.device_memory_gib (GiB), when the fit check had a limit.
+    memory_over_limit_gib: float | None = None
+
+
 class TrialLauncher(Launcher):
     """Wraps the real launcher: validates each trial before it runs, and turns its metrics into objectives."""
 
-    def __init__(self, inner: Launcher, hydra_context: HydraContext, config: DictConfig, objectives: Sequence[str]):
+    def __init__(self, inner: Launcher, hydra_context: HydraContext, config: DictConfig, objectives: Sequence[str],
+                 skip_predicted_oom: bool):
         self.inner = inner
         self.hydra_context = hydra_context
         self.config = config
         self.objectives = list(objectives)
+        self.skip_predicted_oom = skip_predicted_oom
         # (job, JobReturn) of every trial launched (or refused) by this invocation.
         self.history: list[tuple[SweepJob, JobReturn]] = []
-        self.skip_predicted_oom = True
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def prepare(self, overrides: list[str], num: int) -> tuple[SweepJob | None, JobReturn | None]:
-        """Compose and check one trial: (the job to run, None), or (job or None, its refusal)."""
+    def prepare(self, overrides: list[str], num: int) -> PreparedTrial:
+        """Compose and check one trial (numbered `num`), and run the fit check."""
         jobs, invalid = compose_and_check(self.hydra_context, self.config, [overrides], num, self.inner)
-        if jobs and self.skip_predicted_oom:
-            jobs, unfit = predicted_ooms(jobs)
-            for point in unfit:  # told to the study as FAIL; its summary says skipped, oom_predicted
-                record_predicted_oom(point)
-                log.warning("trial #%d not started: %s", num, point.message)
-                refusal = failed_return(point.job.overrides, JobNotRun(f"oom_predicted: {point.message}"), point.job)
-                self.history.append((point.job, refusal))
-                return point.job, refusal
-        if jobs:
-            return jobs[0], None
-        point = invalid[0]
-        log.warning("trial #%d not run: %s: %s", point.num, point.kind, point.message)
+        if not jobs:
+            return self._refuse_invalid(invalid[0])
+        job = jobs[0]
+        from dpo_sweeps.parallel.fit import check_fit  # the training stack loads when a trial is checked
+
+        try:
+            check = check_fit(OmegaConf.create(job.task_config), job.world_size)
+        except (OSError, ValueError) as exc:  # e.g. a hub model not in the local cache: run it unchecked
+            log.warning("trial %d: no fit check (%s)", num, str(exc).splitlines()[0] if str(exc) else exc)
+            check = None
+        over = None if check is None else check.estimate_gib - check.limit_gib
+        if check is None or check.fits or not self.skip_predicted_oom:
+            return PreparedTrial(job, memory_over_limit_gib=over)
+        point = PredictedOOM(job, check.estimate_gib, check.limit_gib, check.message())
+        record_predicted_oom(point)  # its summary says skipped, oom_predicted
+        log.warning("trial %d not started: %s", num, point.message)
+        refusal = failed_return(job.overrides, JobNotRun(f"oom_predicted: {point.message}"), job)
+        self.history.append((job, refusal))
+        return PreparedTrial(job, refusal, skipped=True, memory_over_limit_gib=over)
+
+    def _refuse_invalid(self, point: Any) -> PreparedTrial:
+        log.warning("trial %d not run: %s: %s", point.num, point.kind, point.message)
         refusal = failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
         if point.job is not None:
             write_summary(point.job.run_dir, status="failed", failure={"kind": point.kind, "message": point.message},
                           overrides=task_overrides(point.job), config=point.job.task_config, metrics={},
                           extra={"written_by": "optuna sweeper: not run"})
             self.history.append((point.job, refusal))
-        return point.job, refusal
+        return PreparedTrial(point.job, refusal)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Hydra's Launcher API (one batch, all at once); the sweeper itself runs trials through TrialSlots."""
         prepared = [self.prepare(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        jobs = [job for job, refusal in prepared if refusal is None]
+        jobs = [p.job for p in prepared if p.refusal is None]
         launched = dict(zip([j.num for j in jobs], launch_numbered(self.inner, jobs)))
         self.history += [(job, launched[job.num]) for job in jobs]
-        return [self.with_objectives(launched[job.num]) if refusal is None else refusal for job, refusal in prepared]
+        return [self.with_objectives(launched[p.job.num]) if p.refusal is None else p.refusal for p in prepared]
 
     def with_objectives(self, ret: JobReturn) -> JobReturn:
         if ret.status != JobStatus.COMPLETED:
@@ -125,34 +149,65 @@ class TrialLauncher(Launcher):
         return out
 
 
-class OptunaSweeper(PluginOptunaSweeper):
-    def __init__(self, objectives: Sequence[str] | str = ("eval/rewards/accuracies",), dry_run: bool = False,
-                 pruner: str = "none", pruner_settings: dict | None = None,
-                 enqueue_trials: Sequence[dict] | None = None, skip_predicted_oom: bool = True,
-                 **plugin_params: Any) -> None:
-        super().__init__(**plugin_params)
-        self.objectives = [objectives] if isinstance(objectives, str) else list(objectives)
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def directions_of(direction: Any) -> list[str]:
+    """hydra.sweeper.direction: one name or a list, as hydra-optuna-sweeper takes it."""
+    names = list(direction) if isinstance(direction, (list, tuple, Sequence)) and not isinstance(direction, str) \
+        else [direction]
+    names = [str(getattr(d, "name", d)).lower() for d in names]
+    bad = [d for d in names if d not in DIRECTIONS]
+    if bad or not names:
+        raise InvalidSweep(f"hydra.sweeper.direction: {direction!r} (accepted: maximize or minimize, or a list of "
+                           "them, one per objective)")
+    return names
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(self, sampler: Any, direction: Any = ("maximize",), storage: str | None = None,
+                 study_name: str | None = "dpo_sweeps", n_trials: int = 20, n_jobs: int = 1,
+                 max_failure_rate: float = 1.0, params: Any = None, custom_search_space: str | None = None,
+                 objectives: Sequence[str] | str = ("eval/rewards/accuracies",), dry_run: bool = False,
+                 pruner: str = "none", pruner_settings: Any = None, enqueue_trials: Any = None,
+                 skip_predicted_oom: bool = True, **unknown: Any) -> None:
+        if unknown:
+            raise InvalidSweep(
+                f"hydra.sweeper.{sorted(unknown)[0]}: not a setting of the Optuna sweeper (accepted: sampler, "
+                "direction, storage, study_name, n_trials, n_jobs, max_failure_rate, params, custom_search_space, "
+                "objectives, dry_run, pruner, pruner_settings, enqueue_trials, skip_predicted_oom)")
+        self.sampler_config = dict(_plain(sampler) or {})
+        self.directions = directions_of(_plain(direction))
+        self.storage = storage
+        self.study_name = study_name or "dpo_sweeps"
+        self.n_trials = int(n_trials)
+        self.n_jobs = max(1, int(n_jobs))
+        if not 0.0 <= float(max_failure_rate) <= 1.0:
+            raise InvalidSweep(f"hydra.sweeper.max_failure_rate: {max_failure_rate} (accepted: 0.0 to 1.0)")
+        self.max_failure_rate = float(max_failure_rate)
+        self.params = _plain(params)
+        self.custom_search_space = custom_search_space
+        self.objectives = [objectives] if isinstance(objectives, str) else list(_plain(objectives))
         self.dry_run = dry_run
         self.pruner = pruner
-        self.pruner_settings = dict(OmegaConf.to_container(pruner_settings) if isinstance(pruner_settings, DictConfig)
-                                    else pruner_settings or {})
-        trials = OmegaConf.to_container(enqueue_trials) if isinstance(enqueue_trials, ListConfig) else enqueue_trials
-        self.enqueue_trials = [dict(t) for t in trials or []]
+        self.pruner_settings = dict(_plain(pruner_settings) or {})
+        self.enqueue_trials = [dict(t) for t in _plain(enqueue_trials) or []]
         self.skip_predicted_oom = skip_predicted_oom
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.config = config
-        self.trials = TrialLauncher(self.sweeper.launcher, hydra_context, config, self.objectives)
-        self.trials.skip_predicted_oom = self.skip_predicted_oom
-        self.sweeper.launcher = self.trials
+        self.hydra_context = hydra_context
+        launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context, task_function=task_function,
+                                                           config=config)
+        self.trials = TrialLauncher(launcher, hydra_context, config, self.objectives, self.skip_predicted_oom)
 
-    def _check(self, directions: list[str]) -> Any:
+    def _check(self) -> Any:
         """The settings only this sweeper has, checked before anything runs; returns the pruner."""
-        if len(directions) != len(self.objectives):
+        if len(self.directions) != len(self.objectives):
             raise InvalidSweep(
                 f"hydra.sweeper.objectives: {len(self.objectives)} ({', '.join(self.objectives)}) but "
-                f"hydra.sweeper.direction has {len(directions)} ({', '.join(map(str, directions))}) "
+                f"hydra.sweeper.direction has {len(self.directions)} ({', '.join(self.directions)}) "
                 "(accepted: one direction, maximize or minimize, per objective)")
         try:
             pruner = make_pruner(self.pruner, self.pruner_settings)
@@ -161,10 +216,10 @@ class OptunaSweeper(PluginOptunaSweeper):
         if pruner is not None and len(self.objectives) > 1:
             raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with {len(self.objectives)} objectives (Optuna "
                                "cannot prune multi-objective trials) (accepted: pruner=none, or one objective)")
-        if pruner is not None and not self.sweeper.storage:
+        if pruner is not None and not self.storage:
             raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with hydra.sweeper.storage=null (trials report to "
                                "the study from their own processes) (accepted: a storage URL, e.g. the default "
-                               "sqlite:///${hydra.sweep.dir}/optuna.db)")
+                               "sqlite:///${hydra.sweep.dir}/optuna.db, or journal:PATH)")
         if pruner is not None and not self.objectives[0].startswith("eval/"):
             raise InvalidSweep(f"hydra.sweeper.pruner: {self.pruner} with objective {self.objectives[0]}, which runs "
                                "report only at the end (accepted: an eval/* objective, reported at every "
@@ -172,34 +227,48 @@ class OptunaSweeper(PluginOptunaSweeper):
         return pruner
 
     def sweep(self, arguments: list[str]) -> None:
-        impl = self.sweeper
-        directions = impl._get_directions()
-        pruner = self._check(directions)
+        from launchers.optuna_space import SearchSpace, SearchSpaceError
+
+        pruner = self._check()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        existing = existing_trials(impl.storage, impl.study_name)
-        impl.job_idx = max([existing] + [int(p.name) + 1 for p in sweep_dir.iterdir() if p.name.isdigit()])
+        try:
+            space = SearchSpace.parse(self.params, arguments, self.custom_search_space)
+            grid = space.grid() if self.sampler_config.get("_target_", "").endswith("GridSampler") else {}
+        except SearchSpaceError as exc:
+            raise InvalidSweep(str(exc)) from None
+        storage = self._open_storage()
+        existing = existing_trials(storage, self.study_name)
         if self.dry_run:
-            print(f"dry run: study '{impl.study_name}' in {impl.storage} has {existing} trials; this would run "
-                  f"{impl.n_trials} more ({impl.n_jobs} at a time) into {sweep_dir}/<trial>, searching:\n"
-                  + "\n".join(f"  {k}: {v}" for k, v in (impl.params or {}).items())
-                  + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, directions))}"
+            print(f"dry run: study '{self.study_name}' in {self.storage} has {existing} trials; this would run "
+                  f"{self.n_trials} more ({self.n_jobs} at a time) into {sweep_dir}/<trial>, searching:\n"
+                  + "\n".join(f"  {line}" for line in space.describe())
+                  + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, self.directions))}"
                   + f"\npruner: {self.pruner} {self.pruner_settings or ''}".rstrip())
             return
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        log.info("optuna study '%s' (%s): %d earlier trials; running %d more, %d at a time (pruner: %s)",
-                 impl.study_name, impl.storage, existing, impl.n_trials, impl.n_jobs, self.pruner)
-        from launchers.optuna_study import AsyncStudy  # optuna loads here, when a study runs
+        refuse_foreign_runs(sweep_dir, existing, self.study_name)
+        from launchers.optuna_sampler import sampler_factory, trial_seeded_sampler
+        from launchers.optuna_study import AsyncStudy, StudySettings  # optuna loads here, when a study runs
 
-        study = AsyncStudy(impl, arguments, directions, pruner, self.trials, self.objectives[0],
-                           (self.pruner, self.pruner_settings))
+        name, make, constrained = sampler_factory(self.sampler_config, grid, constrain_memory=self.skip_predicted_oom)
+        sampler = trial_seeded_sampler(name, make, self.sampler_config.get("seed"), grid)
+        settings = StudySettings(
+            study_name=self.study_name, storage=storage, storage_spec=self._storage_spec(),
+            directions=self.directions, objective=self.objectives[0], n_trials=self.n_trials,
+            max_failure_rate=self.max_failure_rate, pruner=pruner, pruner_spec=(self.pruner, self.pruner_settings),
+            constrained=constrained)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        log.info("optuna study '%s' (%s, %s): %d earlier trials; running %d more, %d at a time (pruner: %s)",
+                 self.study_name, self.storage, name, existing, self.n_trials, self.n_jobs, self.pruner)
+        study = AsyncStudy(settings, sampler, space, self.trials, self.config)
         for params in self.enqueue_trials:
             study.enqueue(params)
+        outcomes = []
         try:
-            study.run(max(1, int(impl.n_jobs)))
+            study.run(self.n_jobs)
         except KeyboardInterrupt:
-            raise SystemExit(f"\nInterrupted: the running trials were stopped; {sweep_dir}/optuna.db keeps the "
-                             "study (their trials stay RUNNING in it). Run the same command again to go on.") from None
+            raise SystemExit(f"\nInterrupted: the running trials were stopped; {self.storage} keeps the study "
+                             "(their trials stay RUNNING in it). Run the same command again to go on.") from None
         finally:
             study.save_timeline(sweep_dir / "slots.json")
             outcomes = [outcome_of(job, ret) for job, ret in self.trials.history]
@@ -209,58 +278,39 @@ class OptunaSweeper(PluginOptunaSweeper):
         study.save_results(sweep_dir / "optimization_results.yaml")
         raise_if_failed(outcomes)
 
+    def _storage_spec(self) -> str | None:
+        from dpo_sweeps.train.study_storage import storage_spec
 
-def existing_trials(storage: Any, study_name: str | None) -> int:
+        return storage_spec(str(self.storage)) if self.storage else None
+
+    def _open_storage(self) -> Any:
+        if not self.storage:
+            return None
+        from dpo_sweeps.train.study_storage import StorageRefused, open_storage
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        if str(self.storage).startswith(("sqlite:///", "journal:")):
+            sweep_dir.mkdir(parents=True, exist_ok=True)  # where the default storage lives
+        try:
+            return open_storage(str(self.storage))
+        except StorageRefused as exc:
+            raise InvalidSweep(str(exc)) from None
+
+
+def existing_trials(storage: Any, study_name: str) -> int:
     """How many trials the study already holds (0 when it does not exist yet)."""
-    if storage is None or study_name is None:
+    if storage is None:
         return 0
     import optuna
 
-    try:
-        summaries = optuna.study.get_all_study_summaries(storage=storage)
-    except Exception:  # an unreadable database: let the plugin's create_study report it
-        return 0
+    summaries = optuna.study.get_all_study_summaries(storage=storage)
     return next((s.n_trials for s in summaries if s.study_name == study_name), 0)
 
 
-@dataclass
-class OptunaSweeperConf(PluginOptunaSweeperConf):
-    """hydra-optuna-sweeper's settings (sampler, n_trials, params, ...) with this project's defaults.
-
-        python -m dpo_sweeps -m hydra/sweeper=optuna hydra.sweep.dir=multirun/study \\
-            'loss.beta=tag(log, interval(0.02, 1.0))' 'train.batch_size=choice(16,32,64)'
-    Keep hydra.sweep.dir stable (name it, or use a preset such as conf/sweep/optuna_dpo.yaml):
-    the study lives there.
-    """
-
-    _target_: str = "hydra_plugins.dpo_sweeps_launchers.OptunaSweeper"
-    # The summary.json metrics each trial returns, one per direction (INTERFACE.md names), e.g.
-    # [eval/rewards/accuracies, perf/speed_per_memory] with direction [maximize, maximize].
-    objectives: list[str] = field(default_factory=lambda: ["eval/rewards/accuracies"])
-    # maximize or minimize, one per objective.
-    direction: Any = field(default_factory=lambda: ["maximize"])
-    # The study, in the sweep directory: the same command again continues it.
-    storage: Any | None = "sqlite:///${hydra.sweep.dir}/optuna.db"
-    study_name: str | None = "dpo_sweeps"
-    # Trials running at once: a new one is asked for and launched as soon as any running trial ends.
-    n_jobs: int = 1
-    # Failed trials are told to the study as FAIL and the search goes on (1.0); 0.0 stops at the first.
-    max_failure_rate: float = 1.0
-    # Print the study's state and search space, and launch nothing.
-    dry_run: bool = False
-    # Stop hopeless trials early: none | median | successive_halving | hyperband (optuna.pruners). Every
-    # evaluation (train.eval_every) reports the objective, which must be an eval/* metric; one objective only.
-    pruner: str = "none"
-    # The pruner's own arguments, e.g. {n_startup_trials: 2, n_warmup_steps: 0} for median.
-    pruner_settings: Any = None
-    # Trials to run first, each a mapping of parameter to value ({train.lr: 0.003, loss.beta: 0.1}),
-    # e.g. known-good settings (Optuna's enqueue_trial); the sampler proposes the rest.
-    enqueue_trials: Any = None
-    # Trials whose estimated peak memory exceeds resources.device_memory_gib are not started (FAIL in the
-    # study, summary status skipped, kind oom_predicted); false runs them anyway.
-    skip_predicted_oom: bool = True
-
-
-def register_optuna_config() -> None:
-    """Make `hydra/sweeper=optuna` mean OptunaSweeperConf (replacing the plugin's entry of that name)."""
-    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="dpo_sweeps")
+def refuse_foreign_runs(sweep_dir: Path, existing: int, study_name: str) -> None:
+    """Trial N runs in <sweep dir>/N: numbered runs past the study's trials belong to something else."""
+    foreign = sorted(int(p.name) for p in sweep_dir.glob("[0-9]*") if p.name.isdigit() and int(p.name) >= existing)
+    if foreign:
+        raise InvalidSweep(f"hydra.sweep.dir: {sweep_dir} holds run {foreign[0]}, which is not a trial of study "
+                           f"'{study_name}' ({existing} trials): trial N runs in <sweep dir>/N (accepted: a new "
+                           "hydra.sweep.dir, or the storage and study_name that sweep used)")

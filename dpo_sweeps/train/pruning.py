@@ -56,11 +56,12 @@ def make_pruner(name: str, settings: dict[str, Any] | None = None) -> Any:
 
 @dataclass
 class TrialLink:
-    """What trial.json holds: where the study is, which trial this run is, what to report."""
+    """What trial.json holds: where the study is, which trial this run is, what to report.
 
-    storage: str
+    Every Optuna trial has one (it also tells wandb the run is a trial); only those with a pruner report."""
+
+    storage: str | None  # dpo_sweeps.train.study_storage: an RDB URL or journal:PATH (None: in memory)
     study_name: str
-    trial_id: int
     trial_number: int
     objective: str
     pruner: str
@@ -73,7 +74,10 @@ class TrialLink:
     @classmethod
     def read(cls, run_dir: Path) -> TrialLink | None:
         path = Path(run_dir) / TRIAL_FILE
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+        if not path.exists():
+            return None
+        fields = json.loads(path.read_text())
+        return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
 
 
 class TrialReporter:
@@ -82,10 +86,16 @@ class TrialReporter:
     def __init__(self, link: TrialLink):
         import optuna
 
+        from dpo_sweeps.train.study_storage import open_storage
+
         self.link = link
-        study = optuna.load_study(study_name=link.study_name, storage=link.storage,
+        storage = open_storage(link.storage, setting="trial.json storage")
+        study = optuna.load_study(study_name=link.study_name, storage=storage,
                                   pruner=make_pruner(link.pruner, link.pruner_settings))
-        self.trial = optuna.trial.Trial(study, link.trial_id)
+        # The storage's id of trial N of this study (the sweeper knows the trial by its number).
+        trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(link.study_name),
+                                                                    link.trial_number)
+        self.trial = optuna.trial.Trial(study, trial_id)
         self.pruned_at: tuple[int, float] | None = None
 
     def report(self, eval_metrics: dict[str, Any], step: int) -> bool:
@@ -103,4 +113,4 @@ class TrialReporter:
 def pruning_link(run_dir: Path) -> TrialLink | None:
     """The trial this run reports to, when it is an Optuna trial with a pruner (every rank reads it)."""
     link = TrialLink.read(run_dir)
-    return link if link is not None and PRUNERS.get(link.pruner) is not None else None
+    return link if link is not None and PRUNERS.get(link.pruner) is not None and link.storage else None

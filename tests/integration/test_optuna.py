@@ -35,6 +35,9 @@ def test_a_study_of_six_trials_run_as_two_invocations_of_three(tmp_path):
     assert second.returncode == 0, second.output[-3000:]
     trials = load_study(sweep_dir).trials
     assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    # The sampler's fixed seed (0, the preset's) did not replay the first invocation's draws.
+    drawn = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(drawn)) == 6, drawn
     # Trial i ran in run directory i: the second invocation did not overwrite the first's runs.
     assert [p.name for p in second.run_dirs()] == [str(i) for i in range(6)]
     for trial in trials:
