@@ -220,7 +220,8 @@ def _loss_metrics_section(ranking: Ranking) -> str:
             '</section>')
 
 
-def _study_section(study: Study, png: bytes | None, index: int, intermediate_png: bytes | None = None) -> str:
+def _study_section(study: Study, png: bytes | None, index: int, intermediate_png: bytes | None = None,
+                   optuna_pngs: tuple[bytes | None, bytes | None] = (None, None)) -> str:
     if study.problem:
         return f'<section id="optuna-{index}"><h2>Optuna study</h2><p class="note close">{_escape(study.problem)}</p></section>'
     objectives = [f"{o} ({d})" for o, d in zip(study.objectives, study.directions)]
@@ -243,6 +244,8 @@ def _study_section(study: Study, png: bytes | None, index: int, intermediate_png
             f'<p class="muted">{_escape(study.sweep)} · {len(study.trials)} trials · objectives: '
             f'{_escape(", ".join(objectives) or "?")}</p>{results}{_image(png, "Optuna trials")}'
             f'{_image(intermediate_png, "Optuna intermediate values", "no trial reported any (trials report each evaluation when the sweep has a pruner)")}'
+            f'{_image(optuna_pngs[0], "Optuna optimization history")}'
+            f'{_image(optuna_pngs[1], "Optuna parameter importances", "too few completed trials to rank the parameters")}'
             f'{_table(f"trials-{index}", header, rows, "Filter trials")}</section>')
 
 
@@ -258,7 +261,8 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
                    f'failure kind: {_escape("; ".join(f"{c.label}: {format_failures(c.failures)}" for c in failed))}</p>'
                    if failed else "")
     pareto_why = PROBES_NO_ACCURACY if ranking.probes else "nothing to plot yet"
-    studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i, figures.get(f"optuna-{i}-intermediate"))
+    studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i, figures.get(f"optuna-{i}-intermediate"),
+                                          (figures.get(f"optuna-{i}-history"), figures.get(f"optuna-{i}-importances")))
                            for i, s in enumerate(studies))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">

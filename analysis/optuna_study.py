@@ -1,10 +1,11 @@
 """Read an Optuna sweep: its study's trials from `optuna.db`, its `optimization_results.yaml`.
 
-hydra-optuna-sweeper keeps the study in `sqlite:///<sweep_dir>/optuna.db` when the sweep
-sets that storage, and writes `optimization_results.yaml` (`best_params`/`best_value`, or
-Pareto `solutions` when multi-objective) once the sweep ends. The database is copied with
-SQLite's backup API before Optuna opens it, so a sweep still writing to it is neither
-locked nor touched.
+The Optuna sweeper (launchers/optuna_sweeper.py) keeps the study in `sqlite:///<sweep_dir>/optuna.db`
+by default, and writes `optimization_results.yaml` (`best_params`/`best_value`, or Pareto `solutions`
+when multi-objective) once the sweep ends. The database is copied with SQLite's backup API before
+Optuna opens it, so a sweep still writing to it is neither locked nor touched. A database an older
+Optuna wrote is not opened (dpo_sweeps/train/study_storage.py says why, in one line).
+`study_figures` draws Optuna's own figures of a study (optimization history, parameter importances).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from analysis import plan
 from analysis.ranking import dominates
 from analysis.runs import SUMMARY_METRICS, Run
+from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
 
 
 @dataclass
@@ -36,6 +38,8 @@ class Trial:
     run: str | None = None
     # Step -> the objective the trial reported there (each evaluation, when the sweep had a pruner).
     intermediate: dict[int, float] = field(default_factory=dict)
+    # False for a point the fit check skipped (predicted out of memory): infeasible, never best.
+    feasible: bool = True
 
 
 @dataclass
@@ -51,6 +55,8 @@ class Study:
     results: dict[str, Any] | None = None
     # Why the study database could not be read.
     problem: str | None = None
+    # Optuna's own records of the finished trials (optuna.trial.FrozenTrial), for Optuna's figures.
+    frozen: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def best_trials(self) -> list[Trial]:
@@ -60,7 +66,8 @@ class Study:
 def mark_best(trials: list[Trial], directions: list[str]) -> None:
     """Flag the best complete trial, or the Pareto front of the complete trials."""
     signs = tuple(1 if d == "maximize" else -1 for d in directions)
-    complete = [t for t in trials if t.state == "COMPLETE" and t.values and all(map(math.isfinite, t.values))]
+    complete = [t for t in trials if t.state == "COMPLETE" and t.feasible and t.values
+                and all(map(math.isfinite, t.values))]
     if not complete:
         return
     if len(signs) == 1:
@@ -118,20 +125,28 @@ def _snapshot(db: Path, copy: Path) -> None:
 def _read_db(db: Path, sweep: Path) -> list[Study]:
     import optuna  # imported here: slow to import, and only Optuna sweeps need it
 
+    from dpo_sweeps.train.study_storage import StorageRefused, open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "optuna.db"
         _snapshot(db, copy)
-        storage = optuna.storages.RDBStorage(f"sqlite:///{copy}")
+        try:
+            storage = open_storage(f"sqlite:///{copy}", setting="optuna.db")
+        except StorageRefused as refused:
+            return [Study(sweep, db.name, problem=str(refused).replace(f"sqlite:///{copy}", f"sqlite:///{db}"))]
         try:
             studies = []
             for summary in optuna.get_all_study_summaries(storage):
                 loaded = optuna.load_study(study_name=summary.study_name, storage=storage)
                 study = Study(sweep, loaded.study_name, [d.name.lower() for d in loaded.directions])
-                for frozen in loaded.get_trials(deepcopy=False):
+                for frozen in loaded.get_trials(deepcopy=True):
                     values = tuple(frozen.values) if frozen.values is not None else None
                     study.trials.append(Trial(frozen.number, frozen.state.name, values, dict(frozen.params),
-                                              intermediate=dict(sorted(frozen.intermediate_values.items()))))
+                                              intermediate=dict(sorted(frozen.intermediate_values.items())),
+                                              feasible=frozen.user_attrs.get(MEMORY_CONSTRAINT, 0.0) <= 0.0))
+                    if frozen.state.is_finished():
+                        study.frozen.append(frozen)
                 studies.append(study)
         finally:
             storage.engine.dispose()  # close the copy before its folder goes
@@ -166,3 +181,40 @@ def load_studies(sweep_dirs: list[Path], runs: list[Run]) -> list[Study]:
                 study.objectives = name_objectives(study, sweep_runs)
         studies.extend(found)
     return studies
+
+
+def study_figures(study: Study) -> dict[str, Any]:
+    """Optuna's own figures of the study (its matplotlib ones): `history` (objective by trial, best so far)
+    and `importances` (fANOVA parameter importances; needs two or more completed trials). For several
+    objectives, both are of the first. Missing when there is nothing to draw."""
+    complete = [t for t in study.frozen if t.state.name == "COMPLETE"]
+    if not complete:
+        return {"history": None, "importances": None}
+    import warnings
+
+    import matplotlib
+    import optuna
+
+    matplotlib.use("Agg")  # files only, whatever display the report runs beside
+    from optuna.visualization import matplotlib as optuna_plots
+
+    memory = optuna.create_study(directions=study.directions)
+    memory.add_trials(study.frozen)
+    name = study.objectives[0] if study.objectives else "objective 0"
+    target = {"target": lambda t: t.values[0], "target_name": name} if len(study.directions) > 1 else \
+        {"target_name": name}
+    drawn: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib figures experimental
+        for key, plot in (("history", optuna_plots.plot_optimization_history),
+                          ("importances", optuna_plots.plot_param_importances)):
+            try:
+                axes = plot(memory, **target)
+            except (ValueError, RuntimeError, ZeroDivisionError):  # too few trials or parameters to rank
+                drawn[key] = None
+                continue
+            figure = axes.figure
+            figure.set_size_inches(7.5, 4.5)
+            figure.set_layout_engine("constrained")
+            drawn[key] = figure
+    return drawn

@@ -30,7 +30,7 @@ if __package__ in (None, ""):
 
 from analysis import dashboard, figures, plan, tables  # noqa: E402
 from analysis.loss_metrics import loss_metric_rows  # noqa: E402
-from analysis.optuna_study import load_studies  # noqa: E402
+from analysis.optuna_study import load_studies, study_figures  # noqa: E402
 from analysis.ranking import rank_sweep  # noqa: E402
 from analysis.recommendation import load_recommendations  # noqa: E402
 from analysis.runs import NoRunsError, load_runs  # noqa: E402
@@ -74,6 +74,8 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
         "curves": figures.curves_figure(runs, ranking.labels()),
         **{f"optuna-{i}": figures.optuna_figure(study) for i, study in enumerate(studies)},
         **{f"optuna-{i}-intermediate": figures.intermediate_figure(study) for i, study in enumerate(studies)},
+        **{f"optuna-{i}-{name}": figure for i, study in enumerate(studies)
+           for name, figure in study_figures(study).items()},
     }
     pngs: dict[str, bytes | None] = {}
     written: list[Path] = []

@@ -68,6 +68,9 @@ def sampler_factory(config: dict[str, Any], grid: dict[str, list[Any]],
     except (TypeError, ValueError) as exc:
         raise InvalidSweep(f"hydra.sweeper.sampler: {cls.__name__}: {exc} (accepted: the settings of optuna's "
                            f"{cls.__name__}: {', '.join(accepted)})") from None
+    except ImportError as exc:  # cmaes for CmaEsSampler, scipy for QMCSampler and GPSampler
+        raise InvalidSweep(f"hydra.sweeper.sampler: {cls.__name__} needs a package that is not installed: "
+                           f"{str(exc).splitlines()[0]} (accepted: pip install it, or another sampler)") from None
     return cls.__name__, make, constrained
 
 

@@ -1,0 +1,71 @@
+"""The Optuna sweeper's search space reads hydra-optuna-sweeper's documented override syntax."""
+
+import optuna
+import pytest
+
+from launchers.optuna_space import SearchSpace, SearchSpaceError
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def dims(*overrides, params=None):
+    return SearchSpace.parse(params, list(overrides)).dimensions
+
+
+def test_the_plugins_documented_overrides_become_these_distributions():
+    # The plugin's docs (website/docs/plugins/optuna_sweeper.md): its example config and each override kind.
+    d = dims(params={"x": "range(-5.5, 5.5, step=0.5)", "y": "choice(-5 ,0 ,5)"})
+    assert (d["x"].kind, d["x"].low, d["x"].high, d["x"].step) == ("float", -5.5, 5.0, 0.5)
+    assert (d["y"].kind, d["y"].choices) == ("categorical", (-5, 0, 5))
+    d = dims("x=int(interval(-5.0, 5.0))", "y=tag(log, interval(1, 10))")
+    assert (d["x"].kind, d["x"].low, d["x"].high, d["x"].log) == ("int", -5, 5, False)
+    assert (d["y"].kind, d["y"].low, d["y"].high, d["y"].log) == ("float", 1.0, 10.0, True)
+    d = dims("x=range(-5.0, 5.0)", "y=shuffle(range(-5, 5))")
+    assert (d["x"].kind, d["x"].low, d["x"].high) == ("float", -5.0, 4.0)
+    assert d["y"].choices == tuple(range(-5, 5))  # sorted: a continued study sees the same distribution
+    d = dims("x=choice(-5.0, 0.0, 5.0)", "y=choice(0, 1, 2, 3, 4, 5)")
+    assert d["x"].choices == (-5.0, 0.0, 5.0) and d["y"].choices == (0, 1, 2, 3, 4, 5)
+
+
+def test_range_means_what_hydra_range_means_under_every_sampler():
+    # Hydra's range(1, 4) is 1, 2, 3: TPE draws from the same values the grid visits.
+    d = dims("train.micro_batch_size=range(1, 4)")["train.micro_batch_size"]
+    assert (d.low, d.high, d.grid_values()) == (1, 3, [1, 2, 3])
+
+
+def test_the_command_line_wins_over_params_and_fixed_overrides_pass_through():
+    space = SearchSpace.parse({"loss.beta": "interval(0.1, 0.2)", "train.lr": "choice(0.1)"},
+                              ["loss.beta=choice(0.3, 0.4)", "train.lr=0.01", "+sweep=optuna_dpo", "~wandb.group"])
+    assert list(space.dimensions) == ["loss.beta"] and space.dimensions["loss.beta"].choices == (0.3, 0.4)
+    assert space.fixed == ["train.lr=0.01", "+sweep=optuna_dpo", "~wandb.group"]
+
+
+def test_a_trial_gets_its_suggestions_and_the_custom_search_space_as_overrides():
+    space = SearchSpace.parse({"train.lr": "tag(log, interval(1e-4, 1e-2))"}, ["train.max_steps=4"],
+                              custom_search_space="support.optuna_examples.configure")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    trial = study.ask()
+    overrides = space.suggest(trial, config=None)
+    lr, beta, tag = trial.params["train.lr"], trial.params["loss.beta"], trial.params["+train.tag_seed"]
+    assert overrides == [f"train.lr={lr}", f"loss.beta={beta}", f"+train.tag_seed={tag}", "train.max_steps=4"]
+    assert 10 * lr <= beta <= 100 * lr
+
+
+def test_the_grid_of_the_plugins_grid_test_config():
+    # plugins/hydra_optuna_sweeper/tests/conf/test_grid.yaml
+    space = SearchSpace.parse({"x": "choice(-1, 1)", "y": "range(-1.0, 1.0, step=1)", "z": 'choice("foo", "bar")'}, [])
+    assert space.grid() == {"x": [-1, 1], "y": [-1.0, 0.0], "z": ["foo", "bar"]}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=interval(1e-4, 1e-2)", "train.lr: interval(0.0001, 0.01) has no grid"),
+    ("train.lr=range(3, 1)", "train.lr: range(3, 1, step=1) is empty"),
+])
+def test_what_cannot_be_searched_is_refused_naming_the_key(override, message):
+    with pytest.raises(SearchSpaceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SearchSpace.parse(None, [override]).grid()
+
+
+def test_a_sweep_with_nothing_to_search_is_refused():
+    with pytest.raises(SearchSpaceError, match="hydra.sweeper.params: nothing to search"):
+        SearchSpace.parse(None, ["train.lr=0.01"])
