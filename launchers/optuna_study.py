@@ -12,7 +12,7 @@ How a trial ends, as the study records it:
 - skipped by the fit check (predicted out of memory): with a sampler that takes constraints (TPE,
   NSGA-II, GP), COMPLETE and infeasible (its memory constraint > 0), with the worst objective
   values of the study's feasible trials, so the sampler learns where the memory boundary is and
-  Optuna never counts it best; with other samplers, or before any trial completed, FAIL;
+  Optuna never counts it best; with other samplers FAIL;
 - invalid, failed, or without a finite objective: FAIL (samplers ignore it).
 Every trial records its memory constraint (estimated peak minus the device's memory, in GiB) as a
 user attribute when the fit check had a limit.
@@ -161,14 +161,13 @@ class AsyncStudy:
             self._finish(run.tag, TrialState.FAIL)
 
     def _finish_infeasible(self, number: int) -> None:
-        """A skipped trial: COMPLETE with the worst feasible values so far, infeasible by its constraint."""
+        """A skipped trial: COMPLETE and infeasible by its constraint, with the worst values of the study's
+        feasible trials (0.0 while there are none). TPE and NSGA-II rank an infeasible trial below every
+        feasible one whatever its values; GP models them, and weighs its guess by the chance of fitting."""
         TrialState = self.optuna.trial.TrialState
         feasible = [t.values for t in self.study().get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                     if t.user_attrs.get(MEMORY_CONSTRAINT, 0.0) <= 0.0]
-        if not feasible:  # nothing to rank it below yet
-            self._finish(number, TrialState.FAIL)
-            return
-        worst = [min(v[i] for v in feasible) if d == "maximize" else max(v[i] for v in feasible)
+        worst = [(min if d == "maximize" else max)((v[i] for v in feasible), default=0.0)
                  for i, d in enumerate(self.settings.directions)]
         self.told += 1
         self.study().tell(number, values=worst, state=TrialState.COMPLETE)

@@ -237,6 +237,7 @@ class OptunaSweeper(Sweeper):
         except SearchSpaceError as exc:
             raise InvalidSweep(str(exc)) from None
         storage = self._open_storage()
+        numbered = numbered_runs(sweep_dir)  # before the count: another worker may be adding trials and runs
         existing = existing_trials(storage, self.study_name)
         if self.dry_run:
             print(f"dry run: study '{self.study_name}' in {self.storage} has {existing} trials; this would run "
@@ -245,7 +246,7 @@ class OptunaSweeper(Sweeper):
                   + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, self.directions))}"
                   + f"\npruner: {self.pruner} {self.pruner_settings or ''}".rstrip())
             return
-        refuse_foreign_runs(sweep_dir, existing, self.study_name)
+        refuse_foreign_runs(sweep_dir, numbered, existing, self.study_name)
         from launchers.optuna_sampler import sampler_factory, trial_seeded_sampler
         from launchers.optuna_study import AsyncStudy, StudySettings  # optuna loads here, when a study runs
 
@@ -307,9 +308,13 @@ def existing_trials(storage: Any, study_name: str) -> int:
     return next((s.n_trials for s in summaries if s.study_name == study_name), 0)
 
 
-def refuse_foreign_runs(sweep_dir: Path, existing: int, study_name: str) -> None:
+def numbered_runs(sweep_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in sweep_dir.glob("[0-9]*") if p.name.isdigit())
+
+
+def refuse_foreign_runs(sweep_dir: Path, numbered: list[int], existing: int, study_name: str) -> None:
     """Trial N runs in <sweep dir>/N: numbered runs past the study's trials belong to something else."""
-    foreign = sorted(int(p.name) for p in sweep_dir.glob("[0-9]*") if p.name.isdigit() and int(p.name) >= existing)
+    foreign = [n for n in numbered if n >= existing]
     if foreign:
         raise InvalidSweep(f"hydra.sweep.dir: {sweep_dir} holds run {foreign[0]}, which is not a trial of study "
                            f"'{study_name}' ({existing} trials): trial N runs in <sweep dir>/N (accepted: a new "
