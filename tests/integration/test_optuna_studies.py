@@ -116,7 +116,7 @@ def test_a_study_written_by_optuna_2_10_is_refused_in_one_line_and_left_as_it_wa
     result = run_sweep(sweep_dir, "hydra/sweeper=optuna", "loss.beta=interval(0.05, 0.5)", timeout=120)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "optuna storage upgrade" in line]
-    assert len(lines) == 1 and "one-way" in lines[0] and lines[0].startswith("hydra.sweeper.storage:"), result.stderr
+    assert len(lines) == 1 and "one-way" in lines[0] and lines[0].startswith("error: hydra.sweeper.storage:"), result.stderr
     assert db.read_bytes() == before and not (sweep_dir / "0").exists()
 
     from analysis.optuna_study import load_studies
