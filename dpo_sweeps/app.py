@@ -36,6 +36,7 @@ from dpo_sweeps.rundir.outputs import (
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
 from dpo_sweeps.task import RunContext
+from dpo_sweeps.train.tracking import sweep_group
 
 
 class RunFailed(CompactHydraException):
@@ -52,8 +53,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         config=OmegaConf.to_container(cfg, resolve=True),
         overrides=list(hydra_cfg.overrides.task),
         base_dir=Path.cwd(),
-        run_name=f"{Path(hydra_cfg.sweep.dir).name}/{hydra_cfg.job.num}" if multirun else run_dir.name,
-        group=Path(hydra_cfg.sweep.dir).name if multirun else run_dir.name,
+        run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
+        group=sweep_group(Path(hydra_cfg.sweep.dir)) if multirun else run_dir.name,
         attempt=uuid.uuid4().hex,
         started_at=time.time(),
     )

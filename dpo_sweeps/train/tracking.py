@@ -1,21 +1,43 @@
 """wandb logging from rank 0: the resolved config (secrets scrubbed) and every logged metric.
 
 `wandb.mode` is offline by default, so nothing needs a network; runs are then synced with
-`wandb sync <run_dir>/wandb/offline-run-*`. The sweep is the wandb group.
+`wandb sync <run_dir>/wandb/offline-run-*`. The wandb group is the whole sweep (`sweep_group`), and
+the job type says what a run is in it (`job_type_of`: probe, trial or train), so find_best's stages
+and an Optuna study's trials read apart.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.rundir.outputs import scrub_secrets
+from dpo_sweeps.train.pruning import TRIAL_FILE  # the Optuna sweeper writes it into every trial's run
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
+# Hydra's default sweep directory, multirun/DATE/TIME: the time alone does not name the sweep.
+_DATE, _TIME = re.compile(r"\d{4}-\d{2}-\d{2}"), re.compile(r"\d{2}-\d{2}-\d{2}")
+
+
+def sweep_group(sweep_dir: Path) -> str:
+    """The wandb group of a sweep's runs: `DATE/TIME` for Hydra's default multirun/DATE/TIME, else the
+    sweep directory's name (`multirun/optuna_dpo` -> `optuna_dpo`)."""
+    sweep_dir = Path(sweep_dir)
+    if _TIME.fullmatch(sweep_dir.name) and _DATE.fullmatch(sweep_dir.parent.name):
+        return f"{sweep_dir.parent.name}/{sweep_dir.name}"
+    return sweep_dir.name
+
+
+def job_type_of(config: dict, run_dir: Path) -> str:
+    """What the run is: a `probe` (probe.steps > 0), an Optuna `trial`, or a `train` run."""
+    if config["probe"]["steps"] > 0:
+        return "probe"
+    return "trial" if (Path(run_dir) / TRIAL_FILE).exists() else "train"
 
 
 def check_wandb_config(wandb_cfg: dict) -> None:
@@ -38,6 +60,7 @@ class Tracker:
             project=wandb_cfg["project"],
             entity=wandb_cfg["entity"],
             group=wandb_cfg["group"] or group,
+            job_type=job_type_of(config, run_dir),
             name=name,
             dir=str(run_dir),
             config=scrub_secrets(config),

@@ -5,7 +5,10 @@ import subprocess
 import sys
 
 from support import REPO, cli_env
-from support.wandb_records import run_config_and_history
+from support.sweeps import run_sweep
+from support.wandb_records import run_config_and_history, run_group_and_job_type
+
+from dpo_sweeps.train.tracking import job_type_of, sweep_group
 
 SHORT = ["train.max_steps=4", "train.eval_every=2", "data.num_train_pairs=256", "data.num_eval_pairs=32",
          "train.progress_bar=false", "train.save_model=false"]
@@ -60,3 +63,25 @@ def test_an_unknown_wandb_mode_is_refused(tmp_path):
     proc = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "wandb.mode: got 'cloud' (accepted: offline, online, disabled)" in proc.stderr
+
+
+def test_an_optuna_trial_in_the_default_sweep_dir_is_grouped_by_date_and_time_and_typed_trial(tmp_path):
+    # Hydra's default hydra.sweep.dir is multirun/DATE/TIME: the group keeps the date.
+    sweep_dir = tmp_path / "multirun" / "2026-12-01" / "20-37-27"
+    result = run_sweep(sweep_dir, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "wandb.mode=offline",
+                       "resources.nproc_per_node=1", "train.max_steps=2", "loss.beta=interval(0.05, 0.5)")
+    assert result.returncode == 0, result.output[-3000:]
+    (run_file,) = (sweep_dir / "0" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert run_group_and_job_type(run_file) == ("2026-12-01/20-37-27", "trial")
+
+
+def test_the_group_names_the_sweep_and_the_job_type_what_a_run_is(tmp_path):
+    assert sweep_group(tmp_path / "multirun" / "2026-12-01" / "20-37-27") == "2026-12-01/20-37-27"
+    assert sweep_group(tmp_path / "multirun" / "find_best") == "find_best"
+    assert sweep_group(tmp_path / "20-37-27") == "20-37-27"  # a time alone, not under a date
+    trial_dir = tmp_path / "trial"
+    trial_dir.mkdir()
+    (trial_dir / "trial.json").write_text("{}")
+    assert job_type_of({"probe": {"steps": 3}}, tmp_path) == "probe"  # find_best's stage 2
+    assert job_type_of({"probe": {"steps": 0}}, tmp_path) == "train"  # its stage 3, a grid run, one run
+    assert job_type_of({"probe": {"steps": 0}}, trial_dir) == "trial"

@@ -55,3 +55,11 @@ def run_config_and_history(path: Path) -> tuple[dict, list[dict], str]:
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in record.history.item})
     return config, history, group
+
+
+def run_group_and_job_type(path: Path) -> tuple[str, str]:
+    """(group, job type) of the run in a .wandb file."""
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "run":
+            return record.run.run_group, record.run.job_type
+    raise AssertionError(f"{path} has no run record")
