@@ -136,30 +136,46 @@ def _read_db(db: Path, sweep: Path) -> list[Study]:
         except StorageRefused as refused:
             return [Study(sweep, db.name, problem=str(refused).replace(f"sqlite:///{copy}", f"sqlite:///{db}"))]
         try:
-            studies = []
-            for summary in optuna.get_all_study_summaries(storage):
-                loaded = optuna.load_study(study_name=summary.study_name, storage=storage)
-                study = Study(sweep, loaded.study_name, [d.name.lower() for d in loaded.directions])
-                for frozen in loaded.get_trials(deepcopy=True):
-                    values = tuple(frozen.values) if frozen.values is not None else None
-                    study.trials.append(Trial(frozen.number, frozen.state.name, values, dict(frozen.params),
-                                              intermediate=dict(sorted(frozen.intermediate_values.items())),
-                                              feasible=frozen.user_attrs.get(MEMORY_CONSTRAINT, 0.0) <= 0.0))
-                    if frozen.state.is_finished():
-                        study.frozen.append(frozen)
-                studies.append(study)
+            return _read_storage(storage, sweep)
         finally:
             storage.engine.dispose()  # close the copy before its folder goes
+
+
+def _read_storage(storage: Any, sweep: Path) -> list[Study]:
+    """Every study in an open Optuna storage."""
+    import optuna
+
+    studies = []
+    for summary in optuna.get_all_study_summaries(storage):
+        loaded = optuna.load_study(study_name=summary.study_name, storage=storage)
+        study = Study(sweep, loaded.study_name, [d.name.lower() for d in loaded.directions])
+        for frozen in loaded.get_trials(deepcopy=True):
+            values = tuple(frozen.values) if frozen.values is not None else None
+            study.trials.append(Trial(frozen.number, frozen.state.name, values, dict(frozen.params),
+                                      intermediate=dict(sorted(frozen.intermediate_values.items())),
+                                      feasible=frozen.user_attrs.get(MEMORY_CONSTRAINT, 0.0) <= 0.0))
+            if frozen.state.is_finished():
+                study.frozen.append(frozen)
+        studies.append(study)
     return studies
 
 
+def journal_of(sweep: Path) -> Path | None:
+    """The journal file of a sweep whose hydra.sweeper.storage is `journal:PATH` (None: another storage)."""
+    storage = str(plan.sweeper_config(sweep).get("storage") or "")
+    if not storage.startswith("journal:"):
+        return None
+    path = Path(storage[len("journal:"):].replace("${hydra.sweep.dir}", str(sweep)))
+    return path if path.is_file() else None
+
+
 def load_studies(sweep_dirs: list[Path], runs: list[Run]) -> list[Study]:
-    """The Optuna studies of the sweeps that have `optuna.db` or `optimization_results.yaml`."""
+    """The Optuna studies of the sweeps that have `optuna.db`, a journal storage or `optimization_results.yaml`."""
     studies: list[Study] = []
     for sweep in sweep_dirs:
-        results_path, db = sweep / "optimization_results.yaml", sweep / "optuna.db"
+        results_path, db, journal = sweep / "optimization_results.yaml", sweep / "optuna.db", journal_of(sweep)
         results = yaml.safe_load(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
-        if not db.is_file() and results is None:
+        if not db.is_file() and journal is None and results is None:
             continue
         sweep_runs = [r for r in runs if r.sweep == sweep]
         found: list[Study] = []
@@ -168,6 +184,13 @@ def load_studies(sweep_dirs: list[Path], runs: list[Run]) -> list[Study]:
                 found = _read_db(db, sweep)
             except Exception as error:  # a schema from another Optuna version, a torn file
                 found = [Study(sweep, db.name, problem=f"{db}: could not be read by optuna ({error})")]
+        elif journal is not None:
+            from dpo_sweeps.train.study_storage import open_storage
+
+            try:
+                found = _read_storage(open_storage(f"journal:{journal}", setting="hydra.sweeper.storage"), sweep)
+            except Exception as error:  # a torn journal
+                found = [Study(sweep, journal.name, problem=f"{journal}: could not be read by optuna ({error})")]
         if not found:
             found = [Study(sweep, str((results or {}).get("name", "optuna")))]
         for study in found:
@@ -198,6 +221,7 @@ def study_figures(study: Study) -> dict[str, Any]:
     matplotlib.use("Agg")  # files only, whatever display the report runs beside
     from optuna.visualization import matplotlib as optuna_plots
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     memory = optuna.create_study(directions=study.directions)
     memory.add_trials(study.frozen)
     name = study.objectives[0] if study.objectives else "objective 0"

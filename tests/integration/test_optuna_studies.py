@@ -94,6 +94,12 @@ def test_two_sweep_processes_share_one_journal_study_and_a_third_is_pruned_again
     summary = run_summary(sweep_dir, 4)
     assert summary["status"] == "pruned" and "median pruner stopped trial 4 at step 5 of 10" in summary["failure"]["message"]
 
+    # The report reads the journal study (hydra.sweeper.storage in the sweep's multirun.yaml).
+    from analysis.optuna_study import load_studies
+
+    (study,) = load_studies([sweep_dir], [])
+    assert [t.state for t in study.trials] == ["COMPLETE"] * 4 + ["PRUNED"]
+
     # optuna-dashboard opens the journal study too.
     shown = dashboard_trials(storage, "dpo_sweeps")
     assert [(t["number"], t["state"]) for t in shown] == [(n, "Complete") for n in range(4)] + [(4, "Pruned")]
