@@ -7,9 +7,9 @@
 - `launchers.grid_sweeper.GridSweeper` (`hydra/sweeper=grid`, the default): the grid, checked
   whole before launch (`preflight`), resumed by config hash (`resume`), summed up at the end
   (`outcome`).
-- `launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): hydra-optuna-sweeper with
-  the study in the sweep directory, trials checked before launch, objectives read from each
-  run's metrics.
+- `launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): an Optuna search with
+  hydra-optuna-sweeper's keys (`optuna_space`, `optuna_sampler`), asynchronous trials (`optuna_study`,
+  `trial_slots`), the study in the sweep directory or any shared storage, trials checked before launch.
 `jobs` composes one point of a sweep as its job will; `placement` gives local jobs their devices.
 
 Hydra loads plugins only from the `hydra_plugins` namespace: hydra_plugins/dpo_sweeps_launchers
