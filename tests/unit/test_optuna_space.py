@@ -69,3 +69,39 @@ def test_what_cannot_be_searched_is_refused_naming_the_key(override, message):
 def test_a_sweep_with_nothing_to_search_is_refused():
     with pytest.raises(SearchSpaceError, match="hydra.sweeper.params: nothing to search"):
         SearchSpace.parse(None, ["train.lr=0.01"])
+
+
+SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "nsgaii": "NSGAIISampler",
+            "grid": "GridSampler", "qmc": "QMCSampler", "gp": "GPSampler"}
+
+
+@pytest.mark.parametrize("choice", sorted(SAMPLERS))
+def test_every_sampler_config_makes_its_optuna_sampler(choice):
+    from omegaconf import OmegaConf
+    from support import REPO
+
+    from launchers.optuna_sampler import sampler_factory
+
+    config = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "hydra" / "sweeper" / "sampler" / f"{choice}.yaml"))
+    name, make, constrained = sampler_factory(config, {"loss.beta": [0.1, 0.2]}, constrain_memory=True)
+    assert name == SAMPLERS[choice] and type(make(0)).__name__ == name
+    assert constrained == (choice in ("tpe", "nsgaii", "gp"))  # the samplers that take Optuna's constraints
+
+
+def draws(seed, first_trials, sampler="RandomSampler"):
+    """The first `first_trials` draws of loss.beta in a fresh in-memory study, per-trial-seeded."""
+    from launchers.optuna_sampler import trial_seeded_sampler
+
+    make = (lambda s: optuna.samplers.RandomSampler(seed=s)) if sampler == "RandomSampler" else None
+    study = optuna.create_study(sampler=trial_seeded_sampler(sampler, make, seed, {}))
+    values = []
+    for _ in range(first_trials):
+        trial = study.ask()
+        values.append(trial.suggest_float("loss.beta", 0.01, 1.0))
+        study.tell(trial, 0.5)
+    return values
+
+
+def test_trials_are_drawn_from_the_seed_and_their_number_not_one_stream_per_process():
+    assert draws(0, 4) == draws(0, 4)  # reproducible
+    assert len(set(draws(0, 4))) == 4 and draws(1, 4) != draws(0, 4)
