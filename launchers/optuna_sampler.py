@@ -8,9 +8,10 @@ the study, every draw is reproducible, and no two trials share a stream. Optuna'
 what they learn in the storage (history, CMA-ES and NSGA-II state), not in the sampler object.
 The QMC sampler is the exception: its sequence is defined by its seed, so it keeps the one given.
 
-Samplers that take `constraints_func` (TPE, NSGA-II, GP) are given one that reads the memory
-constraint the sweeper records on each trial (launchers/optuna_study.py), so they learn to avoid
-points the fit check skipped.
+The samplers that take constraints (TPE, NSGA-II, GP) learn to avoid points the fit check skipped
+from the memory constraint the sweeper sets on each trial (launchers/optuna_study.py): through
+`Trial.set_constraint` where Optuna has it (5.0 on; it deprecates `constraints_func`), else through
+a `constraints_func` that reads the trial's user attribute.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from launchers.preflight import InvalidSweep
 def memory_constraint(trial: Any) -> Sequence[float]:
     """Optuna's constraints_func: feasible when <= 0 (trials without a fit check count as fitting)."""
     return [float(trial.user_attrs.get(MEMORY_CONSTRAINT, 0.0))]
+
+
+def constraints_per_trial() -> bool:
+    """Optuna has `Trial.set_constraint` (5.0 on): constraints are set on the trial, not computed by the sampler."""
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
 
 
 def trial_seed(seed: int, number: int) -> int:
@@ -55,7 +63,7 @@ def sampler_factory(config: dict[str, Any], grid: dict[str, list[Any]],
         raise InvalidSweep(f"hydra.sweeper.sampler.{unknown[0]}: not a setting of {cls.__name__} "
                            f"(accepted: {', '.join(accepted)})")
     constrained = constrain_memory and "constraints_func" in accepted and settings.get("constraints_func") is None
-    if constrained:
+    if constrained and not constraints_per_trial():
         settings["constraints_func"] = memory_constraint
     search = grid if "search_space" in inspect.signature(cls).parameters else None
 

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from dpo_sweeps.rundir.outputs import read_summary
 from dpo_sweeps.train.pruning import TrialLink
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
+from launchers.optuna_sampler import constraints_per_trial
 from launchers.optuna_space import SearchSpace
 from launchers.trial_slots import SlotRun, TrialSlots
 
@@ -131,6 +132,8 @@ class AsyncStudy:
         prepared = self.trials.prepare(overrides, trial.number)
         if prepared.memory_over_limit_gib is not None:
             trial.set_user_attr(MEMORY_CONSTRAINT, prepared.memory_over_limit_gib)
+        if self.settings.constrained and constraints_per_trial():  # else the sampler's constraints_func reads it
+            trial.set_constraint(MEMORY_CONSTRAINT.split("/")[-1], prepared.memory_over_limit_gib or 0.0)
         if prepared.refusal is not None:
             if prepared.skipped and self.settings.constrained:
                 self._finish_infeasible(trial.number)
