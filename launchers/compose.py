@@ -32,12 +32,16 @@ from typing import Any
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from dpo_sweeps.rundir.outputs import scrub_secrets
 
 # The interpolations a sweep's run directory (hydra.sweep.dir, hydra.sweep.subdir) may use for the
 # fast road: the job's number and override dirname (set per point), its name and `now` (the same for
 # every point). Any other (a task key, the job id) sends the base's points down the exact road.
+# `a.b=12`: a value override of an integer, as Hydra's grammar reads one (no sign '+', no '_', no leading 0).
+INT_OVERRIDE = re.compile(r"(?P<key>[A-Za-z_]\w*(\.[A-Za-z_]\w*)+)=(?P<value>-?(0|[1-9][0-9]*))")
 RUN_DIR_INTERPOLATION = re.compile(r"\$\{(hydra[.:]job\.(num|override_dirname|name)|now:[^${}]*)\}")
 
 
@@ -56,9 +60,19 @@ class SweepComposer:
         self._bases: dict[tuple[str, ...], _Base | Exception] = {}
 
     def serves(self, config_loader: Any, master: DictConfig) -> bool:
-        """Whether this composer's bases still hold for `master` (the same config, unchanged hydra overrides)."""
+        """Whether this composer's bases hold for `master` (the same config, as many hydra overrides)."""
         return (self.loader is config_loader and self.master is master
-                and list(OmegaConf.to_container(master.hydra.overrides.hydra)) == self.master_hydra_overrides)
+                and len(master.hydra.overrides.hydra) == len(self.master_hydra_overrides))
+
+    def scrubbed(self, recipe: PointRecipe, task_config: dict[str, Any]) -> dict[str, Any]:
+        """scrub_secrets(task_config), reusing the base's scrubbed sections the point left as they were."""
+        base = recipe.base
+        if not isinstance(base, _Base) or base.resolved is None:
+            return scrub_secrets(task_config)
+        if base.scrubbed is None:
+            base.scrubbed = scrub_secrets(base.resolved)
+        return {k: base.scrubbed[k] if v is base.resolved.get(k) else scrub_secrets({k: v})[k]
+                for k, v in task_config.items()}
 
     def recipe(self, overrides: Sequence[str]) -> PointRecipe:
         """How to build this point's config; raises what Hydra's composition of the point would raise."""
@@ -79,11 +93,29 @@ class SweepComposer:
 
     def _parse(self, override: str) -> Override | None:
         if override not in self._parsed:
-            try:
-                self._parsed[override] = self.parser.parse_overrides([override])[0]
-            except Exception:  # Hydra's full composition reports it, in its own words
-                self._parsed[override] = None
+            self._parsed[override] = self._parse_int(override) or self._parse_new(override)
         return self._parsed[override]
+
+    def _parse_new(self, override: str) -> Override | None:
+        try:
+            return self.parser.parse_overrides([override])[0]
+        except Exception:  # Hydra's full composition reports it, in its own words
+            return None
+
+    def _parse_int(self, override: str) -> Override | None:
+        """`key=<integer>` (a swept range of seeds): the parse of `key=0` with the value put in, as
+        Hydra's grammar reads a plain decimal integer (its parser is most of a point's cost)."""
+        found = INT_OVERRIDE.fullmatch(override)
+        if found is None:
+            return None
+        zero = f"{found['key']}=0"
+        if zero not in self._parsed:
+            self._parsed[zero] = self._parse_new(zero)
+        template = self._parsed[zero]
+        if (template is None or template.type != OverrideType.CHANGE or template.value_type != ValueType.ELEMENT
+                or template.value() != 0 or template.package is not None):
+            return None
+        return dataclasses.replace(template, _value=int(found["value"]), input_line=override)
 
     def _group(self, key: str) -> bool:
         if key not in self._is_group:
@@ -117,12 +149,26 @@ class _Base:
             del self.task["hydra"]
         unresolved = OmegaConf.to_container(self.task, resolve=False)
         self.resolved = unresolved if "${" not in repr(unresolved) else None  # None: it interpolates
+        self.scrubbed: dict[str, Any] | None = None
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
         self.run_dir_fast = all(RUN_DIR_INTERPOLATION.sub("", str(sweep[k])).count("${") == 0 for k in ("dir", "subdir"))
         self._working: DictConfig | None = None  # the copy run directories are resolved on
+        self._sections: dict[str, DictConfig] = {}
+        # Hydra's default layout, <sweep dir>/<job number>: the sweep dir is the same for every point.
+        self._numbered_in: Path | None = None
+        if sweep["subdir"] in ("${hydra.job.num}", "${hydra:job.num}") and "job." not in str(sweep["dir"]):
+            self._numbered_in = self.run_dir(0, "").parent
+
+    def working_section(self, section: str) -> DictConfig:
+        """A copy of one section of the base's task config, kept for points that only change its leaves."""
+        if section not in self._sections:
+            self._sections[section] = copy.deepcopy(self.task._get_node(section))
+        return self._sections[section]
 
     def run_dir(self, num: int, override_dirname: str) -> Path:
         """`hydra.sweep.dir`/`hydra.sweep.subdir` of a point (run_dir_fast: they read nothing of its task config)."""
+        if self._numbered_in is not None:
+            return self._numbered_in / str(num)
         if self._working is None:
             self._working = copy.deepcopy(self.config)
         working = self._working
@@ -188,6 +234,21 @@ class PointRecipe:
             by_section.setdefault(section, []).append(dataclasses.replace(o, key_or_group=rest))
         task = dict(base.resolved)
         for section, overrides in by_section.items():
+            values = base.resolved[section]
+            if all(_sets_a_value(o, values) for o in overrides):
+                # Only leaves change: on the base's one working copy of the section, set back afterwards.
+                node = base.working_section(section)
+                try:
+                    ConfigLoaderImpl._apply_overrides_to_config(overrides, node)
+                    task[section] = dict(values)
+                    for o in overrides:  # a leaf's value as to_container gives it: no interpolation here
+                        task[section][o.key_or_group] = node[o.key_or_group]
+                except Exception:  # the exact road reports it with the full key
+                    return None
+                finally:
+                    for o in overrides:
+                        node[o.key_or_group] = values[o.key_or_group]
+                continue
             # A copy of the section keeps the base as its parent, so it is typed and flagged as there.
             node = copy.deepcopy(base.task._get_node(section))
             try:
@@ -196,6 +257,13 @@ class PointRecipe:
                 return None
             task[section] = OmegaConf.to_container(node, resolve=True)
         return task
+
+
+def _sets_a_value(override: Override, section: dict[str, Any]) -> bool:
+    """A plain `section.key=value` of a key the section has, whose value and new value are not containers."""
+    key, value = override.key_or_group, override.value()
+    return (override.type == OverrideType.CHANGE and "." not in key and key in section
+            and not isinstance(section[key], (dict, list)) and not isinstance(value, (dict, list)))
 
 
 class _HydraConfigAs:

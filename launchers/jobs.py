@@ -21,7 +21,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.rundir.outputs import config_hash, scrub_secrets
+from dpo_sweeps.rundir.outputs import config_hash
 from launchers.compose import PointRecipe, SweepComposer, run_dir_of
 
 
@@ -145,7 +145,8 @@ def compose_job(hydra_context: HydraContext, master_config: DictConfig, override
         refusal = schema_refusal(exc)  # a key or value the schema refuses, named in one line
         message = str(refusal) if refusal else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JobCompositionError(message) from exc
-    return SweepJob(num, list(overrides), None, task_config, config_hash(scrub_secrets(task_config)), run_dir, recipe)
+    return SweepJob(num, list(overrides), None, task_config, config_hash(_composer.scrubbed(recipe, task_config)),
+                    run_dir, recipe)
 
 
 # The composer of the sweep being composed: its bases serve every point of that sweep.

@@ -16,6 +16,7 @@ Ctrl-C cancels the running jobs.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -88,11 +89,12 @@ class LocalLauncher(SweepLauncher):
         # calls from several threads (the Optuna sweeper's asynchronous trials) never share a core or GPU.
         self._devices: DevicePool | None = None
         self._devices_lock = threading.Lock()
+        self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
 
     def __getstate__(self) -> dict:
         # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
         state = dict(self.__dict__)
-        state.update(_devices=None, _devices_lock=None)
+        state.update(_devices=None, _devices_lock=None, _checked={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -116,6 +118,13 @@ class LocalLauncher(SweepLauncher):
                 + (f", GPUs {','.join(pool.gpus)} (one per rank)" if pool.gpus else "") + cap)
 
     def check_job(self, job: SweepJob) -> str | None:
+        """Why this machine cannot run the job (it depends on the job's resources only: asked once per kind)."""
+        key = json.dumps(job.task_config["resources"], sort_keys=True)
+        if key not in self._checked:
+            self._checked[key] = self._check_resources(job)
+        return self._checked[key]
+
+    def _check_resources(self, job: SweepJob) -> str | None:
         res = job.task_config["resources"]
         if res["nodes"] != 1:
             return (f"resources.nodes: got {res['nodes']!r}; the local launcher runs a job on this machine only "

@@ -72,6 +72,30 @@ def check_fit(cfg, world_size: int) -> FitCheck | None:
     return FitCheck(predicted_peak_gib(cfg, world_size), limit)
 
 
+# Settings the estimate (and the limit) never read: training dynamics and bookkeeping. Points of a sweep
+# that differ only in them share one fit check (launchers/preflight.py); tests/unit/test_fit_key.py
+# changes each of them and finds the estimate unchanged.
+NOT_ESTIMATED = {
+    "train": ("seed", "lr", "weight_decay", "warmup_steps", "max_steps", "eval_every", "eval_max_pairs",
+              "log_every", "max_grad_norm", "time_limit_min", "progress_bar", "save_model"),
+    "loss": ("beta", "label_smoothing"),
+    "wandb": None, "faults": None, "checkpoint": None,  # None: the whole section
+}
+
+
+def fit_key(task_config: dict, world_size: int) -> str:
+    """What decides a resolved config's fit check, as a string: equal keys, equal checks."""
+    import json
+
+    kept = {}
+    for section, value in task_config.items():
+        dropped = NOT_ESTIMATED.get(section, ())
+        if dropped is None:
+            continue
+        kept[section] = {k: v for k, v in value.items() if k not in dropped} if dropped else value
+    return json.dumps([world_size, kept], sort_keys=True, default=str)
+
+
 RANK_IMPORTS = "dpo_sweeps.runtime.rank"  # the module a rank process runs (and all it imports)
 
 
