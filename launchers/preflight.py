@@ -117,12 +117,22 @@ def compose_and_check(
         except JobCompositionError as exc:
             invalid.append(InvalidPoint(num, list(overrides), "invalid_config", f"cannot compose this config: {exc}"))
             continue
+        if not jobs and not invalid:
+            _start_fit_measurements(job)
         problem = check_job(job, base_dir, launcher_check, checked)
         if problem is not None:
             invalid.append(problem)
         else:
             jobs.append(job)
     return jobs, invalid
+
+
+def _start_fit_measurements(job: SweepJob) -> None:
+    """What the fit check measures once (a fresh rank process's memory) starts while the points compose."""
+    from dpo_sweeps.parallel.fit import may_have_limit, measure_in_background
+
+    if may_have_limit(job.task_config["resources"]):
+        measure_in_background(job.task_config["model"])
 
 
 @dataclass
