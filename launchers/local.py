@@ -17,11 +17,14 @@ Ctrl-C cancels the running jobs.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn
@@ -90,6 +93,7 @@ class LocalLauncher(SweepLauncher):
         self._devices: DevicePool | None = None
         self._devices_lock = threading.Lock()
         self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
+        self._sweep_process: tuple[int, str] | None = None  # (pid, start time) of the process that launched
 
     def __getstate__(self) -> dict:
         # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
@@ -100,6 +104,13 @@ class LocalLauncher(SweepLauncher):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._devices_lock = threading.Lock()
+
+    def __call__(self, runs: Any, singleton_state: Any, placement: Any = None) -> Any:  # type: ignore[override]
+        """The job side (see SweepLauncher): the job's ranks stop when the sweep process is gone (a
+        killed sweep leaves no run training on its own), as after a SIGTERM: checkpoint, `preempted`."""
+        if self._sweep_process is not None:
+            threading.Thread(target=_stop_with, args=(self._sweep_process,), name="sweep-watch", daemon=True).start()
+        return super().__call__(runs, singleton_state, placement)
 
     def _pool(self) -> DevicePool:
         return DevicePool(cpus=self.cpus if self.cpus is not None else usable_cpus(),
@@ -148,6 +159,7 @@ class LocalLauncher(SweepLauncher):
                 self._devices = self._pool()
             pool = self._devices
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
+        self._sweep_process = (os.getpid(), process_start(os.getpid()))
         results: dict[int, JobReturn] = {}
         pending = deque(probe_batches(jobs, lambda job: self._slots(job, pool), self.probes_per_job))
         label = PointLabels([job.overrides for job in jobs])
@@ -223,6 +235,23 @@ class LocalLauncher(SweepLauncher):
                 log.info("#%s started in turn, sharing one start-up: %s  (%d ranks; %s; job %s)",
                          ", #".join(str(m.num) for m in members), "; ".join(label(m.overrides) for m in members),
                          job.world_size, placement.describe(), submitted.job_id)
+
+
+def process_start(pid: int) -> str:
+    """When process `pid` started (field 22 of /proc/PID/stat): with the pid, names one process for good."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _stop_with(sweep: tuple[int, str], poll_s: float = 1.0) -> None:
+    """Send this rank SIGTERM once the sweep process (pid, start time) has ended."""
+    pid, started = sweep
+    while started and process_start(pid) == started:
+        time.sleep(poll_s)
+    if started:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass
