@@ -31,7 +31,7 @@ FAILED_COLOR = "#b3261e"
 MAX_CURVE_PANELS = 48
 TOP_CURVE_CONFIGS = 12
 # Past this many configs the Pareto figure names only the front's (the rest are unlabelled points).
-MAX_LABELLED_CONFIGS = 40
+MAX_LABELLED_CONFIGS = 20
 # Cells where every run failed (or none ran) show grey.
 HEATMAP_COLORS = colormaps["viridis"].with_extremes(bad="#e6e6e6")
 AXIS_TITLES = {
