@@ -204,11 +204,14 @@ class LocalLauncher(SweepLauncher):
     def _start_what_fits(self, executor: Any, jobs: Sequence[SweepJob], pool: DevicePool, pending: deque,
                          running: dict, results: dict[int, JobReturn], label: PointLabels) -> None:
         """Start pending jobs, in order, while devices are free (a later, smaller job may go first)."""
+        full: set[tuple[int, bool]] = set()  # shapes that found no room in this pass: their later jobs neither
         for unit in list(pending):
             if self.max_concurrent_jobs and len(running) >= self.max_concurrent_jobs:
                 return
             job = jobs[unit[0]]  # a probe batch's jobs need the same ranks
             use_gpus = self._uses_gpus(job, pool)
+            if (job.world_size, use_gpus) in full:
+                continue
             impossible = pool.cannot_hold(job.world_size, use_gpus)
             if impossible:
                 pending.remove(unit)
@@ -218,6 +221,7 @@ class LocalLauncher(SweepLauncher):
             with self._devices_lock:
                 placement = pool.take(job.world_size, use_gpus)
             if placement is None:
+                full.add((job.world_size, use_gpus))
                 continue
             pending.remove(unit)
             executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
