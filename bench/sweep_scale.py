@@ -28,8 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
 
 
-def measure(args: list[str], code: Path, cwd: Path) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS (MiB) and exit status of one sweep process."""
+def measure(args: list[str], code: Path, cwd: Path) -> tuple[float, float, float, int]:
+    """Wall seconds, CPU seconds (user + system), peak RSS (MiB) and exit status of one sweep process
+    (its own: the estimator process it starts is not counted)."""
     env = dict(os.environ)
     if code != REPO:  # import that checkout's packages, not this one's editable install
         env["PYTHONPATH"] = f"{code}{os.pathsep}{env.get('PYTHONPATH', '')}"
@@ -41,29 +42,28 @@ def measure(args: list[str], code: Path, cwd: Path) -> tuple[float, float, int]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         print(proc.stderr.read().decode(errors="replace")[-2000:], file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
 
 
 def dry_run_curve(sizes: list[int], repeats: int, code: Path, memory_gib: float) -> None:
-    results: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
+    results: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             for n in sizes if r % 2 == 0 else reversed(sizes):
                 args = [*QUIET, f"train.seed=range(0,{n})", f"resources.device_memory_gib={memory_gib}",
                         "hydra.sweeper.dry_run=true", f"hydra.sweep.dir={tmp}/sweep{n}"]
-                wall, rss, rc = measure(args, code, code)
+                wall, cpu, rss, rc = measure(args, code, code)
                 if rc != 0:
                     raise SystemExit(f"the dry run of {n} points failed (exit {rc})")
-                results[n].append((wall, rss))
-                print(f"  repeat {r + 1}: {n} points {wall:.1f} s, {rss:.0f} MiB", flush=True)
+                results[n].append((wall, cpu, rss))
+                print(f"  repeat {r + 1}: {n} points {wall:.1f} s ({cpu:.1f} CPU s), {rss:.0f} MiB", flush=True)
     print(f"\ndry run with the fit check, code from {code} ({repeats} repeats, medians)")
-    print("| points | wall s (median) | wall s (all) | peak RSS MiB (median) |")
-    print("| ---: | ---: | --- | ---: |")
+    print("| points | wall s (median) | wall s (all) | CPU s (median) | peak RSS MiB (median) |")
+    print("| ---: | ---: | --- | ---: | ---: |")
     for n in sizes:
-        walls = [w for w, _ in results[n]]
-        rss = [m for _, m in results[n]]
+        walls, cpus, rss = zip(*results[n])
         print(f"| {n:,} | {statistics.median(walls):.1f} | {', '.join(f'{w:.1f}' for w in walls)} "
-              f"| {statistics.median(rss):.0f} |")
+              f"| {statistics.median(cpus):.1f} | {statistics.median(rss):.0f} |")
 
 
 def resume_curve(n: int, source: Path, repeats: int) -> None:
@@ -83,11 +83,12 @@ def resume_curve(n: int, source: Path, repeats: int) -> None:
                        check=True)
         walls = []
         for r in range(repeats):
-            wall, rss, rc = measure([*overrides, f"train.seed=range(0,{n})", f"hydra.sweep.dir={sweep}"], REPO, REPO)
+            wall, cpu, rss, rc = measure([*overrides, f"train.seed=range(0,{n})", f"hydra.sweep.dir={sweep}"], REPO, REPO)
             if rc != 0:
                 raise SystemExit(f"the resumed sweep failed (exit {rc})")
             walls.append(wall)
-            print(f"  repeat {r + 1}: {n} completed runs skipped in {wall:.1f} s, {rss:.0f} MiB", flush=True)
+            print(f"  repeat {r + 1}: {n} completed runs skipped in {wall:.1f} s ({cpu:.1f} CPU s), {rss:.0f} MiB",
+                  flush=True)
         started = sum(1 for p in sweep.iterdir() if (p / ".hydra").is_dir())
         print(f"\nresume: {n} completed points, median {statistics.median(walls):.1f} s "
               f"({', '.join(f'{w:.1f}' for w in walls)}); runs started: {started}")
