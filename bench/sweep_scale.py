@@ -3,6 +3,7 @@
     python bench/sweep_scale.py                       # 100, 1,000, 10,000 points, 3 repeats each
     python bench/sweep_scale.py --sizes 100 1000 --repeats 1 --code /tmp/before   # another checkout's code
     python bench/sweep_scale.py --resume 1000 --source multirun/one_run           # rerun of N completed runs
+    python bench/sweep_scale.py --slurm 200          # 200 one-step runs on the SLURM cluster (local_cluster.sh)
 
 Each measurement is one `python -m dpo_sweeps -m 'train.seed=range(0,N)' hydra.sweeper.dry_run=true`
 process with the fit check on (`resources.device_memory_gib`): composing every point, the pre-launch
@@ -10,7 +11,9 @@ checks (launchers/preflight.py, dpo_sweeps/config/validate.py), the fit check an
 sizes alternate within each repeat (100, 1,000, 10,000, 100, ...), and the table gives each size's
 median wall time and the sweep process's peak resident memory (its own, from wait4: the estimator
 process it starts is not counted). `--resume N` instead writes N completed runs of one real run
-(bench/make_runs.py) and times the sweep that skips them all.
+(bench/make_runs.py) and times the sweep that skips them all. `--slurm N` runs a sweep of N one-step
+runs with `hydra/launcher=slurm` and gives its sbatch calls (job arrays), the sweep process's CPU time
+as a share of the sweep's wall time, and how many of the N summaries the report ranks.
 """
 
 from __future__ import annotations
@@ -94,6 +97,29 @@ def resume_curve(n: int, source: Path, repeats: int) -> None:
               f"({', '.join(f'{w:.1f}' for w in walls)}); runs started: {started}")
 
 
+def slurm_sweep(n: int, extra: list[str]) -> None:
+    """A sweep of n one-step runs on SLURM: arrays submitted, the sweep's CPU share, the report's rows."""
+    import csv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep = Path(tmp) / "sweep"
+        args = [*QUIET, "hydra/launcher=slurm", f"train.seed=range(0,{n})", "train.max_steps=1", "train.eval_every=0",
+                "data.num_train_pairs=64", "data.num_eval_pairs=16", "train.batch_size=8", *extra,
+                f"hydra.sweep.dir={sweep}"]
+        wall, cpu, rss, rc = measure(args, REPO, REPO)
+        job_ids = [p.name for p in (sweep / ".submitit").iterdir() if p.is_dir()]
+        arrays = {j.split("_")[0] for j in job_ids}
+        report = subprocess.run([sys.executable, str(REPO / "analysis" / "report.py"), str(sweep)],
+                                capture_output=True, text=True)
+        runs_csv = sweep / "report" / "runs.csv"
+        rows = list(csv.DictReader(runs_csv.open())) if runs_csv.exists() else []
+        completed = sum(r.get("status") == "completed" for r in rows)
+    print("| jobs | sbatch calls (arrays) | sweep wall s | sweep CPU s | CPU share | peak RSS MiB | summaries ranked |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| {n} | {len(arrays)} | {wall:.0f} | {cpu:.1f} | {100 * cpu / wall:.1f}% | {rss:.0f} | "
+          f"{completed} completed of {len(rows)} (report exit {report.returncode}, sweep exit {rc}) |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
@@ -102,8 +128,12 @@ def main() -> None:
     parser.add_argument("--device-memory-gib", type=float, default=80.0)
     parser.add_argument("--resume", type=int, default=None, metavar="N")
     parser.add_argument("--source", type=Path, default=None, help="with --resume: one completed run's directory")
+    parser.add_argument("--slurm", type=int, default=None, metavar="N")
+    parser.add_argument("overrides", nargs="*", help="with --slurm: more overrides (hydra.launcher.partition=...)")
     args = parser.parse_args()
-    if args.resume:
+    if args.slurm:
+        slurm_sweep(args.slurm, args.overrides)
+    elif args.resume:
         resume_curve(args.resume, args.source, args.repeats)
     else:
         dry_run_curve(args.sizes, args.repeats, args.code.resolve(), args.device_memory_gib)
