@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,8 @@ class SweepJob:
     def renumbered(self, num: int) -> SweepJob:
         """The same job under another number, hence (usually) another run directory."""
         if self.recipe is not None:
-            _, run_dir = self.recipe.resolve(num)
+            with _composing:
+                _, run_dir = self.recipe.resolve(num)
             return SweepJob(num, self.overrides, None, self.task_config, self.config_hash, run_dir, self.recipe)
         config = copy.deepcopy(self.config)
         _set_job_num(config, num)
@@ -137,20 +139,23 @@ def compose_job(hydra_context: HydraContext, master_config: DictConfig, override
     Points that choose the same config groups share one composition (launchers/compose.py)."""
     global _composer
     try:
-        if _composer is None or not _composer.serves(hydra_context.config_loader, master_config):
-            _composer = SweepComposer(hydra_context.config_loader, master_config)
-        recipe = _composer.recipe(overrides)
-        task_config, run_dir = recipe.resolve(num)
+        with _composing:  # a base's working copies serve one point at a time
+            if _composer is None or not _composer.serves(hydra_context.config_loader, master_config):
+                _composer = SweepComposer(hydra_context.config_loader, master_config)
+            composer = _composer
+            recipe = composer.recipe(overrides)
+            task_config, run_dir = recipe.resolve(num)
+            scrubbed = composer.scrubbed(recipe, task_config)
     except Exception as exc:  # Hydra raises several exception types here; all mean "this point is broken".
         refusal = schema_refusal(exc)  # a key or value the schema refuses, named in one line
         message = str(refusal) if refusal else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JobCompositionError(message) from exc
-    return SweepJob(num, list(overrides), None, task_config, config_hash(_composer.scrubbed(recipe, task_config)),
-                    run_dir, recipe)
+    return SweepJob(num, list(overrides), None, task_config, config_hash(scrubbed), run_dir, recipe)
 
 
 # The composer of the sweep being composed: its bases serve every point of that sweep.
 _composer: SweepComposer | None = None
+_composing = threading.Lock()
 
 
 def _set_job_num(config: DictConfig, num: int) -> None:
