@@ -142,12 +142,23 @@ def _cell(value: Any, display: str | None = None, css: str = "") -> str:
     return f'<td class="{css}"{data}>{shown}</td>'
 
 
-def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]], placeholder: str) -> str:
+# A table shows at most this many rows (the first: configs best first, runs in order); the CSV beside
+# the report has them all. A page of 10,000 rows is tens of MB and slow to open.
+MAX_TABLE_ROWS = 1000
+
+
+def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]], placeholder: str,
+           csv_name: str = "") -> str:
+    note = ""
+    if len(rows) > MAX_TABLE_ROWS:
+        note = (f'<p class="note">The first {MAX_TABLE_ROWS:,} of {len(rows):,} rows (the filter searches these); '
+                f'all of them are in {_escape(csv_name)}.</p>')
+        rows = rows[:MAX_TABLE_ROWS]
     # Numbers align right, text left: a column holding any number is a number column.
     numeric = [any('data-value="' in cells[i] for _, cells in rows) for i in range(len(header))]
     head = "".join(f'<th scope="col" class="{"" if n else "text"}">{_escape(h)}</th>' for h, n in zip(header, numeric))
     body = "".join(f'<tr class="{css}">{"".join(cells)}</tr>' for css, cells in rows)
-    return (f'<input class="filter" type="search" data-table="{table_id}" placeholder="{placeholder}">'
+    return (f'{note}<input class="filter" type="search" data-table="{table_id}" placeholder="{placeholder}">'
             f'<div class="scroll"><table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'
             f'<tbody>{body}</tbody></table></div>')
 
@@ -194,7 +205,7 @@ def _configs_table(ranking: Ranking) -> str:
         cells.append(_cell(row["runs"]))
         css = " ".join(filter(None, ["pareto" if config.pareto else "", "failed" if not config.completed else ""]))
         rows.append((css, cells))
-    return _table("configs-table", header, rows, "Filter configs (e.g. bf16, oom)")
+    return _table("configs-table", header, rows, "Filter configs (e.g. bf16, oom)", "ranking.csv")
 
 
 def _runs_table(runs: list[Run], ranking: Ranking) -> str:
@@ -204,7 +215,7 @@ def _runs_table(runs: list[Run], ranking: Ranking) -> str:
         cells = [_cell(row[c], css="config" if c == "config" else ("text status" if c == "status" else ""))
                  for c in columns]
         rows.append((run.status, cells))
-    return _table("runs-table", columns, rows, "Filter runs (e.g. failed, full_shard)")
+    return _table("runs-table", columns, rows, "Filter runs (e.g. failed, full_shard)", "runs.csv")
 
 
 def _loss_metrics_section(ranking: Ranking) -> str:

@@ -29,6 +29,9 @@ LOSS_COLOR = "#2e6fba"
 ACCURACY_COLOR = "#e07b18"
 FAILED_COLOR = "#b3261e"
 MAX_CURVE_PANELS = 48
+TOP_CURVE_CONFIGS = 12
+# Past this many configs the Pareto figure names only the front's (the rest are unlabelled points).
+MAX_LABELLED_CONFIGS = 20
 # Cells where every run failed (or none ran) show grey.
 HEATMAP_COLORS = colormaps["viridis"].with_extremes(bad="#e6e6e6")
 AXIS_TITLES = {
@@ -57,6 +60,12 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
     axes = figure.add_subplot()
     xs = [c.mean(x_metric) for c in points]
     middle = (min(xs) + max(xs)) / 2
+    crowded = len(points) > MAX_LABELLED_CONFIGS
+    if crowded:  # thousands of error bars and labels: the front stays readable, the rest a cloud
+        rest = [c for c in points if not c.pareto]
+        axes.scatter([c.mean(x_metric) for c in rest], [c.mean(y_metric) for c in rest], s=9, color=POINT_COLOR,
+                     alpha=0.5, zorder=2, label=f"other configs ({len(rest)})")
+        points = [c for c in points if c.pareto]
     for index, config in enumerate(sorted(points, key=lambda c: c.mean(x_metric))):
         x, y = config.stats[x_metric], config.stats[y_metric]
         color = PARETO_COLOR if config.pareto else POINT_COLOR
@@ -209,9 +218,18 @@ def _series(log: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def curves_figure(runs: list[Run], labels: dict[str, str]) -> Figure | None:
-    """Loss and preference accuracy against step, one panel per run (`labels`: run name -> config)."""
-    shown = [r for r in runs if r.log or r.status == "failed"][:MAX_CURVE_PANELS]
+def curves_figure(runs: list[Run], labels: dict[str, str], ranking: Ranking | None = None) -> Figure | None:
+    """Loss and preference accuracy against step, one panel per run (`labels`: run name -> config).
+    Past MAX_CURVE_PANELS runs, one run of each of the TOP_CURVE_CONFIGS best configs by preference
+    accuracy (`ranking`), not the first runs found."""
+    shown = [r for r in runs if r.has_log or r.status == "failed"]
+    if len(shown) > MAX_CURVE_PANELS and ranking is not None and ranking.by.get(PREFERENCE_ACCURACY):
+        best = [next((r for r in c.completed if r.has_log), c.runs[0]) for c in ranking.by[PREFERENCE_ACCURACY]]
+        shown = best[:TOP_CURVE_CONFIGS]
+        more = f" of the {len(shown)} configs with the best preference accuracy (of {len(runs)} runs)"
+    else:
+        shown = shown[:MAX_CURVE_PANELS]
+        more = f" (first {MAX_CURVE_PANELS} of {len(runs)} runs)" if len(runs) > MAX_CURVE_PANELS else ""
     if not shown:
         return None
     columns = min(4, len(shown))
@@ -222,10 +240,11 @@ def curves_figure(runs: list[Run], labels: dict[str, str]) -> Figure | None:
         axes.set_visible(False)
     for axes, run in zip(grid.flat, shown):
         accuracy_axes = axes.twinx()
-        axes.plot(*_series(run.log, "train/loss"), color=LOSS_COLOR, linewidth=1)
-        axes.plot(*_series(run.log, "eval/loss"), "s", color=LOSS_COLOR, markersize=4)
-        accuracy_axes.plot(*_series(run.log, "train/rewards/accuracies"), color=ACCURACY_COLOR, linewidth=1, alpha=0.8)
-        accuracy_axes.plot(*_series(run.log, "eval/rewards/accuracies"), "D", color=ACCURACY_COLOR, markersize=4)
+        log = run.log
+        axes.plot(*_series(log, "train/loss"), color=LOSS_COLOR, linewidth=1)
+        axes.plot(*_series(log, "eval/loss"), "s", color=LOSS_COLOR, markersize=4)
+        accuracy_axes.plot(*_series(log, "train/rewards/accuracies"), color=ACCURACY_COLOR, linewidth=1, alpha=0.8)
+        accuracy_axes.plot(*_series(log, "eval/rewards/accuracies"), "D", color=ACCURACY_COLOR, markersize=4)
         accuracy_axes.set_ylim(0, 1.02)
         axes.tick_params(labelsize=7, colors=LOSS_COLOR, axis="y")
         axes.tick_params(labelsize=7, axis="x")
@@ -234,12 +253,11 @@ def curves_figure(runs: list[Run], labels: dict[str, str]) -> Figure | None:
         label = labels.get(run.name) or " ".join(run.config_overrides)
         axes.set_title(f"{run.name} ({status})\n{textwrap.fill(label, 48)}", fontsize=7,
                        color=FAILED_COLOR if run.status == "failed" else "#222")
-        if not run.log:
+        if not log:
             axes.text(0.5, 0.5, "no steps logged", transform=axes.transAxes, ha="center", color=FAILED_COLOR)
             axes.set_xticks([])
             axes.set_yticks([])
         axes.grid(alpha=0.3)
-    more = f" (first {MAX_CURVE_PANELS} of {len(runs)} runs)" if len(runs) > MAX_CURVE_PANELS else ""
     figure.suptitle(f"Training curves{more}: loss (blue, left; line train, squares eval) and preference "
                     f"accuracy (orange, right; line train, diamonds eval) against step", fontsize=9)
     return figure

@@ -71,7 +71,7 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
         "pareto": figures.pareto_figure(ranking),
         "heatmap": figures.heatmap_figure(runs),
         "effects": figures.effects_figure(ranking),
-        "curves": figures.curves_figure(runs, ranking.labels()),
+        "curves": figures.curves_figure(runs, ranking.labels(), ranking),
         **{f"optuna-{i}": figures.optuna_figure(study) for i, study in enumerate(studies)},
         **{f"optuna-{i}-intermediate": figures.intermediate_figure(study) for i, study in enumerate(studies)},
         **{f"optuna-{i}-{name}": figure for i, study in enumerate(studies)

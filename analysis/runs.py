@@ -65,8 +65,10 @@ class Run:
     # What the run cost (summary.json): ranks x wall seconds, on "gpu" or "cpu".
     device_seconds: float | None = None
     device_kind: str = "cpu"
-    # metrics.jsonl records, in file order.
-    log: list[dict[str, Any]] = field(default_factory=list)
+    # Whether metrics.jsonl holds any record, and the last step it logged (the records themselves are
+    # read again where they are drawn: `log`; a sweep of 10,000 runs would hold gigabytes of them).
+    has_log: bool = False
+    last_logged_step: int | None = None
     # What was odd about the files (skipped log lines, an unreadable summary).
     problems: list[str] = field(default_factory=list)
     # The parallel plan as the run resolved it (summary.json's `plan`), else as its config resolves.
@@ -85,9 +87,9 @@ class Run:
         return "probe/steps" in self.metrics
 
     @property
-    def last_logged_step(self) -> int | None:
-        steps = [r["step"] for r in self.log if isinstance(r.get("step"), int)]
-        return max(steps) if steps else None
+    def log(self) -> list[dict[str, Any]]:
+        """metrics.jsonl records, in file order (read from the file each time)."""
+        return read_log(self.path / "metrics.jsonl")[0]
 
     @property
     def strategy_label(self) -> str | None:
@@ -188,6 +190,12 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     if not path.is_file():
         return [], []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    try:  # the usual file, every line a record: parsed in one go
+        records = json.loads("[" + ",".join(line for line in lines if line.strip()) + "]")
+        if all(isinstance(r, dict) and isinstance(r.get("step"), int) for r in records):
+            return records, []
+    except json.JSONDecodeError:
+        pass
     records, problems = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -232,7 +240,9 @@ def _check_summary(summary: Any) -> str | None:
 def read_run(path: Path, name: str, sweep: Path) -> Run:
     """One run directory: from summary.json when it has ended, from .hydra/ while pending."""
     log, problems = read_log(path / "metrics.jsonl")
-    run = Run(path=path, name=name, sweep=sweep, status="pending", log=log, problems=problems)
+    steps = [r["step"] for r in log]
+    run = Run(path=path, name=name, sweep=sweep, status="pending", has_log=bool(log),
+              last_logged_step=max(steps) if steps else None, problems=problems)
     hydra_overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
     if isinstance(hydra_overrides, list):
         run.overrides = tuple(str(o) for o in hydra_overrides)

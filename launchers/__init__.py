@@ -10,7 +10,8 @@
 - `launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): an Optuna search with
   hydra-optuna-sweeper's keys (`optuna_space`, `optuna_sampler`), asynchronous trials (`optuna_study`,
   `trial_slots`), the study in the sweep directory or any shared storage, trials checked before launch.
-`jobs` composes one point of a sweep as its job will; `placement` gives local jobs their devices.
+`jobs` composes one point of a sweep as its job will (`compose`: one Hydra composition per choice of
+config groups, each point's values applied to it); `placement` gives local jobs their devices.
 
 Hydra loads plugins only from the `hydra_plugins` namespace: hydra_plugins/dpo_sweeps_launchers
 registers these classes there. `launchers/slurm/local_cluster.sh` brings up a one-node SLURM

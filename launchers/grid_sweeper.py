@@ -40,7 +40,7 @@ from launchers.preflight import (
     record_predicted_oom,
     refusal_message,
 )
-from launchers.resume import ResumePlan, plan_resume
+from launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
 
 log = logging.getLogger("launchers")
 
@@ -120,6 +120,7 @@ class GridSweeper(BasicSweeper):
         for point in unfit:
             record_predicted_oom(point)
             log.warning("#%d not started: %s", point.job.num, point.message)
+        wait_for_earlier_runs(plan)
         returns = self._launch(plan.to_run)
         outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
         outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]

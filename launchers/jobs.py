@@ -12,32 +12,50 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import filter_overrides
 from hydra.types import HydraContext
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.rundir.outputs import config_hash, scrub_secrets
+from dpo_sweeps.rundir.outputs import config_hash
+from launchers.compose import PointRecipe, SweepComposer, run_dir_of
 
 
-@dataclass
 class SweepJob:
-    """A point of a sweep: its number, overrides, composed config, identity and run directory."""
+    """A point of a sweep: its number, overrides, composed config, identity and run directory.
 
-    num: int
-    overrides: list[str]
-    # The composed job config, `hydra` node included (what the launcher's job process composes).
-    config: DictConfig
-    # The resolved task config, as `run(cfg)` sees it (before secrets are scrubbed).
-    task_config: dict[str, Any]
-    config_hash: str
-    run_dir: Path
+    `config` is the composed job config, `hydra` node included (what the launcher's job process runs).
+    A sweep of thousands of points does not hold thousands of them: a job composed by `compose_job`
+    builds its config from its recipe (launchers/compose.py) each time it is asked for it.
+    """
+
+    __slots__ = ("num", "overrides", "_config", "recipe", "task_config", "config_hash", "run_dir")
+
+    def __init__(self, num: int, overrides: list[str], config: DictConfig | None, task_config: dict[str, Any],
+                 config_hash: str, run_dir: Path, recipe: PointRecipe | None = None):
+        self.num = num
+        self.overrides = overrides
+        self._config = config
+        self.recipe = recipe
+        # The resolved task config, as `run(cfg)` sees it (before secrets are scrubbed); points of one
+        # base share the sections their overrides leave alone, so it is never changed in place.
+        self.task_config = task_config
+        self.config_hash = config_hash
+        self.run_dir = run_dir
+
+    @property
+    def config(self) -> DictConfig:
+        if self._config is not None or self.recipe is None:
+            return self._config
+        return self.recipe.config(self.num)
+
+    def __repr__(self) -> str:
+        return f"SweepJob(#{self.num} {self.label} -> {self.run_dir})"
 
     @property
     def label(self) -> str:
@@ -51,10 +69,14 @@ class SweepJob:
 
     def renumbered(self, num: int) -> SweepJob:
         """The same job under another number, hence (usually) another run directory."""
+        if self.recipe is not None:
+            with _composing:
+                _, run_dir = self.recipe.resolve(num)
+            return SweepJob(num, self.overrides, None, self.task_config, self.config_hash, run_dir, self.recipe)
         config = copy.deepcopy(self.config)
         _set_job_num(config, num)
         return SweepJob(num=num, overrides=self.overrides, config=config, task_config=self.task_config,
-                        config_hash=self.config_hash, run_dir=_run_dir(config))
+                        config_hash=self.config_hash, run_dir=run_dir_of(config))
 
 
 def probe_batches(jobs: Sequence[SweepJob], slots: Callable[[SweepJob], int],
@@ -112,52 +134,30 @@ class JobCompositionError(Exception):
 
 
 def compose_job(hydra_context: HydraContext, master_config: DictConfig, overrides: Sequence[str], num: int) -> SweepJob:
-    """Compose, resolve and hash one point of a sweep; raises JobCompositionError with a one-line reason."""
+    """Compose, resolve and hash one point of a sweep; raises JobCompositionError with a one-line reason.
+
+    Points that choose the same config groups share one composition (launchers/compose.py)."""
+    global _composer
     try:
-        config = hydra_context.config_loader.load_sweep_config(master_config, list(overrides))
-        _set_job_num(config, num)
-        task_config = _resolved_task_config(config)
-        run_dir = _run_dir(config)
+        with _composing:  # a base's working copies serve one point at a time
+            if _composer is None or not _composer.serves(hydra_context.config_loader, master_config):
+                _composer = SweepComposer(hydra_context.config_loader, master_config)
+            composer = _composer
+            recipe = composer.recipe(overrides)
+            task_config, run_dir = recipe.resolve(num)
+            scrubbed = composer.scrubbed(recipe, task_config)
     except Exception as exc:  # Hydra raises several exception types here; all mean "this point is broken".
         refusal = schema_refusal(exc)  # a key or value the schema refuses, named in one line
         message = str(refusal) if refusal else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JobCompositionError(message) from exc
-    return SweepJob(num=num, overrides=list(overrides), config=config, task_config=task_config,
-                    config_hash=config_hash(scrub_secrets(task_config)), run_dir=run_dir)
+    return SweepJob(num, list(overrides), None, task_config, config_hash(scrubbed), run_dir, recipe)
+
+
+# The composer of the sweep being composed: its bases serve every point of that sweep.
+_composer: SweepComposer | None = None
+_composing = threading.Lock()
 
 
 def _set_job_num(config: DictConfig, num: int) -> None:
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.job.num = num
-
-
-class _HydraConfigAs:
-    """Make `${hydra:...}` resolve against one job's config for a moment (the job process does the same)."""
-
-    def __init__(self, config: DictConfig):
-        self.config = config
-
-    def __enter__(self) -> None:
-        self.saved = HydraConfig.instance().cfg
-        HydraConfig.instance().set_config(self.config)
-
-    def __exit__(self, *exc: object) -> None:
-        HydraConfig.instance().cfg = self.saved
-
-
-def _resolved_task_config(config: DictConfig) -> dict[str, Any]:
-    task = copy.deepcopy(config)
-    with read_write(task), open_dict(task):
-        del task["hydra"]
-    with _HydraConfigAs(config):
-        container = OmegaConf.to_container(task, resolve=True)
-    assert isinstance(container, dict)
-    return container
-
-
-def _run_dir(config: DictConfig) -> Path:
-    """`hydra.sweep.dir`/`hydra.sweep.subdir`, as hydra.core.utils.run_job joins them."""
-    with _HydraConfigAs(config):
-        sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
-        subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
-    return Path(sweep_dir) / subdir

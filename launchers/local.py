@@ -16,11 +16,15 @@ Ctrl-C cancels the running jobs.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn
@@ -88,16 +92,25 @@ class LocalLauncher(SweepLauncher):
         # calls from several threads (the Optuna sweeper's asynchronous trials) never share a core or GPU.
         self._devices: DevicePool | None = None
         self._devices_lock = threading.Lock()
+        self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
+        self._sweep_process: tuple[int, str] | None = None  # (pid, start time) of the process that launched
 
     def __getstate__(self) -> dict:
         # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
         state = dict(self.__dict__)
-        state.update(_devices=None, _devices_lock=None)
+        state.update(_devices=None, _devices_lock=None, _checked={})
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._devices_lock = threading.Lock()
+
+    def __call__(self, runs: Any, singleton_state: Any, placement: Any = None) -> Any:  # type: ignore[override]
+        """The job side (see SweepLauncher): the job's ranks stop when the sweep process is gone (a
+        killed sweep leaves no run training on its own), as after a SIGTERM: checkpoint, `preempted`."""
+        if self._sweep_process is not None:
+            threading.Thread(target=_stop_with, args=(self._sweep_process,), name="sweep-watch", daemon=True).start()
+        return super().__call__(runs, singleton_state, placement)
 
     def _pool(self) -> DevicePool:
         return DevicePool(cpus=self.cpus if self.cpus is not None else usable_cpus(),
@@ -116,6 +129,13 @@ class LocalLauncher(SweepLauncher):
                 + (f", GPUs {','.join(pool.gpus)} (one per rank)" if pool.gpus else "") + cap)
 
     def check_job(self, job: SweepJob) -> str | None:
+        """Why this machine cannot run the job (it depends on the job's resources only: asked once per kind)."""
+        key = json.dumps(job.task_config["resources"], sort_keys=True)
+        if key not in self._checked:
+            self._checked[key] = self._check_resources(job)
+        return self._checked[key]
+
+    def _check_resources(self, job: SweepJob) -> str | None:
         res = job.task_config["resources"]
         if res["nodes"] != 1:
             return (f"resources.nodes: got {res['nodes']!r}; the local launcher runs a job on this machine only "
@@ -139,6 +159,7 @@ class LocalLauncher(SweepLauncher):
                 self._devices = self._pool()
             pool = self._devices
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
+        self._sweep_process = (os.getpid(), process_start(os.getpid()))
         results: dict[int, JobReturn] = {}
         pending = deque(probe_batches(jobs, lambda job: self._slots(job, pool), self.probes_per_job))
         label = PointLabels([job.overrides for job in jobs])
@@ -183,11 +204,14 @@ class LocalLauncher(SweepLauncher):
     def _start_what_fits(self, executor: Any, jobs: Sequence[SweepJob], pool: DevicePool, pending: deque,
                          running: dict, results: dict[int, JobReturn], label: PointLabels) -> None:
         """Start pending jobs, in order, while devices are free (a later, smaller job may go first)."""
+        full: set[tuple[int, bool]] = set()  # shapes that found no room in this pass: their later jobs neither
         for unit in list(pending):
             if self.max_concurrent_jobs and len(running) >= self.max_concurrent_jobs:
                 return
             job = jobs[unit[0]]  # a probe batch's jobs need the same ranks
             use_gpus = self._uses_gpus(job, pool)
+            if (job.world_size, use_gpus) in full:
+                continue
             impossible = pool.cannot_hold(job.world_size, use_gpus)
             if impossible:
                 pending.remove(unit)
@@ -197,6 +221,7 @@ class LocalLauncher(SweepLauncher):
             with self._devices_lock:
                 placement = pool.take(job.world_size, use_gpus)
             if placement is None:
+                full.add((job.world_size, use_gpus))
                 continue
             pending.remove(unit)
             executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
@@ -214,6 +239,23 @@ class LocalLauncher(SweepLauncher):
                 log.info("#%s started in turn, sharing one start-up: %s  (%d ranks; %s; job %s)",
                          ", #".join(str(m.num) for m in members), "; ".join(label(m.overrides) for m in members),
                          job.world_size, placement.describe(), submitted.job_id)
+
+
+def process_start(pid: int) -> str:
+    """When process `pid` started (field 22 of /proc/PID/stat): with the pid, names one process for good."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _stop_with(sweep: tuple[int, str], poll_s: float = 1.0) -> None:
+    """Send this rank SIGTERM once the sweep process (pid, start time) has ended."""
+    pid, started = sweep
+    while started and process_start(pid) == started:
+        time.sleep(poll_s)
+    if started:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass

@@ -3,7 +3,11 @@
 Each point is composed (`launchers.jobs.compose_job`), checked by `dpo_sweeps.config.validate.validate_config`
 (cheap: no data or model is loaded) and by the launcher (`check_job`: what this launcher can place,
 e.g. a 2-node job on the local launcher). A sweep with any invalid point is refused as a whole,
-with every invalid point listed beside its overrides.
+with the first invalid points listed beside their overrides and the count of the rest.
+
+A sweep may have thousands of points: the checks read each point's config from one `CheckedConfig`
+that is rebuilt only where a point differs from the one before, and the fit check is computed once
+per distinct estimate (dpo_sweeps/parallel/fit.py `fit_key`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_j
 log = logging.getLogger("launchers")
 
 # How many invalid points the refusal lists before it says "and N more".
-MAX_LISTED = 50
+MAX_LISTED = 20
 
 
 @dataclass
@@ -43,16 +47,48 @@ class InvalidSweep(CompactHydraException):
     """Raised before launch when points of a sweep cannot run; the message lists them all."""
 
 
-def check_job(job: SweepJob, base_dir: Path,
-              launcher_check: Callable[[SweepJob], str | None] | None) -> InvalidPoint | None:
-    """The reason this composed job cannot run, or None."""
-    try:
-        # The training stack loads here, when a sweep is checked, not when Hydra imports the plugins.
-        from dpo_sweeps.config.validate import validate_config
+class CheckedConfig:
+    """The config the checks read, as `OmegaConf.create(job.task_config)` would make it: one DictConfig
+    for a sweep's points in turn, whose top-level sections are rebuilt only where a point's differ from
+    the previous point's (creating a whole DictConfig per point is most of what checking costs).
+    `validate` gives validate_config's verdict, once per distinct `validation_key`."""
 
-        validate_config(OmegaConf.create(job.task_config), base_dir)
-    except RunFailure as exc:
-        return InvalidPoint(job.num, job.overrides, exc.kind, str(exc), job)
+    def __init__(self) -> None:
+        self.config: DictConfig | None = None
+        self.sections: dict[str, Any] = {}
+        self.verdicts: dict[str, RunFailure | None] = {}
+
+    def of(self, task_config: dict[str, Any]) -> DictConfig:
+        if self.config is None or list(self.sections) != list(task_config):
+            self.config, self.sections = OmegaConf.create(task_config), dict(task_config)
+            return self.config
+        for key, value in task_config.items():
+            if self.sections[key] is not value and self.sections[key] != value:
+                self.config[key] = value
+                self.sections[key] = value
+        return self.config
+
+    def validate(self, task_config: dict[str, Any], base_dir: Path) -> RunFailure | None:
+        # The training stack loads here, when a sweep is checked, not when Hydra imports the plugins.
+        from dpo_sweeps.config.validate import validate_config, validation_key
+
+        key = validation_key(task_config)
+        if key not in self.verdicts:
+            try:
+                validate_config(self.of(task_config), base_dir)
+                self.verdicts[key] = None
+            except RunFailure as exc:
+                self.verdicts[key] = exc
+        return self.verdicts[key]
+
+
+def check_job(job: SweepJob, base_dir: Path,
+              launcher_check: Callable[[SweepJob], str | None] | None,
+              checked: CheckedConfig | None = None) -> InvalidPoint | None:
+    """The reason this composed job cannot run, or None."""
+    failure = (checked or CheckedConfig()).validate(job.task_config, base_dir)
+    if failure is not None:
+        return InvalidPoint(job.num, job.overrides, failure.kind, str(failure), job)
     if launcher_check is not None:
         problem = launcher_check(job)
         if problem:
@@ -73,6 +109,7 @@ def compose_and_check(
     launcher_check = getattr(launcher, "check_job", None)
     jobs: list[SweepJob] = []
     invalid: list[InvalidPoint] = []
+    checked = CheckedConfig()
     for offset, overrides in enumerate(points):
         num = first_num + offset
         try:
@@ -80,12 +117,22 @@ def compose_and_check(
         except JobCompositionError as exc:
             invalid.append(InvalidPoint(num, list(overrides), "invalid_config", f"cannot compose this config: {exc}"))
             continue
-        problem = check_job(job, base_dir, launcher_check)
+        if not jobs and not invalid:
+            _start_fit_measurements(job)
+        problem = check_job(job, base_dir, launcher_check, checked)
         if problem is not None:
             invalid.append(problem)
         else:
             jobs.append(job)
     return jobs, invalid
+
+
+def _start_fit_measurements(job: SweepJob) -> None:
+    """What the fit check measures once (a fresh rank process's memory) starts while the points compose."""
+    from dpo_sweeps.parallel.fit import may_have_limit, measure_in_background
+
+    if may_have_limit(job.task_config["resources"]):
+        measure_in_background(job.task_config["model"])
 
 
 @dataclass
@@ -100,16 +147,22 @@ class PredictedOOM:
 
 def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM]]:
     """Split jobs into those that fit (or have no limit to check) and those predicted out of memory."""
-    from dpo_sweeps.parallel.fit import check_fit  # the training stack loads when a sweep is checked
+    from dpo_sweeps.parallel.fit import check_fit, fit_key  # the training stack loads when a sweep is checked
 
     fit: list[SweepJob] = []
     unfit: list[PredictedOOM] = []
+    checked = CheckedConfig()
+    checks: dict[str, Any] = {}  # fit_key -> its FitCheck (None: no limit, or no estimate)
     for job in jobs:
-        try:
-            check = check_fit(OmegaConf.create(job.task_config), job.world_size)
-        except (OSError, ValueError) as exc:  # e.g. a hub model not in the local cache: run it unchecked
-            log.warning("#%d: no fit check (%s)", job.num, str(exc).splitlines()[0] if str(exc) else exc)
-            check = None
+        key = fit_key(job.task_config, job.world_size)
+        if key not in checks:
+            try:
+                checks[key] = check_fit(checked.of(job.task_config), job.world_size)
+            except (OSError, ValueError) as exc:  # e.g. a hub model not in the local cache: run it unchecked
+                log.warning("#%d (and the points of the same estimate): no fit check (%s)", job.num,
+                            str(exc).splitlines()[0] if str(exc) else exc)
+                checks[key] = None
+        check = checks[key]
         if check is None or check.fits:
             fit.append(job)
         else:
@@ -131,7 +184,8 @@ def record_predicted_oom(point: PredictedOOM) -> None:
 def refusal_message(invalid: Sequence[InvalidPoint], points: Sequence[Sequence[str]]) -> str:
     """The one screen that says which points are invalid and why; nothing was launched."""
     label = PointLabels(points)
-    lines = [f"{len(invalid)} of {len(points)} points of this sweep are invalid; no job was started. Fix or leave out:"]
+    lines = [f"{len(invalid)} of {len(points)} points of this sweep are invalid; no job was started. Fix or leave out"
+             + (f" (the first {MAX_LISTED}):" if len(invalid) > MAX_LISTED else ":")]
     for point in invalid[:MAX_LISTED]:
         lines.append(f"  #{point.num}  {label(point.overrides)}")
         lines.append(f"        {point.kind}: {point.message}")

@@ -10,12 +10,15 @@ where the run itself picks up from its latest checkpoint (dpo_sweeps.train.check
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from dpo_sweeps.rundir.lock import LOCK, RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import SUMMARY, read_summary
 from launchers.jobs import SweepJob
 
@@ -86,3 +89,32 @@ def _numbered_children(sweep_dir: Path) -> list[int]:
     if not sweep_dir.is_dir():
         return []
     return [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+
+
+def wait_for_earlier_runs(plan: ResumePlan, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+    """Wait until no run directory the plan would start is held by a live process: the runs of a sweep
+    that was killed stop by themselves (launchers/local.py), saving a checkpoint the new attempt resumes
+    from; started before they let go, it would be refused. A run that completed meanwhile is skipped."""
+    held = [job for job in plan.to_run if (job.run_dir / LOCK).exists() and _in_use(job.run_dir)]
+    if not held:
+        return
+    logging.getLogger("launchers").info("waiting for %d runs of an earlier invocation to stop (%s)", len(held),
+                                        ", ".join(f"#{job.num}" for job in held[:10]))
+    deadline = time.monotonic() + timeout_s
+    waiting = list(held)
+    while waiting and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        waiting = [job for job in waiting if _in_use(job.run_dir)]
+    for job in held:
+        summary = read_summary(job.run_dir) or {}
+        if summary.get("status") == "completed" and summary.get("config_hash") == job.config_hash:
+            plan.to_run.remove(job)
+            plan.skipped.append((job, job.run_dir))
+
+
+def _in_use(run_dir: Path) -> bool:
+    try:
+        RunDirLock(run_dir).acquire().release()
+    except RunDirInUse:
+        return True
+    return False

@@ -31,6 +31,21 @@ TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
 MIN_BPE_VOCAB = 259
 
 
+# Settings no check reads (any value is valid): a sweep's points that differ only in them are checked once.
+NOT_CHECKED = {"train": ("seed", "progress_bar", "save_model")}
+
+
+def validation_key(task_config: dict) -> str:
+    """What `validate_config` of a resolved config depends on, as a string: equal keys, equal verdicts
+    (for one base_dir, while the files it names stay as they are)."""
+    import json
+
+    kept = {section: {k: v for k, v in value.items() if k not in NOT_CHECKED[section]}
+            if section in NOT_CHECKED and isinstance(value, dict) else value
+            for section, value in task_config.items()}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
 def world_size_of(cfg: DictConfig) -> int:
     return int(cfg.resources.nodes) * int(cfg.resources.nproc_per_node)
 

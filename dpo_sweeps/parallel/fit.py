@@ -15,8 +15,10 @@ data and no model, so the estimate here takes:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
 from dpo_sweeps.parallel.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
@@ -37,13 +39,18 @@ class FitCheck:
                 f"{self.limit_gib:.2f} GiB; not started (hydra.sweeper.skip_predicted_oom=false runs it anyway)")
 
 
+def may_have_limit(resources) -> bool:
+    """Whether a config with these `resources` may have a limit to check (device_memory_limit_gib)."""
+    return resources["device_memory_gib"] is not None or (resources["device"] != "cpu" and gpu_driver_present())
+
+
 def device_memory_limit_gib(cfg) -> float | None:
     """`resources.device_memory_gib`, or the memory of this machine's first CUDA device when the run
     will use CUDA; None (no check) on a CPU or where no GPU is visible to the sweep."""
+    if not may_have_limit(cfg.resources):  # no GPU: no check, and no torch to load
+        return None
     if cfg.resources.device_memory_gib is not None:
         return float(cfg.resources.device_memory_gib)
-    if cfg.resources.device == "cpu" or not gpu_driver_present():  # no GPU: no check, and no torch to load
-        return None
     from dpo_sweeps.parallel.distributed import wants_cuda
 
     if wants_cuda(cfg.resources.device):
@@ -72,7 +79,119 @@ def check_fit(cfg, world_size: int) -> FitCheck | None:
     return FitCheck(predicted_peak_gib(cfg, world_size), limit)
 
 
+# Settings the estimate (and the limit) never read: training dynamics and bookkeeping. Points of a sweep
+# that differ only in them share one fit check (launchers/preflight.py); tests/unit/test_fit_key.py
+# changes each of them and finds the estimate unchanged.
+NOT_ESTIMATED = {
+    "train": ("seed", "lr", "weight_decay", "warmup_steps", "max_steps", "eval_every", "eval_max_pairs",
+              "log_every", "max_grad_norm", "time_limit_min", "progress_bar", "save_model"),
+    "loss": ("beta", "label_smoothing"),
+    "wandb": None, "faults": None, "checkpoint": None,  # None: the whole section
+}
+
+
+def fit_key(task_config: dict, world_size: int) -> str:
+    """What decides a resolved config's fit check, as a string: equal keys, equal checks."""
+    import json
+
+    kept = {}
+    for section, value in task_config.items():
+        dropped = NOT_ESTIMATED.get(section, ())
+        if dropped is None:
+            continue
+        kept[section] = {k: v for k, v in value.items() if k not in dropped} if dropped else value
+    return json.dumps([world_size, kept], sort_keys=True, default=str)
+
+
 RANK_IMPORTS = "dpo_sweeps.runtime.rank"  # the module a rank process runs (and all it imports)
+
+
+class _Estimator:
+    """A fresh Python process that imports what a rank imports, reports its resident memory (the rank
+    baseline), then builds the model shapes it is sent (one JSON architecture key a line, one reply a
+    line). It starts while a sweep composes its points (`measure_in_background`), so neither its
+    imports nor torch's and transformers' model classes cost the sweep its time, or this process its memory."""
+
+    CODE = (f"import {RANK_IMPORTS}; from dpo_sweeps.train.perf import resident_bytes; print(resident_bytes(), "
+            "flush=True); from dpo_sweeps.parallel.fit import serve_model_shapes; serve_model_shapes()")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.proc: Any = None
+        self.failed = False
+        self.baseline: int | None = None
+        self.pending: list[tuple] = []  # keys sent, replies not read yet
+        self.replies: dict[tuple, dict] = {}
+
+    def start(self, key: tuple | None = None) -> None:
+        with self.lock:
+            self._start()
+            if key is not None and key not in self.replies and key not in self.pending:
+                self._send(key)
+
+    def rank_baseline(self) -> int | None:
+        with self.lock:
+            self._start()
+            return self._read_baseline()
+
+    def model_shape(self, key: tuple) -> dict | None:
+        """The reply for `key`: {"shape": [...]} or {"error": class name, "message": ...}; None: no worker."""
+        with self.lock:
+            self._start()
+            if self._read_baseline() is None:
+                return None
+            if key not in self.replies:
+                if key not in self.pending:
+                    self._send(key)
+                while key not in self.replies and not self.failed:
+                    self._read_reply()
+            return self.replies.get(key)
+
+    def _start(self) -> None:
+        import subprocess
+        import sys
+
+        if self.proc is None and not self.failed:
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.failed = True
+
+    def _send(self, key: tuple) -> None:
+        import json
+
+        try:
+            self.proc.stdin.write(json.dumps(key) + "\n")
+            self.proc.stdin.flush()
+            self.pending.append(key)
+        except (OSError, AttributeError, ValueError):
+            self.failed = True
+
+    def _read_baseline(self) -> int | None:
+        if self.baseline is None and not self.failed:
+            try:
+                self.baseline = int(self.proc.stdout.readline().split()[-1])
+            except (OSError, AttributeError, ValueError, IndexError):
+                self.failed = True
+        return self.baseline
+
+    def _read_reply(self) -> None:
+        import json
+
+        try:
+            self.replies[self.pending.pop(0)] = json.loads(self.proc.stdout.readline())
+        except (OSError, ValueError, IndexError):
+            self.failed = True
+
+
+_estimator = _Estimator()
+
+
+def measure_in_background(model_cfg=None) -> None:
+    """Start the estimator process now (and the shape of `model_cfg`'s architecture), while the sweep
+    composes its points: a fresh process's imports take seconds."""
+    _estimator.start(_architecture_key(model_cfg) if model_cfg is not None else None)
 
 
 @lru_cache(maxsize=1)
@@ -80,32 +199,51 @@ def rank_baseline_bytes() -> int:
     """The resident memory of a fresh Python process once it has imported what a rank imports: a CPU
     rank's memory before its data and model. Falls back to this process's (larger: the safe side)
     where that process cannot be run."""
-    import subprocess
-    import sys
-
     from dpo_sweeps.train.perf import resident_bytes
 
-    code = f"import {RANK_IMPORTS}; from dpo_sweeps.train.perf import resident_bytes; print(resident_bytes())"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-        return int(out.stdout.split()[-1]) or resident_bytes()
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return resident_bytes()
+    return _estimator.rank_baseline() or resident_bytes()
+
+
+def serve_model_shapes() -> None:
+    """The estimator process's loop: an architecture key a line in, its ModelShape (or error) a line out."""
+    import json
+    import sys
+
+    for line in sys.stdin:
+        try:
+            shape = _build_model_shape(tuple(json.loads(line)))
+            reply = {"shape": [shape.num_params, shape.num_layers, shape.hidden, shape.intermediate, shape.vocab]}
+        except Exception as exc:  # the sweep raises it (OSError, ValueError) or builds the shape itself
+            reply = {"error": type(exc).__name__, "os_error": isinstance(exc, OSError),
+                     "value_error": isinstance(exc, ValueError), "message": str(exc)}
+        print(json.dumps(reply), flush=True)
 
 
 def _architecture_key(model_cfg) -> tuple:
-    """What decides the architecture, hashable (sweep points often share their model)."""
+    """What decides the architecture, hashable (sweep points often share their model); `model_cfg` a
+    DictConfig or the plain dict of a resolved config."""
     import json
 
     from omegaconf import OmegaConf
 
-    spec = OmegaConf.to_container(model_cfg.from_config, resolve=True) if model_cfg.from_config is not None else None
-    return (model_cfg.init_from, model_cfg.name_or_path, json.dumps(spec, sort_keys=True),
-            model_cfg.tokenizer.kind, model_cfg.tokenizer.vocab_size)
+    spec = model_cfg["from_config"]
+    spec = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
+    tokenizer = model_cfg["tokenizer"]
+    return (model_cfg["init_from"], model_cfg["name_or_path"], json.dumps(spec, sort_keys=True),
+            tokenizer["kind"], tokenizer["vocab_size"])
 
 
 @lru_cache(maxsize=64)
 def _model_shape(key: tuple) -> ModelShape:
+    reply = _estimator.model_shape(key)
+    if reply is not None and "shape" in reply:
+        return ModelShape(*reply["shape"])
+    if reply is not None and (reply["os_error"] or reply["value_error"]):
+        raise (OSError if reply["os_error"] else ValueError)(reply["message"])
+    return _build_model_shape(key)  # no estimator process, or an error it could not pass on: build it here
+
+
+def _build_model_shape(key: tuple) -> ModelShape:
     import json
 
     import torch

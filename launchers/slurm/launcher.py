@@ -76,14 +76,17 @@ def failed_but_held(job: SweepJob, submitted: Any, earlier_stamp: int | None) ->
     return str(submitted.state).upper().startswith(("PENDING", "REQUEUED"))
 
 
-def node_failed(job_id: str) -> bool:
-    """Whether SLURM ended any run of this job as NODE_FAIL (sacct -D: the records before each requeue too)."""
+def node_failed(job_ids: Sequence[str]) -> set[str]:
+    """Which of these jobs SLURM ended in any run as NODE_FAIL (sacct -D: the records before each requeue
+    too); one sacct call for all of them."""
+    if not job_ids:
+        return set()
     try:
-        out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", job_id], capture_output=True,
-                             text=True, timeout=30, check=False).stdout
+        out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                             capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "NODE_FAIL" in out
+        return set()
+    return {line.split("|")[0] for line in out.splitlines() if "NODE_FAIL" in line}
 
 
 def record_node_failure(run_dir: Any) -> None:
@@ -192,11 +195,13 @@ class SlurmLauncher(SweepLauncher):
                                     jobs[unit[last]].num, sj.job_id)
                         sj.cancel(check=False)
                         cancelled.add(key)
-                for key in [key for key, (_unit, sj, *_rest) in running.items() if sj.done()]:
+                ended = [key for key, (_unit, sj, *_rest) in running.items() if sj.done()]
+                lost_nodes = node_failed([str(running[key][1].job_id) for key in ended])  # one sacct call
+                for key in ended:
                     unit, sj, started, earlier = running.pop(key)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
                     returns, not_run = self._collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
-                    lost_node = node_failed(str(sj.job_id))  # one sacct call for all of the job's runs
+                    lost_node = str(sj.job_id) in lost_nodes
                     for i, ret in zip(unit, returns):
                         results[i] = ret
                         if lost_node:
