@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from support import REPO, cli_env
 from support.wandb_records import run_config_and_history
 
@@ -13,6 +14,7 @@ SECRET_ENV = "wandb-key-4c1d9e77a0b2f3e8"
 SECRET_CFG = "hf-token-0f9e8d7c6b5a"
 
 
+@pytest.mark.slow
 def test_offline_run_records_config_and_metrics_and_no_secret(tmp_path):
     run_dir = tmp_path / "run"
     env = cli_env()
