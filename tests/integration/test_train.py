@@ -96,6 +96,7 @@ def test_the_same_seed_gives_the_same_losses(tmp_path):
     assert a.summary["config_hash"] == b.summary["config_hash"] != c.summary["config_hash"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny_llama", "tiny_gpt_neox"])
 def test_other_architecture_presets_train(tmp_path, preset):
     result = run_cli(tmp_path / "run", *SHORT, f"model={preset}", "train.save_model=true")
@@ -105,6 +106,7 @@ def test_other_architecture_presets_train(tmp_path, preset):
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_rmsprop_and_gradient_accumulation(tmp_path):
     result = run_cli(tmp_path / "run", *SHORT, "train.optimizer=rmsprop", "train.lr=1e-3",
                      "train.batch_size=16", "train.micro_batch_size=2")
@@ -159,6 +161,7 @@ def test_bad_input_is_refused_before_training_with_one_line(tmp_path, overrides,
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+@pytest.mark.slow
 def test_missing_column_and_empty_data_are_data_errors(tmp_path):
     bad_columns = tmp_path / "cols.jsonl"
     bad_columns.write_text("".join(json.dumps({"prompt": "p", "chosen": "a", "worse": "b"}) + "\n" for _ in range(10)))

@@ -48,6 +48,7 @@ def test_offline_run_records_config_and_metrics_and_no_secret(tmp_path):
     assert SECRET_CFG not in proc.stdout + proc.stderr and SECRET_ENV not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_disabled_mode_writes_nothing_to_wandb(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "dpo_sweeps", *SHORT, "wandb.mode=disabled", f"hydra.run.dir={run_dir}"]
