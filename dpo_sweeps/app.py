@@ -105,6 +105,7 @@ def completed_run(ctx: RunContext) -> dict | None:
 def run_config(ctx: RunContext) -> dict:
     """Validate, then train on as many ranks as the config asks for; returns the summary."""
     cfg = OmegaConf.create(ctx.config)
+    OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     rank_env = from_torchrun_env() or from_submitit_env()
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock

@@ -150,6 +150,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         # frozen with it (even this frame's cells): sharing_ranks() freezes once, before its first run.
         gc.freeze()
     cfg = OmegaConf.create(ctx.config)
+    OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it (a probe derives its own, train/probe.py)
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.time_limit_min).install()
     trainer: Trainer | None = None
@@ -193,7 +194,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             trainer = Trainer(ctx, cfg, env, device, stop_watch=watch, heartbeat=watchdog.progress)
             trainer.setup()
             metrics = trainer.fit()
-            if cfg.train.save_model:
+            if trainer.cfg.train.save_model:  # the trainer's config: a probe's saves no model
                 trainer.save_model()
             watchdog.begin_ending()
             if env.is_main and not trainer.checkpointer.keep_when_completed:

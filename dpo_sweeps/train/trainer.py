@@ -38,7 +38,7 @@ from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
-from dpo_sweeps.train.probe import apply_probe
+from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.setup import (
     build_data,
@@ -66,10 +66,12 @@ class TrainState:
 class Trainer:
     def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
                  heartbeat: Callable[[int, str], None] | None = None):
-        self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
+        # probe.steps: a few steps for speed and memory only, with a config derived for it (probe.py).
+        self.probing = is_probe(cfg)
+        self.ctx, self.cfg, self.env, self.device = ctx, probe_config(cfg, env.world_size), env, device
+        cfg = self.cfg
         # Called at each phase of each step (see watchdog.py): a rank that stops calling it is hung.
         self.heartbeat = heartbeat or (lambda step, phase: None)
-        self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
         # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
         self.plan = resolve_plan(cfg, world_size=env.world_size)
