@@ -33,9 +33,9 @@ from dpo_sweeps.rundir.outputs import (
     scrub_secrets,
     secret_values,
 )
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
-from dpo_sweeps.task import RunContext
 
 
 class RunFailed(CompactHydraException):

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
 from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, rewrite_summary
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (
     STOP_PREEMPT_SIGNAL,
@@ -27,7 +28,6 @@ from dpo_sweeps.runtime.signals import (
     preemption_signal,
 )
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
-from dpo_sweeps.task import RunContext
 
 log = logging.getLogger("dpo_sweeps")
 

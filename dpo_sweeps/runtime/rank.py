@@ -45,10 +45,10 @@ from dpo_sweeps.rundir.outputs import (
     write_rank_failure,
     write_summary,
 )
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
-from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.train.trainer import Trainer
 

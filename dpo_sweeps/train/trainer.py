@@ -33,8 +33,8 @@ from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler
 from dpo_sweeps.rundir.outputs import MetricsLog
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
-from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
