@@ -164,9 +164,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
         if trainer is not None:
             extra["resumed_from_step"] = trainer.resumed_from
-            if hasattr(trainer, "data_counts"):
+            if trainer.data_counts is not None:
                 extra["data"] = trainer.data_counts
-            if hasattr(trainer, "layout"):
+            if trainer.layout is not None:
                 extra["layout"] = trainer.layout
             extra["plan"] = trainer.plan.as_dict()
             extra.update(trainer.checkpointer_report())
