@@ -24,7 +24,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.config.validate import validate_config
-from dpo_sweeps.errors import PEER_STOPPED, RunFailure, failure_of
+from dpo_sweeps.errors import PEER_STOPPED, Failure, FailureKind, RunFailure, failure_of
 from dpo_sweeps.parallel.distributed import (
     OWN_CORES_ENV,
     RankEnv,
@@ -270,7 +270,7 @@ def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None, ending: Cal
             break
         time.sleep(0.2)
     if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
-        return {**own, "kind": "crash", "rank": None, "message": f"{PEER_STOPPED}: {own['message']}"}
+        return Failure(FailureKind.CRASH, f"{PEER_STOPPED}: {own['message']}", step=own["step"], cause=own["cause"]).record()
     return {k: found.get(k) for k in FAILURE_FIELDS}
 
 
