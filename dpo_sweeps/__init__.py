@@ -1,6 +1,7 @@
 """dpo-sweeps: find the best FSDP setup for DPO training, one Hydra sweep at a time."""
 
 from dpo_sweeps.config.schema import register as register_schema
+from dpo_sweeps.dpo.losses.schema import register as register_loss_schemas
 from dpo_sweeps.runtime.launch_time import register_resolver
 
 __version__ = "0.1.0"
@@ -9,3 +10,5 @@ __version__ = "0.1.0"
 register_resolver()
 # The typed schema conf/ names in its defaults lists, in every process that composes a config.
 register_schema()
+# One dataclass per loss, made from the loss registry (`schema/loss/NAME`).
+register_loss_schemas()

@@ -33,9 +33,9 @@ from dpo_sweeps.rundir.outputs import (
     scrub_secrets,
     secret_values,
 )
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
-from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.tracking import sweep_group
 
 
@@ -106,6 +106,7 @@ def completed_run(ctx: RunContext) -> dict | None:
 def run_config(ctx: RunContext) -> dict:
     """Validate, then train on as many ranks as the config asks for; returns the summary."""
     cfg = OmegaConf.create(ctx.config)
+    OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     rank_env = from_torchrun_env() or from_submitit_env()
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock

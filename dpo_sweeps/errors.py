@@ -2,8 +2,51 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
+
 # How rank 0's failure message starts when it only saw a peer go away (the cause is another rank's).
 PEER_STOPPED = "a peer rank stopped"
+
+
+class FailureKind(StrEnum):
+    """summary.json's `failure.kind` (INTERFACE.md): why a run did not complete."""
+
+    CRASH = "crash"
+    OOM = "oom"
+    NAN = "nan"
+    HANG = "hang"
+    DISK_FULL = "disk_full"
+    TIMEOUT = "timeout"
+    PREEMPTED = "preempted"
+    NODE_FAILURE = "node_failure"
+    INVALID_CONFIG = "invalid_config"
+    DATA_ERROR = "data_error"
+    PRUNED = "pruned"
+    OOM_PREDICTED = "oom_predicted"  # a sweep point the fit check did not start (status skipped)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """summary.json's `failure`: the one place a failure record is made, by ranks and launchers alike."""
+
+    kind: FailureKind
+    message: str
+    rank: int | None = None
+    """The rank where it started; None before the ranks started or when not known."""
+    step: int | None = None
+    """The optimizer step it was in; None when not known."""
+    cause: str | None = None
+    """What that rank itself reported, without the `rank N:` that `message` may open with (None: message)."""
+
+    def record(self) -> dict:
+        """The five fields of a run that failed once it was started (INTERFACE.md)."""
+        return {"kind": FailureKind(self.kind).value, "message": self.message, "rank": self.rank, "step": self.step,
+                "cause": self.message if self.cause is None else self.cause}
+
+    def brief(self) -> dict:
+        """Kind and message: a point a launcher or sweeper never started (refused, skipped, not submitted)."""
+        return {"kind": FailureKind(self.kind).value, "message": self.message}
 
 
 class RunFailure(Exception):
@@ -66,7 +109,7 @@ def failure_of(exc: BaseException) -> dict:
         message = f"{type(exc).__name__}: {message}"
     # rank and step: where it happened (null: before the ranks started, or not known); cause: what the
     # failing rank itself reported, without the "rank N:" of `message`.
-    return {"kind": kind, "message": message, "rank": None, "step": None, "cause": message}
+    return Failure(FailureKind(kind), message).record()
 
 
 # Less free space than this where a write failed: the disk is full, whatever the writer said.

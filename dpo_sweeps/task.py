@@ -7,8 +7,6 @@ it starts. submitit pickles this function by reference, so it lives in a module,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -19,17 +17,3 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from dpo_sweeps.app import run as run_config
 
     return run_config(cfg)
-
-
-@dataclass
-class RunContext:
-    """What every rank needs to know about the run, beyond the config."""
-
-    run_dir: Path
-    config: dict  # the resolved config, plain containers
-    overrides: list[str]
-    base_dir: Path  # where relative data paths resolve (the user's working directory)
-    run_name: str = "run"
-    group: str = "run"
-    attempt: str = ""
-    started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)

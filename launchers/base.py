@@ -23,6 +23,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
@@ -181,7 +182,7 @@ class SweepLauncher(BaseSubmititLauncher):
             done.return_value = summary.get("metrics") or {}
             return done
         if fresh:
-            failure = summary.get("failure") or {"kind": "crash", "message": "job ended abnormally"}
+            failure = summary.get("failure") or Failure(FailureKind.CRASH, "job ended abnormally").brief()
             return failed_return(job.overrides, JobNotRun(f"{failure['kind']}: {failure['message']}"), job)
         state = _state_of(submitted)
         elapsed = time.monotonic() - started
@@ -192,8 +193,7 @@ class SweepLauncher(BaseSubmititLauncher):
         message = _failure_message(found, state, error, submitted)
         if kind == "crash" and found.get("reported_by") is not None:  # what a rank recorded beats "the job ended"
             kind = found["kind"]
-        failure = {"kind": kind, "message": message, "rank": found.get("rank"), "step": found.get("step"),
-                   "cause": found.get("cause") or message}
+        failure = Failure(FailureKind(kind), message, found.get("rank"), found.get("step"), found.get("cause") or message).record()
         if known_failure is not None:
             failure = {k: known_failure.get(k) for k in FAILURE_FIELDS}
             kind, message = failure["kind"], failure["message"]

@@ -37,7 +37,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.errors import Failure, FailureKind, RunFailure
 from dpo_sweeps.rundir.outputs import write_summary
 from dpo_sweeps.train.pruning import make_pruner
 from launchers.base import JobNotRun, failed_return, log, task_overrides
@@ -122,7 +122,7 @@ class TrialLauncher(Launcher):
         log.warning("trial %d not run: %s: %s", point.num, point.kind, point.message)
         refusal = failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
         if point.job is not None:
-            write_summary(point.job.run_dir, status="failed", failure={"kind": point.kind, "message": point.message},
+            write_summary(point.job.run_dir, status="failed", failure=Failure(FailureKind(point.kind), point.message).brief(),
                           overrides=task_overrides(point.job), config=point.job.task_config, metrics={},
                           extra={"written_by": "optuna sweeper: not run"})
             self.history.append((point.job, refusal))

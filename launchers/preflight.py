@@ -22,7 +22,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.errors import Failure, FailureKind, RunFailure
 from dpo_sweeps.rundir.outputs import write_summary
 from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 
@@ -174,7 +174,7 @@ def record_predicted_oom(point: PredictedOOM) -> None:
     """Its summary.json: status skipped, kind oom_predicted, with the estimate and the limit."""
     job = point.job
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    write_summary(job.run_dir, status="skipped", failure={"kind": "oom_predicted", "message": point.message},
+    write_summary(job.run_dir, status="skipped", failure=Failure(FailureKind.OOM_PREDICTED, point.message).brief(),
                   overrides=list(job.overrides), config=job.task_config,
                   metrics={"perf/peak_memory_estimate_gib": point.estimate_gib,
                            "fit/device_memory_gib": point.limit_gib},

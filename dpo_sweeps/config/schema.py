@@ -6,9 +6,9 @@ Hydra validates every composed config against them (conf/config.yaml's defaults 
 (`train.lr_rate=1`) or a wrong type (`train.batch_size=abc`) is refused while the config is composed,
 before anything runs. Range checks that need several keys at once are in validate.py.
 
-Two groups are typed loosely on purpose: `loss` is a mapping whose keys are exactly those of the
-chosen conf/loss file (each loss has its own hyperparameters; dpo/losses/registry.py types and
-checks them), and `model.from_config` holds the transformers config of a model family.
+`loss` is typed per loss, as `data` is per source: each loss has its own hyperparameters, so its
+dataclass is made from the loss registry (dpo/losses/schema.py, `schema/loss/NAME`) and conf/config.yaml
+types the chosen loss with it. `model.from_config` is a mapping: the transformers config of a model family.
 
 This module imports only dataclasses, omegaconf and hydra: every process that composes a config
 (the CLI, a sweep's job, a test) registers it by importing `dpo_sweeps`.
@@ -221,8 +221,8 @@ class Config:
     """model=<conf/model file>: the network and its tokenizer."""
     data: Any = MISSING
     """data=<conf/data file>: typed per source (data_schema.py: synthetic, hh, preference)."""
-    loss: dict[str, Any] = MISSING
-    """loss=<conf/loss file>: `name` and exactly that loss's hyperparameters (dpo/losses/registry.py)."""
+    loss: Any = MISSING
+    """loss=<conf/loss file>: `name` and exactly that loss's hyperparameters, typed per loss (dpo/losses/schema.py)."""
     fsdp: FsdpConfig = MISSING
     """fsdp=<conf/fsdp file>: how parameters are sharded."""
     precision: PrecisionConfig = MISSING

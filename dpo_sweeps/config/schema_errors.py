@@ -12,6 +12,7 @@ import difflib
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from dpo_sweeps.dpo.losses import NAMES, foreign_key
 from dpo_sweeps.errors import InvalidConfig
 
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
@@ -46,6 +47,8 @@ def schema_refusal(exc: BaseException) -> InvalidConfig | None:
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         node = getattr(cause, "parent_node", None)
         keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+        if parent == "loss" and keys and node.get("name") in NAMES:  # a hyperparameter of another loss
+            return foreign_key(key, node.name, keys)
         if not keys:
             return InvalidConfig(setting, "not a setting", "the keys listed in INTERFACE.md")
         close = difflib.get_close_matches(key, keys, n=1)

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dpo_sweeps.errors import Failure, FailureKind
+
 SCHEMA = 1
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -355,5 +357,4 @@ def first_failure(run_dir: Path, ended: Sequence[tuple[int, str]] = ()) -> dict 
     if not ended:
         return None
     message = "; ".join(how for _, how in ended)
-    return {"kind": "crash", "message": message, "rank": ended[0][0], "step": None, "cause": message,
-            "reported_by": None}
+    return {**Failure(FailureKind.CRASH, message, rank=ended[0][0]).record(), "reported_by": None}

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
 from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, rewrite_summary
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (
     STOP_PREEMPT_SIGNAL,
@@ -27,7 +29,6 @@ from dpo_sweeps.runtime.signals import (
     preemption_signal,
 )
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
-from dpo_sweeps.task import RunContext
 
 log = logging.getLogger("dpo_sweeps")
 
@@ -118,4 +119,4 @@ def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
     if found is not None:
         return {k: found.get(k) for k in FAILURE_FIELDS}
     message = "rank 0 ended without writing summary.json"
-    return {"kind": "crash", "message": message, "rank": None, "step": None, "cause": message}
+    return Failure(FailureKind.CRASH, message).record()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.config.validate import validate_config
-from dpo_sweeps.errors import PEER_STOPPED, RunFailure, failure_of
+from dpo_sweeps.errors import PEER_STOPPED, Failure, FailureKind, RunFailure, failure_of
 from dpo_sweeps.parallel.distributed import (
     OWN_CORES_ENV,
     RankEnv,
@@ -45,10 +45,10 @@ from dpo_sweeps.rundir.outputs import (
     write_rank_failure,
     write_summary,
 )
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
-from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import remove_checkpoints, remove_partial_checkpoints
 from dpo_sweeps.train.trainer import Trainer
 
@@ -150,6 +150,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         # frozen with it (even this frame's cells): sharing_ranks() freezes once, before its first run.
         gc.freeze()
     cfg = OmegaConf.create(ctx.config)
+    OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it (a probe derives its own, train/probe.py)
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.time_limit_min).install()
     trainer: Trainer | None = None
@@ -163,9 +164,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
         if trainer is not None:
             extra["resumed_from_step"] = trainer.resumed_from
-            if hasattr(trainer, "data_counts"):
+            if trainer.data_counts is not None:
                 extra["data"] = trainer.data_counts
-            if hasattr(trainer, "layout"):
+            if trainer.layout is not None:
                 extra["layout"] = trainer.layout
             extra["plan"] = trainer.plan.as_dict()
             extra.update(trainer.checkpointer_report())
@@ -193,7 +194,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             trainer = Trainer(ctx, cfg, env, device, stop_watch=watch, heartbeat=watchdog.progress)
             trainer.setup()
             metrics = trainer.fit()
-            if cfg.train.save_model:
+            if trainer.cfg.train.save_model:  # the trainer's config: a probe's saves no model
                 trainer.save_model()
             watchdog.begin_ending()
             if env.is_main and not trainer.checkpointer.keep_when_completed:
@@ -269,7 +270,7 @@ def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None, ending: Cal
             break
         time.sleep(0.2)
     if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
-        return {**own, "kind": "crash", "rank": None, "message": f"{PEER_STOPPED}: {own['message']}"}
+        return Failure(FailureKind.CRASH, f"{PEER_STOPPED}: {own['message']}", step=own["step"], cause=own["cause"]).record()
     return {k: found.get(k) for k in FAILURE_FIELDS}
 
 

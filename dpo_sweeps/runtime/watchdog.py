@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.rundir.outputs import first_failure, write_rank_failure
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def hang_failure(beats: dict[int, dict], stale: set[int], bound_s: float) -> dic
     beat = beats[rank]
     who = f"rank {rank}" if len(culprits) == 1 else f"ranks {', '.join(map(str, culprits))}"
     cause = f"{who} {how} at step {beat['step']} ({beat['phase']}) for {bound_s:.0f} s (resources.hang_timeout_s)"
-    return {"kind": "hang", "message": cause, "rank": rank, "step": beat["step"], "cause": cause}
+    return Failure(FailureKind.HANG, cause, rank=rank, step=beat["step"]).record()
 
 
 def hang_verdict(run_dir: Path, bound_s: float, world_size: int) -> dict | None:

@@ -19,18 +19,23 @@ only. bench/probe_vs_full.py compares the probes' ranking of the quickstart grid
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
-def apply_probe(cfg: DictConfig, world_size: int) -> bool:
-    """Turn `cfg` (in place: the caller's config object) into its probe; False when probe.steps is 0.
-    probe.steps was checked by config/validate.py (>= 0, and more than perf.warmup_steps when set)."""
-    steps = cfg.probe.steps
-    if not steps:
-        return False
-    cfg.train.max_steps = steps
-    cfg.train.eval_every = 0
-    cfg.train.eval_max_pairs = cfg.train.micro_batch_size * world_size
-    cfg.train.save_model = False
-    cfg.checkpoint.every_steps = 0
-    return True
+def is_probe(cfg: DictConfig) -> bool:
+    return cfg.probe.steps > 0
+
+
+def probe_config(cfg: DictConfig, world_size: int) -> DictConfig:
+    """The config a probe trains with, derived from `cfg` (which stays as it was resolved: summary.json
+    records it); `cfg` itself when probe.steps is 0. probe.steps was checked by config/validate.py (>= 0,
+    and more than perf.warmup_steps when set)."""
+    if not is_probe(cfg):
+        return cfg
+    probe = OmegaConf.merge(cfg, {
+        "train": {"max_steps": cfg.probe.steps, "eval_every": 0, "save_model": False,
+                  "eval_max_pairs": cfg.train.micro_batch_size * world_size},
+        "checkpoint": {"every_steps": 0},
+    })
+    OmegaConf.set_readonly(probe, True)
+    return probe

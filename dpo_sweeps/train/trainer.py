@@ -33,12 +33,12 @@ from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler
 from dpo_sweeps.rundir.outputs import MetricsLog
+from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
-from dpo_sweeps.task import RunContext
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
-from dpo_sweeps.train.probe import apply_probe
+from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.setup import (
     build_data,
@@ -66,10 +66,12 @@ class TrainState:
 class Trainer:
     def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
                  heartbeat: Callable[[int, str], None] | None = None):
-        self.ctx, self.cfg, self.env, self.device = ctx, cfg, env, device
+        # probe.steps: a few steps for speed and memory only, with a config derived for it (probe.py).
+        self.probing = is_probe(cfg)
+        self.ctx, self.cfg, self.env, self.device = ctx, probe_config(cfg, env.world_size), env, device
+        cfg = self.cfg
         # Called at each phase of each step (see watchdog.py): a rank that stops calling it is hung.
         self.heartbeat = heartbeat or (lambda step, phase: None)
-        self.probing = apply_probe(cfg, env.world_size)  # probe.steps: a few steps for speed and memory only
         self.state = TrainState()
         # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
         self.plan = resolve_plan(cfg, world_size=env.world_size)
@@ -81,6 +83,26 @@ class Trainer:
         # An Optuna trial with a pruner reports each evaluation to its study; rank 0 holds the connection.
         self.trial_link = pruning_link(ctx.run_dir)
         self.trial_reporter: TrialReporter | None = None
+        # What setup() builds: None until it has (a run that fails in setup reports what it got to).
+        self.tokenizer: Any = None
+        self.sampler: Any = None
+        self.data_counts: dict[str, int] | None = None  # summary.json's `data`
+        self.longest_row, self.response_fraction = 0, 1.0  # the batches' shape, for the memory estimate
+        self.rss_before_model, self.runtime_resident = 0, 0  # bytes, for the memory estimate
+        self.uses_reference = uses_reference(cfg.loss)
+        self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
+        self.policy: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None  # None once its log-probs are precomputed
+        self.layout: dict[str, Any] | None = None  # summary.json's `layout`, once the mesh is built
+        self.num_params: int = 0
+        self.model_flops: Any = None
+        self.reference_precompute_s: float | None = None
+        self.train_pairs: list[EncodedPair] = []
+        self.eval_pairs: list[EncodedPair] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.scaler: Any = None
+        self.checkpointer: Checkpointer | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -92,13 +114,10 @@ class Trainer:
         release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
         self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
         self.runtime_resident = trained_before()
-        self.uses_reference = uses_reference(cfg.loss)
-        self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
         models = build_models(cfg, env, self.plan, self.device, self.tokenizer, with_reference=self.uses_reference)
         self.policy, self.reference, self.layout = models.policy, models.reference, models.layout
         self.num_params, self.model_flops = models.num_params, models.model_flops
         del models  # self.reference is then the only name of the reference model, for _free_reference
-        self.reference_precompute_s = None
         if self.reference is not None and cfg.train.precompute_reference_logps:
             self.reference_precompute_s = precompute_reference_logps(
                 data, self.reference, cfg, env, self.device, self.probing, score=self._reference_logps)
@@ -388,7 +407,7 @@ class Trainer:
 
     def checkpointer_report(self) -> dict[str, Any]:
         """summary.json extras: the broken checkpoints skipped at resume, if any."""
-        broken = getattr(getattr(self, "checkpointer", None), "broken", [])
+        broken = self.checkpointer.broken if self.checkpointer is not None else []
         return {"broken_checkpoints": broken} if broken else {}
 
     def close(self, metrics: dict[str, Any], failed: bool) -> None:

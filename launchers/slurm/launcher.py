@@ -29,6 +29,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 
+from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.rundir.outputs import read_summary, rewrite_summary, write_summary
 from launchers.base import (
     JobNotRun,
@@ -55,7 +56,7 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else type(error).__name__)
     message = f"sbatch refused the job: {reason}"
-    write_summary(job.run_dir, status="failed", failure={"kind": "crash", "message": message},
+    write_summary(job.run_dir, status="failed", failure=Failure(FailureKind.CRASH, message).brief(),
                   overrides=task_overrides(job), config=job.task_config, metrics={},
                   extra={"written_by": "launcher: not submitted"})
     return failed_return(job.overrides, JobNotRun(message), job)

@@ -21,6 +21,7 @@ def run_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_dpo_vs_trl_smoke_measures_ours_and_the_bare_loop(tmp_path):
     proc = run_script("bench/dpo_vs_trl.py", "--smoke", "--frameworks", "ours,bare", "--workdir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

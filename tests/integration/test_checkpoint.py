@@ -75,6 +75,7 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise AssertionError(f"step {step} not reached within {timeout} s")
 
 
+@pytest.mark.slow
 def test_killed_rank_then_same_command_resumes_with_identical_results(tmp_path):
     """SIGKILL of one rank at step 8 (checkpoint at 5), then a SIGTERM mid-run, then a clean finish:
     train/loss at every step and the final metrics equal an uninterrupted run's, bit for bit."""

@@ -60,6 +60,7 @@ def test_an_explicit_eval_size_too_large_for_the_file_is_an_error(tmp_path):
     assert (len(rows.train), len(rows.eval)) == (160, 40)
 
 
+@pytest.mark.slow
 def test_a_small_file_trains_with_the_defaults_and_a_completed_run_is_not_trained_again(tmp_path):
     data = write_pairs(tmp_path / "prefs.jsonl", 200)
     run_dir = tmp_path / "run"

@@ -19,6 +19,7 @@ ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.lau
 COLLECTIVE_TIMEOUT_S = 120  # HANG_BOUND's
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_hung_rank_on_slurm_ends_its_job_with_kind_hang(tmp_path):
     env = ensure_slurm_cluster()

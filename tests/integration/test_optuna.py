@@ -26,6 +26,7 @@ def load_study(sweep_dir: Path):
     return optuna.load_study(study_name="dpo_sweeps", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
 
 
+@pytest.mark.slow
 def test_a_study_of_six_trials_run_as_two_invocations_of_three(tmp_path):
     sweep_dir = tmp_path / "study"
     first = run_sweep(sweep_dir, *SMALL_TRIALS, "hydra.sweeper.n_trials=3")

@@ -32,6 +32,7 @@ def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
     assert 0.75 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.25
 
 
+@pytest.mark.slow
 def test_the_estimate_of_a_sharded_probe_of_bench_gpt2_is_within_10_percent_of_its_peak(tmp_path):
     """A model whose parameter-sized buffers are megabytes: glibc's heap keeps what FSDP frees each
     step (memory_estimate.heap_kept); without that term this estimate was 16% low."""
@@ -43,6 +44,7 @@ def test_the_estimate_of_a_sharded_probe_of_bench_gpt2_is_within_10_percent_of_i
     assert 0.9 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.1, m
 
 
+@pytest.mark.slow
 def test_a_probe_sweep_is_ranked_by_speed_per_memory_and_claims_no_accuracy(tmp_path):
     sweep = run_sweep(tmp_path / "probes", *SHORT, "fsdp=full_shard,shard_grad_op", "probe.steps=4",
                       "perf.warmup_steps=1")
@@ -77,6 +79,7 @@ def _submitit_jobs(sweep_dir) -> int:
     return sum(1 for p in (sweep_dir / ".submitit").iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow
 def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_its_own_peak(tmp_path):
     batch = run_sweep(tmp_path / "batch", *BATCHED, "train.micro_batch_size=32,2")
     alone = run_sweep(tmp_path / "alone", *BATCHED, "train.micro_batch_size=2")
@@ -95,6 +98,7 @@ def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_it
         assert abs(summary["metrics"]["perf/peak_memory_estimate_gib"] / peak(summary) - 1) < 0.1, summary["metrics"]
 
 
+@pytest.mark.slow
 def test_a_probe_that_fails_in_a_batch_spares_the_probes_after_it(tmp_path):
     # faults.step 100 and 99 are never reached in 3 steps: only the middle probe crashes (on rank 1).
     sweep = run_sweep(tmp_path / "s", *BATCHED, "train.micro_batch_size=8", "faults.kind=crash", "faults.rank=1",

@@ -31,7 +31,7 @@ from support.reports import grid_sweep, optuna_sweep, probe_sweep
 
 from analysis.report import main
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",

@@ -24,7 +24,7 @@ from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_fo
 from dpo_sweeps.rundir.outputs import read_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 40

@@ -14,7 +14,7 @@ cloudpickle = pytest.importorskip("cloudpickle")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.slurm import ensure_slurm_cluster  # noqa: E402
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # The job's Python cannot import this test module (tests/ is not on its path), so the
 # functions below travel by value instead of by reference.

@@ -92,6 +92,7 @@ def test_the_first_tasks_srun_reports_dead_are_named_from_the_job_log():
     assert first_dead_tasks(log.split("srun: error")[0]) is None
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_srun_on_two_nodes_runs_on_two_hosts(slurm2):
     env = {**os.environ, **slurm2}

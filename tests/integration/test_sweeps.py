@@ -54,6 +54,7 @@ def test_dry_run_lists_the_quickstart_jobs_and_launches_none(tmp_path):
     assert not sweep_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_failed_job_spares_the_others_and_a_rerun_runs_only_it(tmp_path):
     sweep_dir = tmp_path / "sweep"
     first = run_sweep(sweep_dir, *ONE_OF_FOUR_FAILS)

@@ -21,6 +21,7 @@ def slurm_env() -> dict[str, str]:
     return ensure_slurm_cluster()
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
     sweep_dir = tmp_path / "sweep"
@@ -42,6 +43,7 @@ def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
     assert "4 of 4 runs already completed" in again.output and "submitted" not in again.output
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_probes_of_one_shape_share_a_slurm_job_when_asked(slurm_env, tmp_path):
     sweep_dir = tmp_path / "sweep"
@@ -56,6 +58,7 @@ def test_probes_of_one_shape_share_a_slurm_job_when_asked(slurm_env, tmp_path):
         assert run_dir_form(sweep_dir / str(n)) == COMPLETED_RUN_FORM
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp_path):
     result = run_sweep(tmp_path / "sweep", *ON_SLURM, "resources.nproc_per_node=2", "train.max_steps=4",
@@ -67,6 +70,7 @@ def test_a_rank_killed_on_slurm_fails_its_job_with_the_rank_named(slurm_env, tmp
     assert "failed     1  (crash: 1)" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
     optuna = pytest.importorskip("optuna")
@@ -80,6 +84,7 @@ def test_optuna_trials_run_as_slurm_jobs(slurm_env, tmp_path):
     assert [result.summary(n)["metrics"]["world_size"] for n in range(2)] == [2, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_job_sbatch_refuses_is_recorded_failed_with_the_reason(slurm_env, tmp_path):
     # device=cpu: under auto the launcher asks sinfo about the partition first and refuses the sweep

@@ -104,6 +104,7 @@ def test_length_grouped_sampler_is_a_pure_function_of_step_covers_each_epoch_and
     assert padding(grouped) < 0.5 * padding(GlobalBatchSampler(50, 8, seed=3))
 
 
+@pytest.mark.slow
 def test_precomputed_reference_logps_give_the_same_losses_and_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
     per_step = run_cli(tmp_path / "per_step", *SHORT, "train.precompute_reference_logps=false")
@@ -122,6 +123,7 @@ def test_precomputed_reference_logps_give_the_same_losses_and_are_cached(tmp_pat
     assert again.train_losses()[0] == pytest.approx(math.log(2), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_different_batch_layout_is_a_different_cache_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
     a = run_cli(tmp_path / "a", *SHORT)
@@ -131,6 +133,7 @@ def test_a_different_batch_layout_is_a_different_cache_entry(tmp_path, monkeypat
     assert len(list((tmp_path / "cache" / "reference_logps").glob("*.pt"))) == 2
 
 
+@pytest.mark.slow
 def test_prefix_sharing_and_full_logits_runs_start_at_ln2(tmp_path):
     shared = run_cli(tmp_path / "shared", *SHORT, "train.share_prompt=true", "train.max_steps=2")
     full = run_cli(tmp_path / "full", *SHORT, "train.logps_chunk_size=0", "data.length_grouped=false",

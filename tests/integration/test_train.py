@@ -10,6 +10,7 @@ FEW_STEPS = ["train.max_steps=8", "train.eval_every=0"]
 SHORT = [*FEW_STEPS, "data.num_train_pairs=512", "data.num_eval_pairs=64"]  # synthetic data only
 
 
+@pytest.mark.slow
 def test_default_run_learns_the_synthetic_task(tmp_path):
     """No overrides at all (wandb offline, progress bar on): held-out preference accuracy >= 0.9."""
     result = run_cli(tmp_path / "run", quiet=False, timeout=600)
@@ -67,6 +68,7 @@ def test_step_zero_loss_on_hh_data(tmp_path, hh_path, loss, expected):
     assert result.train_losses()[0] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_trains_on_real_hh_data_and_evaluates_held_out_pairs(tmp_path, hh_path):
     result = run_cli(tmp_path / "run", "data=hh", f"data.path={hh_path}", "data.max_length=192",
                      "data.max_prompt_length=96", "train.batch_size=16", "train.micro_batch_size=8",
@@ -83,6 +85,7 @@ def test_trains_on_real_hh_data_and_evaluates_held_out_pairs(tmp_path, hh_path):
     assert losses[0] == pytest.approx(math.log(2), rel=1e-6) and min(losses[-3:]) < losses[0]
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_losses(tmp_path):
     a = run_cli(tmp_path / "a", *SHORT, "train.seed=3")
     b = run_cli(tmp_path / "b", *SHORT, "train.seed=3")
@@ -93,6 +96,7 @@ def test_the_same_seed_gives_the_same_losses(tmp_path):
     assert a.summary["config_hash"] == b.summary["config_hash"] != c.summary["config_hash"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny_llama", "tiny_gpt_neox"])
 def test_other_architecture_presets_train(tmp_path, preset):
     result = run_cli(tmp_path / "run", *SHORT, f"model={preset}", "train.save_model=true")
@@ -102,6 +106,7 @@ def test_other_architecture_presets_train(tmp_path, preset):
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_rmsprop_and_gradient_accumulation(tmp_path):
     result = run_cli(tmp_path / "run", *SHORT, "train.optimizer=rmsprop", "train.lr=1e-3",
                      "train.batch_size=16", "train.micro_batch_size=2")
@@ -109,6 +114,7 @@ def test_rmsprop_and_gradient_accumulation(tmp_path):
     assert result.train_losses()[-1] < result.train_losses()[0]
 
 
+@pytest.mark.slow
 def test_sft_then_dpo_from_the_sft_model(tmp_path):
     sft = run_cli(tmp_path / "sft", *SHORT, "loss=sft", "train.save_model=true", "train.max_steps=15")
     assert sft.returncode == 0, sft.stderr[-2000:]
@@ -155,6 +161,7 @@ def test_bad_input_is_refused_before_training_with_one_line(tmp_path, overrides,
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+@pytest.mark.slow
 def test_missing_column_and_empty_data_are_data_errors(tmp_path):
     bad_columns = tmp_path / "cols.jsonl"
     bad_columns.write_text("".join(json.dumps({"prompt": "p", "chosen": "a", "worse": "b"}) + "\n" for _ in range(10)))

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from support import REPO, cli_env
 from support.sweeps import run_sweep
 from support.wandb_records import run_config_and_history, run_group_and_job_type
@@ -16,6 +17,7 @@ SECRET_ENV = "wandb-key-4c1d9e77a0b2f3e8"
 SECRET_CFG = "hf-token-0f9e8d7c6b5a"
 
 
+@pytest.mark.slow
 def test_offline_run_records_config_and_metrics_and_no_secret(tmp_path):
     run_dir = tmp_path / "run"
     env = cli_env()
@@ -49,6 +51,7 @@ def test_offline_run_records_config_and_metrics_and_no_secret(tmp_path):
     assert SECRET_CFG not in proc.stdout + proc.stderr and SECRET_ENV not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_disabled_mode_writes_nothing_to_wandb(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "dpo_sweeps", *SHORT, "wandb.mode=disabled", f"hydra.run.dir={run_dir}"]

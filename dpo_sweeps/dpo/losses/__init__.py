@@ -3,6 +3,7 @@
 - pairwise.py: each loss as a pure function over per-sequence log-probs, and `preference_loss`, the
   loss a config names, which the trainer calls;
 - registry.py: the table of names, papers, TRL names, references and hyperparameters;
+- schema.py: one typed dataclass per loss, made from that table, which Hydra composes `loss.*` into;
 - here: what the config says of a loss (its keys, whether it needs a reference, its metrics) and the
   checks validate.py runs. Nothing here loads torch: a sweep validates every point before launch.
 Per-token log-probs are computed beside the model (response_logps.py, token_logps.py).
@@ -24,10 +25,11 @@ from dpo_sweeps.dpo.losses.registry import (
     LossSpec,
     mix_keys,
 )
+from dpo_sweeps.dpo.losses.schema import LOSS_SCHEMAS
 from dpo_sweeps.errors import InvalidConfig
 
-__all__ = ["LOSSES", "MIX", "NAMES", "LossSpec", "check_loss_config", "ld_alpha_of", "loss_keys", "metric_names",
-           "uses_reference"]
+__all__ = ["LOSSES", "LOSS_SCHEMAS", "MIX", "NAMES", "LossSpec", "check_loss_config", "foreign_key", "ld_alpha_of",
+           "loss_keys", "metric_names", "uses_reference"]
 
 
 def _terms(loss_cfg: Mapping) -> list[str]:
@@ -82,10 +84,23 @@ def _check_terms(terms: Any) -> list[str]:
 
 
 def _ranges(loss_cfg: Mapping, key: str) -> list[Hyperparameter]:
-    """The accepted values of `loss.<key>` for this loss (for a mix: every term's that takes it)."""
+    """The accepted values of `loss.<key>` for this loss: its schema field's (for a mix, the field's of every
+    term that takes the key, as each term's own schema declares it)."""
     if loss_cfg["name"] != MIX:
-        return [LOSSES[loss_cfg["name"]].hyperparameter(key)]
-    return [LOSSES[t].hyperparameter(key) for t in _terms(loss_cfg) if key in LOSSES[t].keys] or [HYPERPARAMETERS[key]]
+        return [LOSS_SCHEMAS[loss_cfg["name"]].accepted(key)]
+    ranges = [LOSS_SCHEMAS[t].accepted(key) for t in _terms(loss_cfg) if key in LOSSES[t].keys]
+    return ranges or [LOSS_SCHEMAS[MIX].accepted(key) or HYPERPARAMETERS[key]]
+
+
+def _where(name: str, terms: list[str]) -> str:
+    return f"loss={name}" + (f" with terms {', '.join(terms)}" if name == MIX else "")
+
+
+def foreign_key(key: str, name: str, keys: Sequence[str]) -> InvalidConfig:
+    """`loss.<key>` given to a loss that has no such hyperparameter (`keys`: the loss's, `name` first)."""
+    return InvalidConfig(f"loss.{key}", f"is not a hyperparameter of loss={name}",
+                         f"its keys: {', '.join(keys[1:])} (conf/loss/{name}.yaml); leave loss.{key} out "
+                         f"(~loss.{key}), or set it only with a loss that has it")
 
 
 def check_loss_config(loss_cfg: Mapping) -> None:
@@ -96,16 +111,14 @@ def check_loss_config(loss_cfg: Mapping) -> None:
     if name == MIX:
         _check_terms(loss_cfg.get("terms"))
     expected = loss_keys(loss_cfg)
-    where = f"loss={name}" + (f" with terms {', '.join(_terms(loss_cfg))}" if name == MIX else "")
+    where = _where(name, _terms(loss_cfg) if name == MIX else [])
     extra = [key for key in loss_cfg if key not in expected]
     missing = [key for key in expected if key not in loss_cfg]
     if name == MIX and (extra or missing):  # changed terms: say every key to add and to leave out at once
         changes = [f"+loss.{k}=<{_ranges(loss_cfg, k)[0].accepted}>" for k in missing] + [f"~loss.{k}" for k in extra]
         _refuse("terms", f"{where} has keys {', '.join(expected[1:])}", "these changes: " + " ".join(changes))
-    for key in extra:
-        _refuse(key, f"is not a hyperparameter of {where}",
-                f"its keys: {', '.join(expected[1:])} (conf/loss/{name}.yaml); leave loss.{key} out "
-                f"(~loss.{key}), or set it only with a loss that has it")
+    for key in extra:  # added with +loss.<key> (Hydra refuses loss.<key> itself: the loss's schema lacks it)
+        raise foreign_key(key, name, expected)
     for key in missing:
         _refuse(key, f"missing: {where} needs it", f"+loss.{key}=<{_ranges(loss_cfg, key)[0].accepted}>")
     settings = [key for key in expected if key not in ("name", "terms")]

@@ -1,6 +1,7 @@
 """The table of `loss=` names: each one's function, paper, TRL name, whether it needs a reference,
-and its hyperparameters with their accepted values. Validation, the documentation and the report
-all read this one table. Functions are named here, not imported: a sweep's own process validates
+and its hyperparameters, each with its type and accepted values. The typed schema of every loss
+(schema.py: one dataclass per loss, made from this table), validation, the documentation and the
+report all read this one table. Functions are named here, not imported: a sweep's own process validates
 every point with this table before launch and never needs torch (pairwise.py holds the functions).
 """
 
@@ -18,6 +19,9 @@ def _number(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Hyperparameter:
+    """A `loss.*` key: its type (the schema's field type, which Hydra enforces) and its accepted values."""
+
+    type: Any
     accepted: str  # what an error message says is accepted
     check: Callable[[Any], bool]
 
@@ -30,14 +34,14 @@ def _between(low: float | None, high: float | None, *, low_open: bool = False, h
     lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
     hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
     text = f"a number in {lo}, {hi}" if low is not None and high is not None else f"a number {'>' if low_open else '>='} {low:g}"
-    return Hyperparameter(text + (f" (typical: {typical})" if typical else ""), check)
+    return Hyperparameter(float, text + (f" (typical: {typical})" if typical else ""), check)
 
 
 def _one_of(*choices: str) -> Hyperparameter:
-    return Hyperparameter(", ".join(choices), lambda v: v in choices)
+    return Hyperparameter(str, ", ".join(choices), lambda v: v in choices)
 
 
-BOOLEAN = Hyperparameter("true or false", lambda v: isinstance(v, bool))
+BOOLEAN = Hyperparameter(bool, "true or false", lambda v: isinstance(v, bool))
 BETA = _between(0, None, low_open=True, typical="0.01 to 0.5; SimPO 2 to 10")
 SMOOTHING = _between(0, 0.5, high_open=True, typical="0 to 0.2")
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
@@ -51,7 +55,7 @@ HYPERPARAMETERS: dict[str, Hyperparameter] = {
     "reference_free": BOOLEAN,
     "sft_weight": _between(0, None, typical="0 to 1"),
     "nll_average": _one_of("sequence", "batch"),
-    "ld_alpha": Hyperparameter("null, or a number in [0, 1] (typical: 0.2 to 0.6)",
+    "ld_alpha": Hyperparameter(float | None, "null, or a number in [0, 1] (typical: 0.2 to 0.6)",
                                lambda v: v is None or (_number(v) and 0 <= v <= 1)),
     "f_divergence": _one_of(*F_DIVERGENCES),
     "f_alpha_divergence_coef": _between(0, None, low_open=True, typical="0.3 to 0.9"),

@@ -16,6 +16,7 @@ from support import REPO, cli_env
 from dpo_sweeps.config import data_schema, schema
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.config.validate import validate_config
+from dpo_sweeps.dpo.losses import LOSS_SCHEMAS
 from dpo_sweeps.errors import InvalidConfig
 
 CONF = REPO / "conf"
@@ -60,9 +61,8 @@ def test_every_conf_file_fits_the_schema_and_passes_validation(group, tmp_path):
         extra = ["data.path=x.jsonl"] if (group, option) == ("data", "preference") else []
         cfg = _compose(f"{group}={option}", *extra)
         node = cfg[group]
-        if group == "loss":  # loss is a mapping: exactly the chosen file's keys (dpo/losses/registry.py)
-            assert OmegaConf.get_type(node) is dict
-            continue
+        if group == "loss":  # typed per loss: exactly the chosen file's keys (dpo/losses/schema.py)
+            assert OmegaConf.get_type(node) is LOSS_SCHEMAS[option], option
         assert dataclasses.is_dataclass(OmegaConf.get_type(node)), (group, option)
         if group != "data" or option != "preference":
             validate_config(cfg, REPO)
@@ -81,7 +81,8 @@ def test_each_data_source_has_its_own_keys():
     ("resources.device_memory_gib=lots", "resources.device_memory_gib", "(accepted: a number, or null)"),
     ("fsdp.cpu_offload=maybe", "fsdp.cpu_offload", "(accepted: true or false)"),
     ("data.max_prompt_lenght=8", "data.max_prompt_lenght", "did you mean data.max_prompt_length?"),
-    ("loss.lr=1", "loss.lr", "not a setting (accepted: loss has name, beta"),
+    ("loss.lr=1", "loss.lr", "is not a hyperparameter of loss=dpo (accepted: its keys: beta, label_smoothing"),
+    ("loss.beta=high", "loss.beta", "(accepted: a number)"),
 ])
 def test_a_wrong_type_or_unknown_key_is_refused_naming_the_key(override, setting, text):
     refusal = _refusal(override)
