@@ -228,7 +228,9 @@ class PointRecipe:
         by_section: dict[str, list[Override]] = {}
         for o in self.values:
             section, dot, rest = o.key_or_group.partition(".")
-            if (not dot or not rest or o.package is not None or "$" in (o.input_line or "")
+            # A deletion goes the exact road: applied to a section alone, Hydra's open_dict would be set on
+            # the section itself, which lets a typed section (a loss dataclass) lose a field it must refuse.
+            if (not dot or not rest or o.package is not None or "$" in (o.input_line or "") or o.is_delete()
                     or not isinstance(base.resolved.get(section), dict)):
                 return None
             by_section.setdefault(section, []).append(dataclasses.replace(o, key_or_group=rest))
