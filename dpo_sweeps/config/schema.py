@@ -92,6 +92,14 @@ class ModelConfig:
     null: load name_or_path with from_pretrained."""
     tokenizer: TokenizerConfig = MISSING
     """How text becomes tokens."""
+    gguf_file: str | None = None
+    """A GGUF model file (any architecture transformers reads from GGUF) whose weights, tokenizer and
+    chat template the run loads, or pkg://PACKAGE/FILE for a file inside an installed Python package
+    (found without importing it). Dequantized once and cached as safetensors under
+    $DPO_SWEEPS_CACHE/gguf/<content hash> (models/gguf.py). Needs from_config null and tokenizer.kind
+    pretrained; null: name_or_path / from_config."""
+    install_hint: str | None = None
+    """How to get the model's files where they are missing (e.g. a pip command), shown in the error."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, encode_pairs, render_pair
+from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
@@ -92,11 +92,11 @@ def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
     rows = load_preference_rows(cfg.data, base_dir)
     plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
     tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
-    template = tokenizer if getattr(tokenizer, "chat_template", None) else None
+    chat = chat_format(tokenizer, cfg.data.chat_template)
     encode = lambda split: encode_pairs(  # noqa: E731
-        [render_pair(r, template) for r in split], tokenizer,
+        [render_pair(r, chat, hh_dialogue=cfg.data.name == "hh") for r in split], tokenizer,
         max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
-        truncation_mode=cfg.data.truncation_mode,
+        truncation_mode=cfg.data.truncation_mode, end_of_turn=chat.end_of_turn if chat else None,
     )
     train_pairs, train_truncated = encode(rows.train)
     eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
