@@ -104,6 +104,12 @@ def _check_train(cfg: DictConfig) -> None:
     if train.eval_max_pairs is not None:
         _at_least(train.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
     _at_least(train.log_every, 1, "train.log_every")
+    _at_least(train.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
+    if train.sample_prompts:
+        _at_least(train.sample_max_new_tokens, 1, "train.sample_max_new_tokens")
+        if not train.save_model:
+            raise InvalidConfig("train.sample_prompts", f"{train.sample_prompts} with train.save_model=false",
+                                "0, or train.save_model=true (the replies after training come from the saved model)")
     _positive_number(train.max_grad_norm, "train.max_grad_norm", "a number > 0, or null for no clipping")
     _positive_number(train.time_limit_min, "train.time_limit_min", "a number of minutes > 0, or null for none")
     _at_least(train.logps_chunk_size, 0, "train.logps_chunk_size", "an integer >= 1, or 0 for full logits")

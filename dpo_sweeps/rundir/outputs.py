@@ -42,7 +42,8 @@ NON_DEFINING_KEYS = (
 )
 # Keys added after runs were written, with the value that trains as those runs did: dropped at that
 # value, so that the runs' sweep directories still resume.
-ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto"}
+ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto", "train.zero_shot_eval": False,
+              "train.sample_prompts": 0, "train.sample_max_new_tokens": 64}
 # A key is secret when its name is one of these or ends with "_" + one of them (so `hf_token` is,
 # `tokenizer` and `max_tokens` are not).
 SECRET_NAMES = ("api_key", "apikey", "token", "secret", "password", "passwd", "credentials")
