@@ -41,6 +41,7 @@ def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool)
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(policy.config)
         plain.load_state_dict(state, assign=True)
+        plain.tie_weights()  # assign= gave tied weights (e.g. embeddings and LM head) a tensor each: one again
         try:
             plain.save_pretrained(path)
             tokenizer.save_pretrained(path)
