@@ -252,7 +252,12 @@ class Trainer:
         return {f"eval/{k}": v for k, v in means.items()}
 
     def zero_shot_eval(self) -> dict[str, Any]:
-        """The policy's own preference on the held-out pairs before training (train/zero_shot.py)."""
+        """The policy's own preference on the held-out pairs before training (train/zero_shot.py). The
+        precomputed reference log-probs are the starting policy's own, scored alike: no second pass."""
+        if self.eval_pairs and all(p.reference_logps is not None for p in self.eval_pairs):
+            chosen, rejected = torch.tensor([p.reference_logps for p in self.eval_pairs], dtype=torch.float64).T
+            stats = zero_shot_stats({"logps/chosen": chosen, "logps/rejected": rejected})
+            return zero_shot_record({k: float(v.mean()) for k, v in stats.items()}, len(self.eval_pairs))
         return zero_shot_record(self._held_out_means(zero_shot_stats), len(self.eval_pairs))
 
     @torch.no_grad()
