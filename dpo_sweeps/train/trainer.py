@@ -49,7 +49,7 @@ from dpo_sweeps.train.setup import (
     precompute_reference_logps,
 )
 from dpo_sweeps.train.tracking import Tracker
-from dpo_sweeps.train.zero_shot import accuracy_interval, zero_shot_record, zero_shot_stats
+from dpo_sweeps.train.zero_shot import accuracy_interval, zero_shot_from_reference, zero_shot_record, zero_shot_stats
 
 log = logging.getLogger(__name__)
 
@@ -254,11 +254,8 @@ class Trainer:
     def zero_shot_eval(self) -> dict[str, Any]:
         """The policy's own preference on the held-out pairs before training (train/zero_shot.py). The
         precomputed reference log-probs are the starting policy's own, scored alike: no second pass."""
-        if self.eval_pairs and all(p.reference_logps is not None for p in self.eval_pairs):
-            chosen, rejected = torch.tensor([p.reference_logps for p in self.eval_pairs], dtype=torch.float64).T
-            stats = zero_shot_stats({"logps/chosen": chosen, "logps/rejected": rejected})
-            return zero_shot_record({k: float(v.mean()) for k, v in stats.items()}, len(self.eval_pairs))
-        return zero_shot_record(self._held_out_means(zero_shot_stats), len(self.eval_pairs))
+        found = zero_shot_from_reference(self.eval_pairs)
+        return found or zero_shot_record(self._held_out_means(zero_shot_stats), len(self.eval_pairs))
 
     @torch.no_grad()
     def _held_out_means(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]) -> dict[str, float]:

@@ -49,6 +49,16 @@ def zero_shot_record(means: dict[str, float], pairs: int) -> dict[str, float]:
     return record
 
 
+def zero_shot_from_reference(eval_pairs: list) -> dict[str, float] | None:
+    """The record from the pairs' precomputed reference log-probs, which are the starting policy's own,
+    scored alike (no second pass); None when some pair has none."""
+    if not eval_pairs or any(p.reference_logps is None for p in eval_pairs):
+        return None
+    chosen, rejected = torch.tensor([p.reference_logps for p in eval_pairs], dtype=torch.float64).T
+    stats = zero_shot_stats({"logps/chosen": chosen, "logps/rejected": rejected})
+    return zero_shot_record({k: float(v.mean()) for k, v in stats.items()}, len(eval_pairs))
+
+
 def accuracy_interval(eval_metrics: dict, pairs: int) -> dict[str, float]:
     """The 95% interval of the held-out reward accuracy: eval/rewards/accuracies_ci95_{low,high}."""
     accuracy = eval_metrics.get("eval/rewards/accuracies")
