@@ -262,8 +262,9 @@ def _study_section(study: Study, png: bytes | None, index: int, intermediate_png
 
 def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[Study],
            figures: dict[str, bytes | None], generated: str, not_started: int | None = None,
-           recommendations: list[Recommendation] | None = None) -> str:
-    """The whole dashboard page. `figures`: pareto, heatmap, effects, curves, optuna-<i> PNGs."""
+           recommendations: list[Recommendation] | None = None, samples_section: str = "") -> str:
+    """The whole dashboard page. `figures`: pareto, heatmap, effects, curves, optuna-<i> PNGs;
+    `samples_section`: the best run's replies before and after training (analysis/samples.py)."""
     notes = "".join(
         f'<p class="note{" close" if c.close else ""}">{_escape(comparison_text(c))}</p>'
         for c in ranking.comparisons.values())
@@ -286,7 +287,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 mean ± std over a config's completed seeds (n); ★ marks the Pareto set.</p>{failed_note}{_configs_table(ranking)}</section>
 <section id="effects"><h2>Effects of the swept settings</h2>{_image(figures.get("heatmap"), "Sharding × precision heatmap")}
 {_image(figures.get("effects"), "Effects per setting")}</section>
-{_loss_metrics_section(ranking)}{studies_html}
+{_loss_metrics_section(ranking)}{studies_html}{samples_section}
 <section id="runs"><h2>Runs ({len(runs)})</h2><p class="muted">Every run directory, failed and pending ones
 included: a failure such as an OOM is a result.</p>{_runs_table(runs, ranking)}</section>
 <section id="curves"><h2>Training curves</h2>{_image(figures.get("curves"), "Training curves")}</section>

@@ -12,9 +12,10 @@ from typing import Any
 
 from analysis.ranking import Ranking, Stat
 
-# Logged by every loss: the loss itself, rewards/* and logps/* (the ranking's own columns).
+# Logged by every loss: the loss itself, rewards/* and logps/* (the ranking's own columns), and the
+# zero-shot baseline (train.zero_shot_eval).
 SHARED = ("eval/loss",)
-SHARED_PREFIXES = ("eval/rewards/", "eval/logps/")
+SHARED_PREFIXES = ("eval/rewards/", "eval/logps/", "eval/zero_shot/")
 
 
 def own_metric_names(metrics: dict[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ from analysis.optuna_study import load_studies, study_figures  # noqa: E402
 from analysis.ranking import rank_sweep  # noqa: E402
 from analysis.recommendation import load_recommendations  # noqa: E402
 from analysis.runs import NoRunsError, load_runs  # noqa: E402
+from analysis.samples import best_samples, samples_html, samples_lines  # noqa: E402
 
 
 def default_out_dir(sources: list[Path]) -> Path:
@@ -93,12 +94,14 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     written.append(tables.write_csv(out / "loss_metrics.csv", tables.LOSS_METRIC_COLUMNS,
                                     tables.loss_metric_csv_rows(loss_metric_rows(ranking))))
     generated = datetime.now().astimezone().isoformat(timespec="seconds")
+    samples = best_samples(runs)
     page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated, not_started,
-                            recommendations)
+                            recommendations, samples_section=samples_html(samples))
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
     written.append(html_path)
-    return tables.terminal_report(sources, runs, ranking, studies, not_started, recommendations), written
+    text = tables.terminal_report(sources, runs, ranking, studies, not_started, recommendations)
+    return "\n\n".join([text, *(["\n".join(samples_lines(samples))] if samples else [])]), written
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
     pip install -e '.[bench]'            # TRL (optional: without it the TRL rows are skipped)
     python bench/dpo_vs_trl.py           # 3 rounds of ours, TRL, bare (how long: bench/README.md)
     python bench/dpo_vs_trl.py --smoke   # seconds: tiny data, ours and bare only (what CI runs)
+    python bench/dpo_vs_trl.py --model smollm2_135m   # the same on pretrained SmolLM2-135M-Instruct
 
 The workload (the issue's): a GPT-2-style model, 4 layers x 256 wide, with the 4,096-token BPE
 dpo-sweeps trains on the run's data (conf/model/bench_gpt2.yaml); 256 HH harmless pairs
@@ -86,6 +87,7 @@ def fresh_cache(workdir: Path, name: str) -> Path:
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
     (cache / "tokenizers").symlink_to(workdir / "shared_cache" / "tokenizers")
+    (cache / "gguf").symlink_to(workdir / "shared_cache" / "gguf")  # a GGUF model, dequantized once
     return cache
 
 
@@ -141,6 +143,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME:override,override - another ours run with these dpo-sweeps overrides")
     parser.add_argument("--smoke", action="store_true", help="seconds-long: tiny data, few steps, one round")
+    parser.add_argument("--model", default="bench_gpt2", choices=("bench_gpt2", "smollm2_135m"),
+                        help="conf/model preset of all runs (smollm2_135m: pretrained, its chat template on HH)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
@@ -156,7 +160,7 @@ def main() -> None:
             run_bare(args.workdir, w, args.out)
         return
 
-    w = dict(SMOKE if args.smoke else FULL, data_path=str(HH))
+    w = dict(SMOKE if args.smoke else FULL, data_path=str(HH), model=args.model)
     if args.rounds:
         w["rounds"] = args.rounds
     kinds = [k.strip() for k in args.frameworks.split(",") if k.strip()]

@@ -22,7 +22,7 @@ BETA, LR, WARMUP_STEPS, MAX_GRAD_NORM, SEED = 0.1, 3e-3, 10, 10.0, 0
 
 # ---------------------------------------------------------------------------------------------- workload
 def ours_overrides(w: dict, extra: list[str] = ()) -> list[str]:
-    return ["model=bench_gpt2", "data=hh", f"data.path={w['data_path']}", f"data.max_pairs={w['pairs']}",
+    return [f"model={w['model']}", "data=hh", f"data.path={w['data_path']}", f"data.max_pairs={w['pairs']}",
             f"data.max_length={w['max_length']}", f"data.max_prompt_length={w['max_prompt_length']}",
             f"train.batch_size={w['batch']}", f"train.micro_batch_size={w['batch']}", f"loss.beta={BETA}",
             f"train.lr={LR}", f"train.warmup_steps={WARMUP_STEPS}", f"train.max_grad_norm={MAX_GRAD_NORM}",
@@ -41,7 +41,7 @@ def compose(overrides: list[str]):
 
 def prepare(workdir: Path, w: dict) -> None:
     """Tokenizer folder, initial weights and tokenized pairs, through dpo-sweeps' own data path."""
-    from dpo_sweeps.data.encoding import encode_pairs, render_pair
+    from dpo_sweeps.data.encoding import chat_format, encode_pairs, render_pair
     from dpo_sweeps.data.sources import load_preference_rows
     from dpo_sweeps.models.build import build_policy, build_tokenizer
 
@@ -49,8 +49,11 @@ def prepare(workdir: Path, w: dict) -> None:
     rows = load_preference_rows(cfg.data, REPO)
     plain = [render_pair(r) for r in rows.train]
     tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
-    pairs, _ = encode_pairs(plain, tokenizer, max_length=cfg.data.max_length,
-                            max_prompt_length=cfg.data.max_prompt_length, truncation_mode=cfg.data.truncation_mode)
+    chat = chat_format(tokenizer, cfg.data.chat_template)  # a pretrained model's template, as a run renders
+    texts = [render_pair(r, chat, hh_dialogue=True) for r in rows.train] if chat else plain
+    pairs, _ = encode_pairs(texts, tokenizer, max_length=cfg.data.max_length,
+                            max_prompt_length=cfg.data.max_prompt_length, truncation_mode=cfg.data.truncation_mode,
+                            end_of_turn=chat.end_of_turn if chat else None)
     tokenizer.save_pretrained(workdir / "tokenizer")
     build_policy(cfg.model, tokenizer, SEED).save_pretrained(workdir / "init_model")
     (workdir / "pairs.json").write_text(json.dumps([[p.prompt, p.chosen, p.rejected] for p in pairs]))

@@ -2,8 +2,10 @@
 
     python bench/find_best_vs_grid.py                 # how long: bench/README.md
     python bench/find_best_vs_grid.py --reuse DIR     # re-read the two sweeps of an earlier invocation
+    python bench/find_best_vs_grid.py --model smollm2_135m    # pretrained SmolLM2-135M-Instruct on HH
+    python bench/find_best_vs_grid.py --model smollm2_135m --smoke   # minutes: 2 points, 2 steps (it starts)
 
-Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps): the parallel plan fsdp {full_shard,
+Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps; or --model smollm2_135m, see MODELS): the parallel plan fsdp {full_shard,
 shard_grad_op} x precision {fp32, bf16} and the algorithm loss {dpo, ipo} x loss.beta {0.1, 0.5}.
 The full grid trains all 16 points. The staged search (hydra.sweeper.stages) probes the 4 plans and
 trains the 4 algorithm settings on the best `--top-k` plans. Both recommendations follow the same rule
@@ -29,15 +31,27 @@ sys.path.insert(0, str(REPO))
 
 from launchers.find_best import Candidate, recommend  # noqa: E402
 
-BASE = ["model=tiny_gpt2", "data=synthetic", "resources.nproc_per_node=2", "train.max_steps=60",
-        "train.eval_every=20", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
-        "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
+COMMON = ["resources.nproc_per_node=2", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
+          "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
+HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+# Per --model: what every run of both sweeps trains. SmolLM2 (pretrained, chat template) on HH harmless at a
+# short budget: 20 steps of 8 pairs, 128 tokens, 64 held-out pairs.
+MODELS = {
+    "tiny_gpt2": ["model=tiny_gpt2", "data=synthetic", "train.max_steps=60", "train.eval_every=20"],
+    "smollm2_135m": ["model=smollm2_135m", "data=hh", f"data.path={HH}", "data.eval_size=64",
+                     "data.max_length=128", "data.max_prompt_length=64", "train.batch_size=8",
+                     "train.micro_batch_size=2", "train.lr=3e-5", "train.warmup_steps=2", "train.max_steps=20",
+                     "train.eval_every=10"],
+}
 SYSTEMS = {"fsdp": "full_shard,shard_grad_op", "precision": "fp32,bf16"}
 ALGORITHM = {"loss": "dpo,ipo", "loss.beta": "0.1,0.5"}
+# --smoke: that the comparison runs at all, in minutes.
+SMOKE_SYSTEMS, SMOKE_ALGORITHM = {"fsdp": "full_shard", "precision": "fp32"}, {"loss": "dpo", "loss.beta": "0.1,0.5"}
+SMOKE = ["train.max_steps=2", "train.eval_every=0", "perf.warmup_steps=0", "train.eval_max_pairs=8"]
 
 
-def sweep(sweep_dir: Path, extra: list[str]) -> None:
-    args = [sys.executable, "-m", "dpo_sweeps", "-m", *BASE, *extra, f"hydra.sweep.dir={sweep_dir}"]
+def sweep(sweep_dir: Path, base: list[str], extra: list[str]) -> None:
+    args = [sys.executable, "-m", "dpo_sweeps", "-m", *base, *extra, f"hydra.sweep.dir={sweep_dir}"]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"sweep into {sweep_dir} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -56,15 +70,20 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--probe-steps", type=int, default=10)
     parser.add_argument("--reuse", type=Path, help="a folder holding grid/ and find_best/ from an earlier run")
+    parser.add_argument("--model", default="tiny_gpt2", choices=sorted(MODELS))
+    parser.add_argument("--smoke", action="store_true", help="2 points of 2 steps: that it runs, no figures")
     args = parser.parse_args()
+    base = [*MODELS[args.model], *COMMON, *(SMOKE if args.smoke else [])]
+    systems, algorithm = (SMOKE_SYSTEMS, SMOKE_ALGORITHM) if args.smoke else (SYSTEMS, ALGORITHM)
+    probe_steps, top_k = (2, 1) if args.smoke else (args.probe_steps, args.top_k)
     root = args.reuse or Path(tempfile.mkdtemp(prefix="find-best-vs-grid-"))
     grid_dir, staged_dir = root / "grid", root / "find_best"
     if args.reuse is None:
-        sweep(grid_dir, [f"{k}={v}" for k, v in {**SYSTEMS, **ALGORITHM}.items()])
-        stages = ("{systems: {" + ", ".join(f"{k}: '{v}'" for k, v in SYSTEMS.items()) + "}, algorithm: {"
-                  + ", ".join(f"{k}: '{v}'" for k, v in ALGORITHM.items())
-                  + f"}}, probe_steps: {args.probe_steps}, top_k: {args.top_k}}}")
-        sweep(staged_dir, [f"hydra.sweeper.stages={stages}"])
+        sweep(grid_dir, base, [f"{k}={v}" for k, v in {**systems, **algorithm}.items()])
+        stages = ("{systems: {" + ", ".join(f"{k}: '{v}'" for k, v in systems.items()) + "}, algorithm: {"
+                  + ", ".join(f"{k}: '{v}'" for k, v in algorithm.items())
+                  + f"}}, probe_steps: {probe_steps}, top_k: {top_k}}}")
+        sweep(staged_dir, base, [f"hydra.sweeper.stages={stages}"])
 
     grid = summaries(grid_dir)
     staged = summaries(staged_dir)

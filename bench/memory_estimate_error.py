@@ -2,6 +2,7 @@
 
     python bench/memory_estimate_error.py              # how long: bench/README.md
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
+    python bench/memory_estimate_error.py --model smollm2_135m   # 8 shapes of pretrained SmolLM2-135M
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
@@ -53,6 +54,23 @@ SHAPES = [
                                  "fsdp.activation_checkpointing=true"]),
 ]
 
+# The same for SmolLM2-135M-Instruct (model=smollm2_135m: 30 layers x 576, a 49,152-token vocabulary, tied
+# embeddings), on the same synthetic pairs through its own tokenizer.
+SMOLLM2 = ["model=smollm2_135m", "resources.nproc_per_node=2"]
+SMOLLM2_SHAPES = [
+    ("smol-fs-fp32-mb4", [*SMOLLM2, "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=4"]),
+    ("smol-fs-bf16-mb4", [*SMOLLM2, "fsdp=full_shard", "precision=bf16", "train.micro_batch_size=4"]),
+    ("smol-sgo-fp32-mb4", [*SMOLLM2, "fsdp=shard_grad_op", "precision=fp32", "train.micro_batch_size=4"]),
+    ("smol-sgo-bf16-mb8", [*SMOLLM2, "fsdp=shard_grad_op", "precision=bf16", "train.micro_batch_size=8"]),
+    ("smol-ns-fp32-mb4", [*SMOLLM2, "fsdp=no_shard", "precision=fp32", "train.micro_batch_size=4"]),
+    ("smol-fs-fp32-mb8-ac", [*SMOLLM2, "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=8",
+                             "fsdp.activation_checkpointing=true"]),
+    ("smol-fs-bf16-mb16-ac", [*SMOLLM2, "fsdp=full_shard", "precision=bf16", "train.micro_batch_size=16",
+                              "train.batch_size=32", "fsdp.activation_checkpointing=true"]),
+    ("smol-1rank-fp32-mb4", ["model=smollm2_135m", "precision=fp32", "train.micro_batch_size=4"]),
+]
+SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES}
+
 
 def probe(run_dir: Path, overrides: list[str]) -> dict:
     args = [sys.executable, "-m", "dpo_sweeps", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
@@ -79,10 +97,17 @@ def prelaunch_estimate(overrides: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reuse", type=Path, help="a folder of earlier runs (one per shape) to read again")
+    parser.add_argument("--model", default="tiny", choices=sorted(SHAPE_SETS),
+                        help="tiny: the 14 shapes of tiny_gpt2, tiny_llama and bench_gpt2 (default); "
+                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct")
+    parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     args = parser.parse_args()
     root = args.reuse or Path(tempfile.mkdtemp(prefix="memory-estimate-"))
+    shapes = SHAPE_SETS[args.model]
+    if args.only:
+        shapes = [(name, o) for name, o in shapes if name in args.only.split(",")]
     rows = []
-    for name, overrides in SHAPES:
+    for name, overrides in shapes:
         run_dir = root / name
         summary = json.loads((run_dir / "summary.json").read_text()) if args.reuse else probe(run_dir, overrides)
         m = summary["metrics"]

@@ -20,3 +20,19 @@ def hh_path() -> Path:
 def grid(tmp_path) -> Path:
     """A sample grid sweep's run directories (tests/support/reports.py), as a report reads them."""
     return grid_sweep(tmp_path / "multirun" / "2026-11-30" / "12-00-00")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, fetched once (tests/support/smollm2.py)."""
+    from support.smollm2 import smollm2_gguf as fetch
+
+    return fetch()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf):
+    """SmolLM2's tokenizer and chat template, from the GGUF cache entry or the file (no weights read)."""
+    from dpo_sweeps.models.gguf import tokenizer_of
+
+    return tokenizer_of(smollm2_gguf)

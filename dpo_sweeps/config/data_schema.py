@@ -41,6 +41,12 @@ class DataConfig:
     by length, cut into batches and the batches shuffled (still a pure function of the step)."""
     length_group_window: int = MISSING
     """With length_grouped: global batches per sorted window (>= 1)."""
+    chat_template: str = "auto"
+    """How dialogues (HH transcripts, {role, content} message rows) become text: true renders them with
+    the tokenizer's chat template (the prompt ends where the template opens the assistant's turn, each
+    response ends with the template's end-of-turn token instead of EOS; a tokenizer without a template is
+    an error); false, plain text (HH as written, messages as "role: content" lines); auto: true when the
+    tokenizer has a chat template, else false. Plain-text prompt/chosen/rejected rows stay as they are."""
 
 
 @dataclass

@@ -67,6 +67,15 @@ class TrainConfig:
     share_prompt: bool = MISSING
     """One row per pair, prompt + chosen + rejected, the prompt computed once (needs logps_chunk_size > 0
     and sdpa or eager attention). false: chosen and rejected rows, [2 x batch, length]."""
+    zero_shot_eval: bool = False
+    """Before the first step, score the held-out pairs with the policy alone (log p(chosen) against
+    log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
+    (step 0) and summary.json, the baseline beside eval/rewards/accuracies (train/zero_shot.py)."""
+    sample_prompts: int = 0
+    """> 0: after the final model is saved (needs save_model), rank 0 writes samples.json, the greedy
+    replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
+    sample_max_new_tokens: int = 64
+    """With sample_prompts: the longest reply generated, in tokens (>= 1)."""
 
 
 @dataclass
@@ -92,6 +101,14 @@ class ModelConfig:
     null: load name_or_path with from_pretrained."""
     tokenizer: TokenizerConfig = MISSING
     """How text becomes tokens."""
+    gguf_file: str | None = None
+    """A GGUF model file (any architecture transformers reads from GGUF) whose weights, tokenizer and
+    chat template the run loads, or pkg://PACKAGE/FILE for a file inside an installed Python package
+    (found without importing it). Dequantized once and cached as safetensors under
+    $DPO_SWEEPS_CACHE/gguf/<content hash> (models/gguf.py). Needs from_config null and tokenizer.kind
+    pretrained; null: name_or_path / from_config."""
+    install_hint: str | None = None
+    """How to get the model's files where they are missing (e.g. a pip command), shown in the error."""
 
 
 @dataclass

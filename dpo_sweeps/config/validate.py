@@ -17,10 +17,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from dpo_sweeps.config.schema import FAULT_KINDS
-from dpo_sweeps.data.encoding import TRUNCATION_MODES, check_lengths
+from dpo_sweeps.data.encoding import TRUNCATION_MODES, chat_template_setting, check_lengths, no_chat_template
 from dpo_sweeps.data.sources import DATA_SOURCES, check_eval_size, looks_local
 from dpo_sweeps.dpo.losses import check_loss_config
 from dpo_sweeps.errors import DataError, InvalidConfig
+from dpo_sweeps.models.gguf import resolve_gguf_file
 from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
 from dpo_sweeps.train.tracking import check_wandb_config
 
@@ -74,6 +75,7 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     _check_loss_scaling(cfg.precision)
     _check_data(cfg.data, base_dir)
     _check_model(cfg.model)
+    _check_chat_template(cfg.data.chat_template, cfg.model)
     _check_probe_and_checkpoints(cfg)
     check_wandb_config(cfg.wandb)
     if cfg.faults.kind is not None and cfg.faults.kind not in FAULT_KINDS:
@@ -117,6 +119,12 @@ def _check_train(cfg: DictConfig) -> None:
     if train.eval_max_pairs is not None:
         _at_least(train.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
     _at_least(train.log_every, 1, "train.log_every")
+    _at_least(train.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
+    if train.sample_prompts:
+        _at_least(train.sample_max_new_tokens, 1, "train.sample_max_new_tokens")
+        if not train.save_model:
+            raise InvalidConfig("train.sample_prompts", f"{train.sample_prompts} with train.save_model=false",
+                                "0, or train.save_model=true (the replies after training come from the saved model)")
     _positive_number(train.max_grad_norm, "train.max_grad_norm", "a number > 0, or null for no clipping")
     _positive_number(train.time_limit_min, "train.time_limit_min", "a number of minutes > 0, or null for none")
     _at_least(train.logps_chunk_size, 0, "train.logps_chunk_size", "an integer >= 1, or 0 for full logits")
@@ -163,6 +171,20 @@ def _check_model(model: DictConfig) -> None:
     if kind == "bpe":
         _at_least(model.tokenizer.vocab_size, MIN_BPE_VOCAB, "model.tokenizer.vocab_size",
                   f"an integer >= {MIN_BPE_VOCAB} for kind=bpe")
+    if model.gguf_file is not None:
+        if model.from_config is not None:
+            raise InvalidConfig("model.from_config", "set together with model.gguf_file",
+                                "null with model.gguf_file (the GGUF file holds the architecture)")
+        if kind != "pretrained":
+            raise InvalidConfig("model.tokenizer.kind", f"{kind} with model.gguf_file",
+                                "pretrained (the GGUF file's own tokenizer)")
+        resolve_gguf_file(model.gguf_file, model.install_hint)
+
+
+def _check_chat_template(setting, model: DictConfig) -> None:
+    built = model.init_from is None and model.gguf_file is None and model.tokenizer.kind in ("byte", "bpe")
+    if chat_template_setting(setting) == "true" and built:  # a tokenizer dpo-sweeps builds has none
+        raise no_chat_template(f"model.tokenizer.kind={model.tokenizer.kind}")
 
 
 def _check_probe_and_checkpoints(cfg: DictConfig) -> None:

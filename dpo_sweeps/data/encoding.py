@@ -1,6 +1,7 @@
 """From preference rows to token batches, as the reference DPO implementation tokenizes.
 
-Prompt and responses are tokenized separately; each response gets EOS appended. When prompt plus
+Prompt and responses are tokenized separately; each response gets EOS appended (or, rendered with a
+chat template, ends with the template's end-of-turn token: `ChatFormat`). When prompt plus
 the longer response exceed `max_length`, the prompt is cut first to `max_prompt_length` (keeping
 its end for dialogues, its start otherwise), then the responses to `max_length - max_prompt_length`.
 Prompt tokens carry no loss (label -100). Nothing here loads torch (a sweep validates lengths and
@@ -9,6 +10,7 @@ truncation before launch); collate.py turns pairs into tensors.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,25 +41,104 @@ def render_messages_plain(messages: list[dict]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
 
-def render_pair(row: dict[str, Any], chat_template_tokenizer=None) -> tuple[str, str, str]:
-    """(prompt, chosen, rejected) text. Message lists use the tokenizer's chat template when given.
+CHAT_TEMPLATE_SETTINGS = ("auto", "true", "false")
+# An HH transcript's turns: "\n\nHuman: ..." and "\n\nAssistant: ...".
+HH_TURN = re.compile(r"\n\n(Human|Assistant):")
+HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+_SENTINEL = "\x00dpo-sweeps-response\x00"
 
-    Plain rendering: the prompt's messages as "role: content\\n" lines followed by "assistant:"; each
-    response is " " + its first message's content, further messages as "\\nrole: content".
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A tokenizer's chat template as pairs are rendered with it (data.chat_template).
+
+    `end_of_turn` is the special token the template closes an assistant turn with (`<|im_end|>` for
+    ChatML templates), found by rendering a placeholder reply; a response ends with it instead of EOS.
+    None: the template closes a turn with no special token, and EOS is appended as for plain text.
+    """
+
+    tokenizer: Any
+    end_of_turn: str | None
+
+    @classmethod
+    def of(cls, tokenizer) -> ChatFormat:
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+        after = tokenizer.apply_chat_template(probe, tokenize=False).split(_SENTINEL, 1)[-1]
+        specials = [str(t) for t in tokenizer.added_tokens_decoder.values() if t.special]
+        found = sorted((after.find(t), -len(t), t) for t in specials if t and t in after)
+        return cls(tokenizer, found[0][2] if found else None)
+
+    def prompt(self, messages: list[dict]) -> str:
+        """The conversation up to where the template opens the assistant's turn."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def response(self, prompt_messages: list[dict], prompt_text: str, messages: list[dict]) -> str:
+        """What the template adds after the prompt for `messages`, through their last end-of-turn token."""
+        full = self.tokenizer.apply_chat_template(prompt_messages + messages, tokenize=False)
+        if not full.startswith(prompt_text):
+            raise DataError("data.chat_template: the tokenizer's chat template renders the prompt differently "
+                            "once a reply follows, so the reply cannot be cut from it (accepted: "
+                            "data.chat_template=false)")
+        reply = full[len(prompt_text):]
+        if self.end_of_turn is not None and self.end_of_turn in reply:
+            reply = reply[: reply.rindex(self.end_of_turn) + len(self.end_of_turn)]
+        return reply
+
+
+def chat_template_setting(setting) -> str:
+    """`data.chat_template` as auto | true | false (a YAML or command-line true arrives as "True")."""
+    value = str(setting).lower()
+    if value not in CHAT_TEMPLATE_SETTINGS:
+        raise InvalidConfig("data.chat_template", f"got {setting!r}", ", ".join(CHAT_TEMPLATE_SETTINGS))
+    return value
+
+
+def no_chat_template(tokenizer_described: str) -> InvalidConfig:
+    return InvalidConfig("data.chat_template", f"true, but {tokenizer_described} has no chat template",
+                         "auto or false, or a model whose tokenizer has one (e.g. model=smollm2_135m)")
+
+
+def chat_format(tokenizer, setting) -> ChatFormat | None:
+    """The chat format `data.chat_template` asks for with this tokenizer (None: plain text)."""
+    setting = chat_template_setting(setting)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if setting == "true" and not has_template:
+        raise no_chat_template("the model's tokenizer")
+    return ChatFormat.of(tokenizer) if has_template and setting != "false" else None
+
+
+def hh_messages(transcript: str) -> list[dict]:
+    """An HH prompt ("\n\nHuman: ...\n\nAssistant: ...\n\nAssistant:") as messages, without its open
+    last assistant turn."""
+    parts = HH_TURN.split(transcript)
+    head, turns = parts[0].strip(), list(zip(parts[1::2], parts[2::2]))
+    messages = [{"role": HH_ROLES[speaker], "content": text.strip()} for speaker, text in turns]
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        messages.pop()
+    if head:
+        messages.insert(0, {"role": "user", "content": head})
+    return messages
+
+
+def render_pair(row: dict[str, Any], chat: ChatFormat | None = None, *,
+                hh_dialogue: bool = False) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected) text. With `chat`, message lists and (`hh_dialogue`) HH transcripts
+    are rendered with the chat template; plain-text rows stay as they are.
+
+    Plain rendering: the prompt's messages as "role: content\n" lines followed by "assistant:"; each
+    response is " " + its first message's content, further messages as "\nrole: content".
     """
     prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
+    if chat is not None and hh_dialogue:
+        prompt = hh_messages(prompt)
+        chosen, rejected = ([{"role": "assistant", "content": str(v).strip()}] for v in (chosen, rejected))
     if isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str):
         return prompt, chosen, rejected
     prompt_msgs = _as_messages(prompt, "user")
-    if chat_template_tokenizer is not None:
-        tok = chat_template_tokenizer
-        prompt_text = tok.apply_chat_template(prompt_msgs, tokenize=False, add_generation_prompt=True)
-
-        def response(value) -> str:
-            full = tok.apply_chat_template(prompt_msgs + _as_messages(value, "assistant"), tokenize=False)
-            return full[len(prompt_text):] if full.startswith(prompt_text) else full
-
-        return prompt_text, response(chosen), response(rejected)
+    if chat is not None:
+        prompt_text = chat.prompt(prompt_msgs)
+        return (prompt_text, chat.response(prompt_msgs, prompt_text, _as_messages(chosen, "assistant")),
+                chat.response(prompt_msgs, prompt_text, _as_messages(rejected, "assistant")))
     prompt_text = render_messages_plain(prompt_msgs) + "assistant:"
 
     def plain_response(value) -> str:
@@ -95,8 +176,10 @@ def encode_pairs(
     max_length: int,
     max_prompt_length: int,
     truncation_mode: str,
+    end_of_turn: str | None = None,
 ) -> tuple[list[EncodedPair], int]:
-    """Encoded pairs and how many of them were truncated."""
+    """Encoded pairs and how many of them were truncated. A response that ends with `end_of_turn` (the
+    chat template's, ChatFormat.end_of_turn) has its end token already; every other one gets EOS."""
     check_lengths(max_length, max_prompt_length)
     if truncation_mode not in TRUNCATION_MODES:
         raise InvalidConfig("data.truncation_mode", f"got {truncation_mode!r}", ", ".join(TRUNCATION_MODES))
@@ -106,8 +189,13 @@ def encode_pairs(
     eos = tokenizer.eos_token_id
     encode = lambda batch: tokenizer(batch, add_special_tokens=False)["input_ids"]  # noqa: E731
     pairs, truncated = [], 0
-    for prompt, chosen, rejected in zip(encode(prompts), encode(chosens), encode(rejecteds)):
-        chosen, rejected = chosen + [eos], rejected + [eos]
+
+    def ended(ids: list[int], text: str) -> list[int]:
+        return ids if end_of_turn is not None and text.endswith(end_of_turn) else ids + [eos]
+
+    for prompt, chosen, rejected, chosen_text, rejected_text in zip(
+            encode(prompts), encode(chosens), encode(rejecteds), chosens, rejecteds):
+        chosen, rejected = ended(chosen, chosen_text), ended(rejected, rejected_text)
         cut = False
         if len(prompt) + max(len(chosen), len(rejected)) > max_length:
             cut = len(prompt) > max_prompt_length

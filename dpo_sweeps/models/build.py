@@ -1,9 +1,10 @@
 """Policy and reference models, and their tokenizer.
 
 A model config either names a model (`model.name_or_path`, loaded with `from_pretrained`; local
-folders work offline) or describes a random-init architecture (`model.from_config`, a transformers
-config). `model.init_from` points at an earlier run's directory: its saved model starts the policy
-and is the reference (SFT then DPO).
+folders work offline), a GGUF file (`model.gguf_file`, dequantized once and cached: models/gguf.py)
+or describes a random-init architecture (`model.from_config`, a transformers config).
+`model.init_from` points at an earlier run's directory: its saved model starts the policy and is the
+reference (SFT then DPO).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
+from dpo_sweeps.models import gguf
 from dpo_sweeps.models.tokenizers import bpe_tokenizer, byte_tokenizer
 
 SAVED_MODEL_DIR = "model"
-MODEL_SOURCES = "a preset in conf/model/, a local folder with config.json, or a hub name in the local cache"
+MODEL_SOURCES = ("a preset in conf/model/, a local folder with config.json, a hub name in the local cache, "
+                 "or model.gguf_file")
 
 
 def saved_model_path(run_dir: str | Path) -> Path:
@@ -38,6 +41,7 @@ def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool)
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(policy.config)
         plain.load_state_dict(state, assign=True)
+        plain.tie_weights()  # assign= gave tied weights (e.g. embeddings and LM head) a tensor each: one again
         try:
             plain.save_pretrained(path)
             tokenizer.save_pretrained(path)
@@ -69,6 +73,11 @@ def build_tokenizer(model_cfg: DictConfig, training_texts: list[str]) -> PreTrai
     source = _init_source(model_cfg)
     if source is not None:
         return AutoTokenizer.from_pretrained(source)
+    if model_cfg.gguf_file is not None:
+        tokenizer = _gguf_tokenizer(model_cfg)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
     kind = model_cfg.tokenizer.kind
     if kind == "byte":
         return byte_tokenizer()
@@ -89,11 +98,27 @@ def build_tokenizer(model_cfg: DictConfig, training_texts: list[str]) -> PreTrai
     return tokenizer
 
 
+def _gguf_source(model_cfg: DictConfig) -> tuple[Path, Path | None]:
+    """The GGUF file and its cache folder (None: the cache cannot be written); fills the cache once."""
+    path = gguf.resolve_gguf_file(model_cfg.gguf_file, model_cfg.install_hint)
+    return path, gguf.cached_folder(path)
+
+
+def _gguf_tokenizer(model_cfg: DictConfig) -> PreTrainedTokenizerBase:
+    path, folder = _gguf_source(model_cfg)
+    return AutoTokenizer.from_pretrained(folder) if folder is not None else gguf.load_tokenizer(path)
+
+
 def build_policy(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> torch.nn.Module:
     """The policy in fp32 on CPU (FSDP moves and casts it). Same seed, same weights on every rank."""
     source = _init_source(model_cfg)
     if source is not None:
         return AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if model_cfg.gguf_file is not None:
+        path, folder = _gguf_source(model_cfg)
+        if folder is None:
+            return gguf.load_model(path)
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if model_cfg.from_config is not None:
         spec = OmegaConf.to_container(model_cfg.from_config, resolve=True)
         model_type = spec.pop("model_type", None)

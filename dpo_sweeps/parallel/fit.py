@@ -230,7 +230,7 @@ def _architecture_key(model_cfg) -> tuple:
     spec = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
     tokenizer = model_cfg["tokenizer"]
     return (model_cfg["init_from"], model_cfg["name_or_path"], json.dumps(spec, sort_keys=True),
-            tokenizer["kind"], tokenizer["vocab_size"])
+            tokenizer["kind"], tokenizer["vocab_size"], model_cfg["gguf_file"])
 
 
 @lru_cache(maxsize=64)
@@ -249,7 +249,7 @@ def _build_model_shape(key: tuple) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    init_from, name_or_path, spec_json, tokenizer_kind, vocab_size = key
+    init_from, name_or_path, spec_json, tokenizer_kind, vocab_size, gguf_file = key
     if init_from is not None:
         from dpo_sweeps.models.build import saved_model_path
 
@@ -263,6 +263,10 @@ def _build_model_shape(key: tuple) -> ModelShape:
             config.vocab_size = len(byte_tokenizer())
         elif tokenizer_kind == "bpe" and vocab_size:
             config.vocab_size = int(vocab_size)  # an upper bound: a BPE trained on little text has fewer
+    elif gguf_file is not None:
+        from dpo_sweeps.models.gguf import plain_config, resolve_gguf_file
+
+        config = plain_config(resolve_gguf_file(gguf_file))  # the file's metadata only
     else:
         config = AutoConfig.from_pretrained(name_or_path)
     with torch.device("meta"):

@@ -40,7 +40,12 @@ NON_DEFINING_KEYS = (
     "resources.hang_timeout_s",
     "train.time_limit_min",
     "checkpoint",  # when and how many checkpoints are kept does not change the results (exact resume)
+    "model.install_hint",
 )
+# Keys added after runs were written, with the value that trains as those runs did: dropped at that
+# value, so that the runs' sweep directories still resume.
+ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto", "train.zero_shot_eval": False,
+              "train.sample_prompts": 0, "train.sample_max_new_tokens": 64}
 # A key is secret when its name is one of these or ends with "_" + one of them (so `hf_token` is,
 # `tokenizer` and `max_tokens` are not).
 SECRET_NAMES = ("api_key", "apikey", "token", "secret", "password", "passwd", "credentials")
@@ -141,6 +146,10 @@ def config_hash(config: dict) -> str:
     defining = json.loads(json.dumps(config))
     for key in NON_DEFINING_KEYS:
         _drop_key(defining, key)
+    for key, former in ADDED_KEYS.items():
+        section, _, name = key.partition(".")
+        if isinstance(defining.get(section), dict) and defining[section].get(name, former) == former:
+            _drop_key(defining, key)
     precision = defining.get("precision")
     if isinstance(precision, dict) and not precision.get("loss_scaling"):
         for key in ("initial_loss_scale", "loss_scale_growth_interval"):

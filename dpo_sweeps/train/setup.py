@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, encode_pairs, render_pair
+from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
@@ -43,6 +43,7 @@ class TrainingData:
     eval_pairs: list[EncodedPair]
     sampler: GlobalBatchSampler
     counts: dict[str, int]  # summary.json "data"
+    end_of_turn: str | None  # the chat template's end-of-turn token, when pairs were rendered with one
     # For the memory estimate: the widest row, and the scored share of tokens.
     longest_row: int
     response_fraction: float
@@ -66,6 +67,7 @@ class _Encoded:
     eval_pairs: list[EncodedPair]
     counts: dict[str, int]
     eval_source: str
+    end_of_turn: str | None
 
 
 # The tokenized pairs of the previous run in this process, with what decided them: the runs of a probe
@@ -92,11 +94,11 @@ def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
     rows = load_preference_rows(cfg.data, base_dir)
     plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
     tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
-    template = tokenizer if getattr(tokenizer, "chat_template", None) else None
+    chat = chat_format(tokenizer, cfg.data.chat_template)
     encode = lambda split: encode_pairs(  # noqa: E731
-        [render_pair(r, template) for r in split], tokenizer,
+        [render_pair(r, chat, hh_dialogue=cfg.data.name == "hh") for r in split], tokenizer,
         max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
-        truncation_mode=cfg.data.truncation_mode,
+        truncation_mode=cfg.data.truncation_mode, end_of_turn=chat.end_of_turn if chat else None,
     )
     train_pairs, train_truncated = encode(rows.train)
     eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
@@ -104,7 +106,8 @@ def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
         "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
         "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
     }
-    return _Encoded(tokenizer, train_pairs, eval_pairs, counts, str(rows.eval_source))
+    return _Encoded(tokenizer, train_pairs, eval_pairs, counts, str(rows.eval_source),
+                    chat.end_of_turn if chat else None)
 
 
 def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
@@ -127,7 +130,7 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
     tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in train_pairs)
     return TrainingData(
         tokenizer=tokenizer, train_pairs=list(train_pairs), eval_pairs=list(eval_pairs), sampler=sampler,
-        counts=dict(counts),
+        counts=dict(counts), end_of_turn=encoded.end_of_turn,
         longest_row=max(lengths),
         response_fraction=sum(len(p.chosen) + len(p.rejected) for p in train_pairs) / max(1, tokens),
     )

@@ -40,6 +40,7 @@ from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
 from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
+from dpo_sweeps.train.samples import write_samples
 from dpo_sweeps.train.setup import (
     build_data,
     build_models,
@@ -48,6 +49,7 @@ from dpo_sweeps.train.setup import (
     precompute_reference_logps,
 )
 from dpo_sweeps.train.tracking import Tracker
+from dpo_sweeps.train.zero_shot import accuracy_interval, zero_shot_from_reference, zero_shot_record, zero_shot_stats
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class TrainState:
     step: int = 0
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
+    zero_shot: dict[str, Any] = field(default_factory=dict)  # train.zero_shot_eval's baseline, from step 0
 
 
 class Trainer:
@@ -110,6 +113,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         data = build_data(cfg, self.ctx.base_dir, env)
         self.tokenizer, self.sampler, self.data_counts = data.tokenizer, data.sampler, data.counts
+        self.end_of_turn = data.end_of_turn
         self.longest_row, self.response_fraction = data.longest_row, data.response_fraction
         release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
         self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
@@ -261,22 +265,34 @@ class Trainer:
         return inject_in_step(self.cfg.faults, step + 1, self.env.rank, loss, self.resumed_from is not None)
 
     # ------------------------------------------------------------------ eval
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes)."""
+        means = self._held_out_means(lambda stats: {k: stats[k] for k in self.stat_names})
+        return {f"eval/{k}": v for k, v in means.items()}
+
+    def zero_shot_eval(self) -> dict[str, Any]:
+        """The policy's own preference on the held-out pairs before training (train/zero_shot.py). The
+        precomputed reference log-probs are the starting policy's own, scored alike: no second pass."""
+        found = zero_shot_from_reference(self.eval_pairs)
+        return found or zero_shot_record(self._held_out_means(zero_shot_stats), len(self.eval_pairs))
+
+    @torch.no_grad()
+    def _held_out_means(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]) -> dict[str, float]:
+        """The means over all held-out pairs of `per_pair`'s statistics (of _pair_losses' ones)."""
         env, n = self.env, len(self.eval_pairs)
-        sums = torch.zeros(len(self.stat_names), dtype=torch.float64)
-        count = 0
+        names, sums, count = None, None, 0
         self.policy.eval()
         for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
             self.heartbeat(self.state.step, "eval")
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
-            _, stats = self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))
-            sums += torch.stack([(stats[k].double().cpu() * real).sum() for k in self.stat_names])
+            stats = per_pair(self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))[1])
+            names = names or list(stats)
+            batch_sums = torch.stack([(stats[k].double().cpu() * real).sum() for k in names])
+            sums = batch_sums if sums is None else sums + batch_sums
             count += int(real.sum())
         self.policy.train()
         totals = all_reduce(sums.tolist() + [count])
-        return {f"eval/{k}": v / totals[-1] for k, v in zip(self.stat_names, totals)}
+        return {k: v / totals[-1] for k, v in zip(names, totals)}
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -285,6 +301,9 @@ class Trainer:
         self.policy.train()
         bar = tqdm(total=max_steps, initial=self.state.step, desc="dpo", unit="step", dynamic_ncols=True,
                    disable=not (self.env.is_main and cfg.train.progress_bar))
+        if self.state.step == 0 and cfg.train.zero_shot_eval and not self.probing:
+            self.state.zero_shot = self.zero_shot_eval()
+            self._log({"step": 0, **self.state.zero_shot})
         try:
             while self.state.step < max_steps:
                 record = self.train_step(self.state.step)
@@ -335,6 +354,9 @@ class Trainer:
             metrics["probe/steps"] = self.state.step
         else:
             metrics.update({k: v for k, v in self.state.last_eval.items() if k != "step"})
+            metrics.update(self.state.zero_shot)
+            if self.state.zero_shot:  # the final accuracy's interval, to compare with the baseline's
+                metrics.update(accuracy_interval(metrics, len(self.eval_pairs)))
             metrics["train/loss"] = self.state.last_train.get("train/loss")
             metrics["train/rewards/accuracies"] = self.state.last_train.get("train/rewards/accuracies")
         metrics.update(perf)
@@ -366,7 +388,8 @@ class Trainer:
             saved = self.checkpointer.load(info, self.policy, self.optimizer)
             self.scheduler.load_state_dict(saved["scheduler"])
             self.scaler.load_state_dict(saved["scaler"])
-            self.state = TrainState(step=saved["step"], last_train=saved["last_train"], last_eval=saved["last_eval"])
+            self.state = TrainState(step=saved["step"], last_train=saved["last_train"], last_eval=saved["last_eval"],
+                                    zero_shot=saved.get("zero_shot", {}))  # absent from older checkpoints
             self.resumed_from = info.step
             if self.env.is_main:
                 log.info("resumed from %s at step %d of %d", info.path, info.step, self.cfg.train.max_steps)
@@ -385,6 +408,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "last_train": self.state.last_train,
             "last_eval": self.state.last_eval,
+            "zero_shot": self.state.zero_shot,
         })
 
     def _checkpoint_or_stop(self) -> None:
@@ -403,7 +427,15 @@ class Trainer:
     def save_model(self) -> Path | None:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
         self.heartbeat(self.state.step, "save_model")
-        return save_model(self.policy, self.tokenizer, self.ctx.run_dir, self.env.is_main)
+        path = save_model(self.policy, self.tokenizer, self.ctx.run_dir, self.env.is_main)
+        train = self.cfg.train
+        if train.sample_prompts and not self.probing:
+            if self.env.is_main:
+                prompts = [pair.prompt for pair in self.eval_pairs[: train.sample_prompts]]
+                write_samples(self.ctx.run_dir, self.cfg.model, self.tokenizer, prompts, train.sample_max_new_tokens,
+                              train.seed, self.end_of_turn, progress=lambda: self.heartbeat(self.state.step, "samples"))
+            all_reduce([0.0])  # the other ranks wait for rank 0's samples
+        return path
 
     def checkpointer_report(self) -> dict[str, Any]:
         """summary.json extras: the broken checkpoints skipped at resume, if any."""

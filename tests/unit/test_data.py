@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dpo_sweeps.data.collate import collate
-from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, encode_pairs, render_pair
+from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, chat_format, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows, split_hh_dialogue
 from dpo_sweeps.data.synthetic import generate_pairs, topic_preferences
 from dpo_sweeps.errors import DataError, InvalidConfig
@@ -114,7 +114,7 @@ def test_conversational_rows_use_the_tokenizers_chat_template():
     row = {"prompt": [{"role": "user", "content": "hi"}],
            "chosen": [{"role": "assistant", "content": "hello"}],
            "rejected": [{"role": "assistant", "content": "no"}]}
-    prompt, chosen, rejected = render_pair(row, tok)
+    prompt, chosen, rejected = render_pair(row, chat_format(tok, "auto"))
     assert prompt == "<user>hi</user><assistant>"
     # The response is what the template adds after the prompt.
     assert (chosen, rejected) == ("hello</assistant>", "no</assistant>")
