@@ -109,7 +109,7 @@ class Json(Reader):
 
 class Delimited(Reader):
     """CSV or TSV with a header row: each record maps the header's names to the row's cells, as a
-    Parquet table's rows do. An empty cell is an empty string; a row with fewer cells has null in the rest."""
+    Parquet table's rows do. An empty cell is null, as pandas reads it; so are the cells a short row lacks."""
 
     def __init__(self, name: str, suffixes: tuple[str, ...], delimiter: str):
         self.name, self.suffixes, self.delimiter = name, suffixes, delimiter
@@ -129,7 +129,7 @@ class Delimited(Reader):
                     continue
                 if len(cells) > len(header):
                     raise RowProblem(where, f"{len(cells)} cells, the header row has {len(header)}")
-                yield where, dict(zip(header, cells + [None] * (len(header) - len(cells))))
+                yield where, dict(zip(header, [c if c != "" else None for c in cells] + [None] * (len(header) - len(cells))))
         except csv.Error as exc:
             raise RowProblem(f"line {reader.line_num}", str(exc)) from None
 
