@@ -51,6 +51,16 @@ class DiskFull(RunFailure):
     kind = "disk_full"
 
 
+def say(line: str) -> None:
+    """One line on stderr; a terminal that closed (SIGHUP) is no reason for a traceback."""
+    import sys
+
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def failure_of(exc: BaseException) -> dict:
     """The summary.json `failure` object for an exception."""
     if isinstance(exc, RunFailure):

@@ -7,7 +7,7 @@ it starts. submitit pickles this function by reference, so it lives in a module,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +33,5 @@ class RunContext:
     group: str = "run"
     attempt: str = ""
     started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)
+    # The run's .hydra/ files (rundir/hydra_record.py), written by the job that takes the run directory's lock.
+    hydra_record: dict[str, str] = field(default_factory=dict)
