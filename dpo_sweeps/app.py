@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.config.validate import validate_config, world_size_of
-from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, say
+from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
@@ -152,5 +152,7 @@ def run_config(ctx: RunContext) -> dict:
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)
         return run_rank(ctx, rank_env)
+    except KeyboardInterrupt:  # before run_rank took the signals over (it turns Ctrl-C into a clean stop)
+        return write_failed(ctx, interrupted_before_training())
     finally:
         lock.release()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# Every summary.json failure.kind (INTERFACE.md), in one place. `interrupted`: stopped by the terminal
+# (Ctrl-C, SIGHUP), with a checkpoint where one could be written; the same command resumes it.
+FAILURE_KINDS = ("oom", "nan", "crash", "timeout", "preempted", "interrupted", "invalid_config", "data_error",
+                 "hang", "disk_full", "node_failure", "pruned", "oom_predicted")
+
 # How rank 0's failure message starts when it only saw a peer go away (the cause is another rank's).
 PEER_STOPPED = "a peer rank stopped"
 
@@ -49,6 +54,12 @@ class DiskFull(RunFailure):
     """No space left (or quota exceeded) where the run writes; the message names the path."""
 
     kind = "disk_full"
+
+
+def interrupted_before_training(signal_words: str = "SIGINT (Ctrl-C)") -> dict:
+    """The failure of a run stopped by the terminal before its first step: nothing to checkpoint."""
+    return failure_of(RunFailure(f"{signal_words} received before training started: nothing to checkpoint; "
+                                 "the same command starts the run again", "interrupted"))
 
 
 def say(line: str) -> None:
