@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dpo_sweeps.config.schema_errors import schema_refusal
+from dpo_sweeps.config.unused import check_settings_used
 from dpo_sweeps.config.validate import validate_config, world_size_of
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
@@ -73,6 +74,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ctx.hydra_record = render_hydra_record(cfg, secrets)
     if hydra_cfg.output_subdir is not None:
         redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
+    if not multirun:  # a sweep's shared setting may act at some of its points only (unused.py)
+        try:
+            check_settings_used(cfg, ctx.overrides)
+        except InvalidConfig as exc:
+            if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 says it
+                sys.exit(1)
+            refuse(exc, multirun)
     # A sweep skips its completed runs itself (and `hydra.sweeper.resume=false` means run them again).
     done = None if multirun else completed_run(ctx)
     if done is not None:
