@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from hydra.errors import CompactHydraException
 
-from dpo_sweeps.config.schema_errors import schema_refusal
+from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
 from dpo_sweeps.errors import RunFailure, say
 from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
 from dpo_sweeps.task import run
@@ -53,7 +53,7 @@ def main() -> None:
             refusal = unwritable_path(exc, Path(exc.filename), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
         if refusal is None and not isinstance(exc, (CompactHydraException, RunFailure)):
             raise
-        say(f"error: {refusal or exc}")
+        say(f"error: {refusal or (one_line_message(exc) if isinstance(exc, CompactHydraException) else exc)}")
         sys.exit(1)
     finally:
         os.environ.pop(FULL_ERROR, None)

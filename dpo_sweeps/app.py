@@ -53,7 +53,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:  # a required setting left unset (???), an interpolation that fails
         refuse(schema_refusal(exc) or InvalidConfig(str(getattr(exc, "full_key", "") or "config"),
                                                       str(exc).strip().splitlines()[0], "a value that resolves"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any
 
 from omegaconf import DictConfig
@@ -91,3 +92,18 @@ def _example(setting: str) -> str:
         node = names.get(type_name, type_name)
     inner = (type_name or "").removesuffix(" | None")
     return TYPE_EXAMPLES.get(inner, "a value of the type in dpo_sweeps/config/schema.py")
+
+
+def one_line_message(exc: BaseException) -> str:
+    """Hydra's own error (a group option that does not exist, an override it cannot parse) in one line."""
+    text = str(exc).strip()
+    missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    if missing and "Available options" in text:
+        group, name = missing.groups()
+        listed = text.split("Available options", 1)[1].split("Config search path", 1)[0]
+        options = [line.strip() for line in listed.splitlines()[1:] if line.strip()]
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return str(InvalidConfig(group, f"no option '{name}' in conf/{group}", hint + ", ".join(options)))
+    lines = [line.strip() for line in text.split("Config search path:", 1)[0].splitlines() if line.strip()]
+    return " ".join(lines) or type(exc).__name__
