@@ -53,7 +53,9 @@ def main() -> None:
             refusal = unwritable_path(exc, Path(exc.filename), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
         if refusal is None and not isinstance(exc, (CompactHydraException, RunFailure)):
             raise
-        say(f"error: {refusal or (one_line_message(exc) if isinstance(exc, CompactHydraException) else exc)}")
+        # Hydra's own errors span lines (options, search path); ours (a sweep's refusal lists its points) are kept.
+        hydras = isinstance(exc, CompactHydraException) and type(exc).__module__.startswith("hydra.")
+        say(f"error: {refusal or (one_line_message(exc) if hydras else exc)}")
         sys.exit(1)
     finally:
         os.environ.pop(FULL_ERROR, None)
