@@ -183,10 +183,21 @@ def status_line(runs: list[Run], not_started: int | None = None) -> str:
     if counts["pending"]:
         parts.append(f"{counts['pending']} pending (still running, or stopped before writing summary.json)")
     if counts["unreadable"]:
-        parts.append(f"{counts['unreadable']} unreadable (see runs.csv 'problems')")
+        parts.append(f"{counts['unreadable']} unreadable (listed below, and in runs.csv 'problems')")
     if not_started:
         parts.append(f"{not_started} more planned by the sweep, not started yet")
     return f"{len(runs)} run{'s' if len(runs) != 1 else ''}: " + ", ".join(parts)
+
+
+def file_problem_lines(runs: list[Run]) -> list[str]:
+    """One screen line per run file that could not be read (wholly or in part), naming the file."""
+    lines = []
+    for run in runs:
+        for problem in run.problems:
+            file, _, rest = problem.partition(" ")
+            named = file.endswith((".json", ".jsonl", ".yaml")) and rest
+            lines.append(f"  unreadable: {run.path / file}: {rest}" if named else f"  unreadable: {run.path}: {problem}")
+    return lines
 
 
 def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -260,7 +271,7 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
                     not_started: int | None = None, recommendations: list[Recommendation] | None = None) -> str:
     """The compact summary printed by `report.py`."""
     lines = [f"DPO sweep report: {', '.join(str(s) for s in sources)}", status_line(runs, not_started),
-             cost_text(runs), ""]
+             *file_problem_lines(runs), cost_text(runs), ""]
     for rec in recommendations or []:
         lines += [*recommendation_lines(rec), ""]
     for metric in CRITERIA:

@@ -9,7 +9,9 @@ from pathlib import Path
 import hydra
 from hydra.errors import CompactHydraException
 
-from dpo_sweeps.config.schema_errors import schema_refusal
+from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
+from dpo_sweeps.errors import RunFailure, say
+from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
 from dpo_sweeps.task import run
 
 
@@ -42,14 +44,26 @@ def main() -> None:
     os.environ[FULL_ERROR] = "1"
     try:
         hydra_main()
+    except KeyboardInterrupt:  # before the run's own handlers were installed (a run stops with its summary)
+        say("error: interrupted (Ctrl-C) before the run started; nothing was trained")
+        sys.exit(130)
     except Exception as exc:
         refusal = schema_refusal(exc)
-        if refusal is None and not isinstance(exc, CompactHydraException):
+        if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory
+            refusal = unwritable_path(exc, Path(exc.filename), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
+        if refusal is None and not isinstance(exc, (CompactHydraException, RunFailure)):
             raise
-        print(f"error: {refusal or exc}", file=sys.stderr)
+        # Hydra's own errors span lines (options, search path); ours (a sweep's refusal lists its points) are kept.
+        hydras = isinstance(exc, CompactHydraException) and type(exc).__module__.startswith("hydra.")
+        say(f"error: {refusal or (one_line_message(exc) if hydras else exc)}")
         sys.exit(1)
     finally:
         os.environ.pop(FULL_ERROR, None)
+
+
+def _multirun() -> bool:
+    return any(a in ("-m", "--multirun") for a in sys.argv[1:])
+
 
 
 if __name__ == "__main__":

@@ -14,16 +14,20 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from dpo_sweeps.config.schema_errors import schema_refusal
+from dpo_sweeps.config.unused import check_settings_used
 from dpo_sweeps.config.validate import validate_config, world_size_of
-from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of
+from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
+from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     config_difference,
@@ -33,6 +37,7 @@ from dpo_sweeps.rundir.outputs import (
     scrub_secrets,
     secret_values,
 )
+from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
@@ -48,9 +53,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:  # a required setting left unset (???), an interpolation that fails
+        refuse(schema_refusal(exc) or InvalidConfig(str(getattr(exc, "full_key", "") or "config"),
+                                                      str(exc).strip().splitlines()[0], "a value that resolves"),
+               multirun)
     ctx = RunContext(
         run_dir=run_dir,
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=config,
         overrides=list(hydra_cfg.overrides.task),
         base_dir=Path.cwd(),
         run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
@@ -58,16 +69,31 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         attempt=uuid.uuid4().hex,
         started_at=time.time(),
     )
-    # Hydra saved the composed config before calling us: keep secrets out of it (and everything after).
     secrets = secret_values(ctx.config, dict(os.environ))
-    redact_files(sorted((run_dir / ".hydra").glob("*.yaml")), secrets)
+    # .hydra/ is written by the job that takes the run directory (hydra_record.py), secrets redacted;
+    # a user who sets hydra.output_subdir has Hydra write it there too, before we run: redact that copy.
+    ctx.hydra_record = render_hydra_record(cfg, secrets)
+    if hydra_cfg.output_subdir is not None:
+        redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
+    if not multirun:  # a sweep's shared setting may act at some of its points only (unused.py)
+        try:
+            check_settings_used(cfg, ctx.overrides)
+        except InvalidConfig as exc:
+            if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 says it
+                sys.exit(1)
+            refuse(exc, multirun)
     # A sweep skips its completed runs itself (and `hydra.sweeper.resume=false` means run them again).
     done = None if multirun else completed_run(ctx)
     if done is not None:
         print(f"run already complete: {run_dir / 'summary.json'} (checkpoint.resume=false trains it again)",
               file=sys.stderr)
         return done["metrics"]
-    summary = run_config(ctx)
+    try:
+        summary = run_config(ctx)
+    except OSError as exc:
+        if not is_path_error(exc):
+            raise
+        refuse(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir"), multirun)
     if summary["status"] != "completed":
         failure = summary["failure"]
         if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
@@ -79,9 +105,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         message = f"{verdict}: {failure['message']}{where}"
         if multirun:
             raise RunFailed(message)
-        print(f"error: {message}", file=sys.stderr)
+        say(f"error: {message}")
         sys.exit(1)
     return summary["metrics"]
+
+
+def refuse(exc: RunFailure, multirun: bool) -> NoReturn:
+    """End the job on a setting that cannot work, in one line (a sweep's job reports it to the sweep)."""
+    if multirun:
+        raise RunFailed(str(exc))
+    say(f"error: {exc}")
+    sys.exit(1)
 
 
 def completed_run(ctx: RunContext) -> dict | None:
@@ -116,6 +150,7 @@ def run_config(ctx: RunContext) -> dict:
     except RunDirInUse as exc:
         return refused_summary(exc)
     try:
+        write_hydra_record(ctx.run_dir, ctx.hydra_record)
         prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)
@@ -127,5 +162,7 @@ def run_config(ctx: RunContext) -> dict:
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)
         return run_rank(ctx, rank_env)
+    except KeyboardInterrupt:  # before run_rank took the signals over (it turns Ctrl-C into a clean stop)
+        return write_failed(ctx, interrupted_before_training())
     finally:
         lock.release()

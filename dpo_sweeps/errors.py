@@ -19,6 +19,7 @@ class FailureKind(StrEnum):
     DISK_FULL = "disk_full"
     TIMEOUT = "timeout"
     PREEMPTED = "preempted"
+    INTERRUPTED = "interrupted"  # stopped by the terminal (Ctrl-C, SIGHUP), checkpointed where it could be
     NODE_FAILURE = "node_failure"
     INVALID_CONFIG = "invalid_config"
     DATA_ERROR = "data_error"
@@ -92,6 +93,22 @@ class DiskFull(RunFailure):
     """No space left (or quota exceeded) where the run writes; the message names the path."""
 
     kind = "disk_full"
+
+
+def interrupted_before_training(signal_words: str = "SIGINT (Ctrl-C)") -> dict:
+    """The failure of a run stopped by the terminal before its first step: nothing to checkpoint."""
+    return failure_of(RunFailure(f"{signal_words} received before training started: nothing to checkpoint; "
+                                 "the same command starts the run again", "interrupted"))
+
+
+def say(line: str) -> None:
+    """One line on stderr; a terminal that closed (SIGHUP) is no reason for a traceback."""
+    import sys
+
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def failure_of(exc: BaseException) -> dict:

@@ -168,7 +168,7 @@ def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any
     if hasattr(launcher, "describe"):
         lines.append(f"launcher: {launcher.describe()}")
     if label.shared:
-        lines.append(f"every job: {' '.join(label.shared)}")
+        lines.append(f"every job: {label.shared_words}")
     for job in plan.to_run:
         lines.append(f"  #{job.num}  {label(job.overrides)}   [{describe_job(job)} -> {job.run_dir}]")
     if plan.skipped:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shlex
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -60,7 +61,7 @@ class SweepJob:
     @property
     def label(self) -> str:
         """The overrides a reader tells this job by (Hydra's own keys left out)."""
-        return " ".join(filter_overrides(self.overrides)) or "(no overrides)"
+        return " ".join(shlex.quote(o) for o in filter_overrides(self.overrides)) or "(no overrides)"
 
     @property
     def world_size(self) -> int:
@@ -123,10 +124,15 @@ class PointLabels:
             self.varying = {k for k, v in values.items() if len(v) > 1 or k not in everywhere}
             self.shared = [o for o in points[0] if override_key(o) not in self.varying]
 
+    @property
+    def shared_words(self) -> str:
+        """The shared overrides, shell-quoted as a command line takes them."""
+        return " ".join(shlex.quote(o) for o in self.shared)
+
     def __call__(self, overrides: Sequence[str]) -> str:
         shown = [o for o in overrides if not o.startswith("hydra.")
                  and (self.varying is None or override_key(o) in self.varying)]
-        return " ".join(shown) or "(no overrides)"
+        return " ".join(shlex.quote(o) for o in shown) or "(no overrides)"
 
 
 class JobCompositionError(Exception):

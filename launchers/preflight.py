@@ -192,5 +192,5 @@ def refusal_message(invalid: Sequence[InvalidPoint], points: Sequence[Sequence[s
     if len(invalid) > MAX_LISTED:
         lines.append(f"  ... and {len(invalid) - MAX_LISTED} more")
     if label.shared:
-        lines.append(f"(every point also has: {' '.join(label.shared)})")
+        lines.append(f"(every point also has: {label.shared_words})")
     return "\n".join(lines)

@@ -62,7 +62,7 @@ class SyntheticDataConfig(DataConfig):
     response_letters: int = MISSING
     """Letters of a response."""
     noise: float = MISSING
-    """Chance that the chosen answer draws from the disliked half, in [0, 0.5]; 0 is easiest."""
+    """Chance that the chosen answer draws from the disliked half, in [0, 0.5) (at 0.5 there is nothing to learn); 0 is easiest."""
     seed: int = MISSING
     """Seed of the generator."""
 

@@ -8,13 +8,28 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+from typing import Any
 
 from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from dpo_sweeps.dpo.losses import NAMES, foreign_key
 from dpo_sweeps.errors import InvalidConfig
 
+# Example values for a required setting left unset (???); other settings' examples come from their type.
+EXAMPLES = {
+    "data.path": "/data/prefs.jsonl (a file or folder), or a hub dataset such as Anthropic/hh-rlhf",
+    "model.name_or_path": "gpt2",
+    "model.block_name": "GPT2Block",
+}
+TYPE_EXAMPLES = {"int": "1", "float": "0.1", "bool": "true", "str": "a name"}
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
               "dict[str, Any]": "a mapping {key: value}", "Any": "any value"}
 
@@ -54,7 +69,44 @@ def schema_refusal(exc: BaseException) -> InvalidConfig | None:
         close = difflib.get_close_matches(key, keys, n=1)
         hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
         return InvalidConfig(setting, "not a setting", f"{hint}{parent or 'the config'} has {', '.join(keys)}")
+    if isinstance(cause, MissingMandatoryValue):
+        return InvalidConfig(setting, "required, and not set (???)", f"a value, e.g. {setting}={_example(setting)}")
     if isinstance(cause, ValidationError):
         problem = str(cause.msg).splitlines()[0] if cause.msg else type(cause).__name__
         return InvalidConfig(setting, problem, _accepted_type(_field_type(cause.object_type, key)))
     return None
+
+
+
+def _example(setting: str) -> str:
+    """An example value of `setting`: EXAMPLES, else one of its schema type."""
+    if setting in EXAMPLES:
+        return EXAMPLES[setting]
+    from dpo_sweeps.config import data_schema, schema
+
+    names = {**vars(schema), **vars(data_schema)}
+    node: Any = schema.Config
+    type_name = None
+    for part in setting.split("."):
+        if type_name == "Any":  # data: typed per source; look the key up in the source that has it
+            node = next((c for c in data_schema.DATA_SCHEMAS.values()
+                         if part in {f.name for f in dataclasses.fields(c)}), None)
+        type_name = _field_type(node, part)
+        node = names.get(type_name, type_name)
+    inner = (type_name or "").removesuffix(" | None")
+    return TYPE_EXAMPLES.get(inner, "a value of the type in dpo_sweeps/config/schema.py")
+
+
+def one_line_message(exc: BaseException) -> str:
+    """Hydra's own error (a group option that does not exist, an override it cannot parse) in one line."""
+    text = str(exc).strip()
+    missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    if missing and "Available options" in text:
+        group, name = missing.groups()
+        listed = text.split("Available options", 1)[1].split("Config search path", 1)[0]
+        options = [line.strip() for line in listed.splitlines()[1:] if line.strip()]
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return str(InvalidConfig(group, f"no option '{name}' in conf/{group}", hint + ", ".join(options)))
+    lines = [line.strip() for line in text.split("Config search path:", 1)[0].splitlines() if line.strip()]
+    return " ".join(lines) or type(exc).__name__

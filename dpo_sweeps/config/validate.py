@@ -64,10 +64,12 @@ def _positive_number(value, setting: str, accepted: str) -> None:
 
 
 def validate_config(cfg: DictConfig, base_dir: Path) -> None:
-    """Raise InvalidConfig / DataError for the first setting that cannot work."""
+    """Raise InvalidConfig / DataError for the first setting that cannot work, or that leaves nothing to
+    learn. (A single run's command line is also checked for settings the config would not read: unused.py.)"""
     _check_resources(cfg)
     _check_train(cfg)
     check_loss_config(cfg.loss)
+    _check_something_to_learn(cfg)
     # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
     device = cfg.resources.device
     check_fsdp_config(cfg.fsdp, world_size_of(cfg), cfg.resources.nproc_per_node, None if device == "auto" else device)
@@ -80,6 +82,21 @@ def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     check_wandb_config(cfg.wandb)
     if cfg.faults.kind is not None and cfg.faults.kind not in FAULT_KINDS:
         raise InvalidConfig("faults.kind", f"unknown fault '{cfg.faults.kind}'", f"null, {', '.join(FAULT_KINDS)}")
+
+
+def _check_something_to_learn(cfg: DictConfig) -> None:
+    """Settings that are valid numbers but leave no preference to learn, refused as loss.beta=0 is
+    (train.lr=0, train.max_steps=0 and loss.beta=0 are refused by their own ranges)."""
+    if cfg.loss.name == "mix" and all(term["weight"] == 0 for term in cfg.loss.terms):
+        raise InvalidConfig("loss.terms", "every weight is 0: there is no loss to learn from",
+                            "at least one term with a weight > 0")
+    if cfg.data.name == "synthetic":
+        if cfg.data.noise == 0.5:
+            raise InvalidConfig("data.noise", "0.5 draws chosen and rejected answers alike: nothing to learn",
+                                "a number in [0, 0.5); 0 is easiest")
+        _at_least(cfg.data.response_letters, 1, "data.response_letters",
+                  "an integer >= 1 (with no letters chosen and rejected are the same empty answer)")
+        _at_least(cfg.data.prompt_letters, 0, "data.prompt_letters")
 
 
 def _check_resources(cfg: DictConfig) -> None:
@@ -151,7 +168,7 @@ def _check_data(data: DictConfig, base_dir: Path) -> None:
         for key in ("num_train_pairs", "num_eval_pairs", "num_topics"):
             _at_least(data[key], 1, f"data.{key}")
         if not 0.0 <= data.noise <= 0.5:
-            raise InvalidConfig("data.noise", f"got {data.noise}", "a number in [0, 0.5]; 0 is easiest")
+            raise InvalidConfig("data.noise", f"got {data.noise}", "a number in [0, 0.5); 0 is easiest")
         return
     if not data.path:
         raise InvalidConfig("data.path", "not set", DATA_SOURCES)

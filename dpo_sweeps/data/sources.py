@@ -2,12 +2,12 @@
 
 Every source ends as two lists of `{"prompt", "chosen", "rejected"}` rows, train and eval. A column
 holds plain text or a list of `{"role", "content"}` messages (rendered later, see `render_pair`).
+Files are read by data/readers.py (every format, one set of rules for its errors); rows that cannot
+be a pair are dropped and counted by data/row_checks.py.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,18 +16,21 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from dpo_sweeps.data.readers import DATA_SOURCES, LOCAL_SUFFIXES, read_table
+from dpo_sweeps.data.row_checks import DroppedRows, pair_problem
 from dpo_sweeps.data.synthetic import generate_pairs
 from dpo_sweeps.errors import DataError, InvalidConfig
 
 log = logging.getLogger(__name__)
 
 HH_PROMPT_END = "\n\nAssistant:"
-LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 EVAL_SPLIT_NAMES = ("test", "validation", "eval", "valid")
-DATA_SOURCES = "a local .jsonl/.jsonl.gz/.json/.parquet file, a folder of them, or a hub dataset name"
 # data.eval_size=auto: hold out this many pairs, but never more than this share of a small source.
 AUTO_EVAL_PAIRS = 256
 AUTO_EVAL_FRACTION = 0.2
+
+# A split's records, each with where it was read from ("line 3", "test.jsonl line 3", "test row 3").
+Records = list[tuple[str, Any]]
 
 
 @dataclass
@@ -36,22 +39,37 @@ class PreferenceRows:
     eval: list[dict[str, Any]]
     eval_source: str  # the source's own split name, or "held out"
     counts: dict[str, int] = field(default_factory=dict)
+    # Where each train / eval row was read from, for the rows dropped later (tokenization).
+    train_where: list[str] = field(default_factory=list)
+    eval_where: list[str] = field(default_factory=list)
+    dropped: DroppedRows = field(default_factory=DroppedRows)
+    described: str = ""  # how messages name the source
 
 
 def load_preference_rows(data_cfg: DictConfig, base_dir: Path) -> PreferenceRows:
-    """Train and eval rows for `data_cfg`; relative `data.path` values resolve against `base_dir`."""
+    """Train and eval rows for `data_cfg`; relative `data.path` values resolve against `base_dir`.
+
+    Rows that cannot be a pair are dropped and counted (`dropped`, row_checks.py); none left is a DataError."""
     if data_cfg.name == "synthetic":
         return _synthetic(data_cfg)
-    splits, described = _read_source(data_cfg, base_dir)
-    if not any(splits.values()):
+    records, described = _read_source(data_cfg, base_dir)
+    if not any(records.values()):
         raise DataError(f"data.path: {described} holds no preference pairs (it is empty; "
                         f"accepted: {DATA_SOURCES} with at least 2 rows)")
+    dropped = DroppedRows()
+    counts: dict[str, int] = {}
     if data_cfg.name == "hh":
-        counts: dict[str, int] = {}
-        splits = {name: _split_hh_dialogues(rows, name, described, counts) for name, rows in splits.items()}
+        _require_columns(records, {"chosen": "chosen", "rejected": "rejected"}, described, "data.path")
+        splits = {name: _split_hh_dialogues(rows, name, counts, dropped) for name, rows in records.items()}
     else:
-        counts = {}
-        splits = {name: _select_columns(rows, data_cfg, described) for name, rows in splits.items()}
+        columns = {"data.prompt_column": data_cfg.prompt_column, "data.chosen_column": data_cfg.chosen_column,
+                   "data.rejected_column": data_cfg.rejected_column}
+        _require_columns(records, columns, described)
+        splits = {name: _select_columns(rows, columns, dropped) for name, rows in records.items()}
+    if not any(splits.values()):
+        raise DataError(f"data.path: no row of {described} is a preference pair; dropped: "
+                        f"{dropped.describe_counts()} (accepted: rows with text or message prompt, chosen and "
+                        "rejected values, chosen and rejected different)")
 
     train_name = data_cfg.split if data_cfg.split in splits else None
     eval_name = data_cfg.eval_split if data_cfg.eval_split in splits and data_cfg.eval_split != train_name else None
@@ -68,10 +86,13 @@ def load_preference_rows(data_cfg: DictConfig, base_dir: Path) -> PreferenceRows
     if data_cfg.max_pairs is not None:
         train = train[: int(data_cfg.max_pairs)]
     if not train:
-        raise DataError(f"data.path: no training pairs left in {described} after filtering (need at least one)")
+        raise DataError(f"data.path: no training pairs left in {described} after filtering (need at least one; "
+                        f"dropped: {dropped.describe_counts()})")
     if not eval_rows:
         raise DataError(f"data.eval_size: no held-out pairs from {described} (need at least one)")
-    return PreferenceRows(train=train, eval=eval_rows, eval_source=eval_source, counts=counts)
+    return PreferenceRows(train=[r for _, r in train], eval=[r for _, r in eval_rows], eval_source=eval_source,
+                          counts=counts, train_where=[w for w, _ in train], eval_where=[w for w, _ in eval_rows],
+                          dropped=dropped, described=described)
 
 
 def _synthetic(data_cfg: DictConfig) -> PreferenceRows:
@@ -82,15 +103,15 @@ def _synthetic(data_cfg: DictConfig) -> PreferenceRows:
         response_letters=data_cfg.response_letters,
         noise=data_cfg.noise,
     )
-    return PreferenceRows(
-        train=generate_pairs(data_cfg.num_train_pairs, stream="train", **common),
-        eval=generate_pairs(data_cfg.num_eval_pairs, stream="eval", **common),
-        eval_source="synthetic eval stream",
-    )
+    train = generate_pairs(data_cfg.num_train_pairs, stream="train", **common)
+    eval_rows = generate_pairs(data_cfg.num_eval_pairs, stream="eval", **common)
+    return PreferenceRows(train=train, eval=eval_rows, eval_source="synthetic eval stream",
+                          train_where=[f"train pair {i}" for i in range(len(train))],
+                          eval_where=[f"eval pair {i}" for i in range(len(eval_rows))], described="synthetic data")
 
 
-def _read_source(data_cfg: DictConfig, base_dir: Path) -> tuple[dict[str, list[dict]], str]:
-    """Rows by split name, and how to name the source in messages."""
+def _read_source(data_cfg: DictConfig, base_dir: Path) -> tuple[dict[str, Records], str]:
+    """Records by split name, and how to name the source in messages."""
     path = data_cfg.path
     if not path:
         raise InvalidConfig("data.path", "not set", DATA_SOURCES)
@@ -105,61 +126,29 @@ def _read_source(data_cfg: DictConfig, base_dir: Path) -> tuple[dict[str, list[d
 
 
 def looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or path.endswith(LOCAL_SUFFIXES) or path.count("/") > 1
+    return path.startswith((".", "/", "~")) or path.lower().endswith(LOCAL_SUFFIXES) or path.count("/") > 1
 
 
-def _read_local(path: Path) -> dict[str, list[dict]]:
-    if path.is_file():
-        return {"train": _read_file(path)}
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+def _read_local(path: Path) -> dict[str, Records]:
+    if not path.is_dir():
+        table = read_table(path)
+        return {"train": list(zip(table.where, table.records))}
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(LOCAL_SUFFIXES))
+    except OSError as exc:
+        raise DataError(f"data.path: cannot list folder '{path}' ({exc.strerror}; accepted: {DATA_SOURCES})") from None
     if not files:
-        raise DataError(f"data.path: folder '{path}' holds no {', '.join(LOCAL_SUFFIXES)} files")
-    splits: dict[str, list[dict]] = {}
+        raise DataError(f"data.path: folder '{path}' holds no data files (accepted: {DATA_SOURCES})")
+    splits: dict[str, Records] = {}
     for file in files:
         stem = file.name.split(".")[0].lower()
         split = next((s for s in ("train",) + EVAL_SPLIT_NAMES if stem.startswith(s)), "train")
-        splits.setdefault(split, []).extend(_read_file(file))
+        table = read_table(file)
+        splits.setdefault(split, []).extend((f"{file.name} {w}", r) for w, r in zip(table.where, table.records))
     return splits
 
 
-def _read_file(path: Path) -> list[dict]:
-    name = path.name
-    try:
-        if name.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist()
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            if ".jsonl" in name:
-                return _read_json_lines(f, path)
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"data.path: cannot read '{path}' ({type(exc).__name__}: {exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data = data["data"]
-    if not isinstance(data, list):
-        raise DataError(f"data.path: '{path}' is not a JSON list of rows (accepted: JSON Lines, a JSON list, Parquet)")
-    return data
-
-
-def _read_json_lines(lines, path: Path) -> list[dict]:
-    """One row per non-blank line; a malformed row is reported with its line number in the file."""
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError as exc:
-            column = f", column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-            raise DataError(f"data.path: '{path}' line {number}{column}: not a JSON object ({reason}; "
-                            "accepted: JSON Lines, one JSON object per line)") from None
-    return rows
-
-
-def _read_hub(name: str, data_dir: str | None) -> dict[str, list[dict]]:
+def _read_hub(name: str, data_dir: str | None) -> dict[str, Records]:
     import datasets
 
     try:
@@ -167,7 +156,7 @@ def _read_hub(name: str, data_dir: str | None) -> dict[str, list[dict]]:
     except Exception as exc:  # the hub client raises many types; all mean "not available"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"data.path: cannot load hub dataset '{name}' ({first}); accepted: {DATA_SOURCES}") from None
-    return {split: list(ds) for split, ds in loaded.items()}
+    return {split: [(f"{split} row {i}", row) for i, row in enumerate(ds)] for split, ds in loaded.items()}
 
 
 def split_hh_dialogue(text: str) -> tuple[str, str] | None:
@@ -179,45 +168,55 @@ def split_hh_dialogue(text: str) -> tuple[str, str] | None:
     return text[:cut], text[cut:]
 
 
-def _split_hh_dialogues(rows: list[dict], split: str, described: str, counts: dict[str, int]) -> list[dict]:
-    _require_columns(rows, {"chosen": "chosen", "rejected": "rejected"}, described, "data.path")
-    out, mismatched, malformed = [], 0, 0
-    for row in rows:
-        chosen, rejected = split_hh_dialogue(row["chosen"]), split_hh_dialogue(row["rejected"])
-        if chosen is None or rejected is None:
-            malformed += 1
-        elif chosen[0] != rejected[0]:
-            mismatched += 1
+def _split_hh_dialogues(records: Records, split: str, counts: dict[str, int], dropped: DroppedRows) -> Records:
+    out: Records = []
+    own = DroppedRows()
+    for where, row in records:
+        chosen, rejected = row.get("chosen"), row.get("rejected")
+        problem = pair_problem("", chosen, rejected)
+        if problem is None and isinstance(chosen, str) and isinstance(rejected, str):
+            chosen, rejected = split_hh_dialogue(chosen), split_hh_dialogue(rejected)
+            if chosen is None or rejected is None:
+                problem = "no_assistant_turn"
+            elif chosen[0] != rejected[0]:
+                problem = "no_shared_prompt"
+            else:
+                problem = pair_problem(chosen[0], chosen[1], rejected[1])
+        elif problem is None:
+            problem = "not_text"  # HH dialogues are text
+        if problem is None:
+            out.append((where, {"prompt": chosen[0], "chosen": chosen[1], "rejected": rejected[1]}))
         else:
-            out.append({"prompt": chosen[0], "chosen": chosen[1], "rejected": rejected[1]})
-    if mismatched or malformed:
-        log.info(
-            "hh %s: dropped %d pairs whose chosen and rejected prompts differ and %d without '\\n\\nAssistant:'",
-            split, mismatched, malformed,
-        )
-    counts[f"{split}_dropped_prompt_mismatch"] = counts.get(f"{split}_dropped_prompt_mismatch", 0) + mismatched
-    counts[f"{split}_dropped_malformed"] = counts.get(f"{split}_dropped_malformed", 0) + malformed
+            own.add(problem, where)
+    count = own.counts()
+    counts[f"{split}_dropped_prompt_mismatch"] = counts.get(f"{split}_dropped_prompt_mismatch", 0) + count.get(
+        "no_shared_prompt", 0)
+    counts[f"{split}_dropped_malformed"] = counts.get(f"{split}_dropped_malformed", 0) + sum(
+        n for reason, n in count.items() if reason != "no_shared_prompt")
+    dropped.update(own)
     return out
 
 
-def _select_columns(rows: list[dict], data_cfg: DictConfig, described: str) -> list[dict]:
-    columns = {
-        "data.prompt_column": data_cfg.prompt_column,
-        "data.chosen_column": data_cfg.chosen_column,
-        "data.rejected_column": data_cfg.rejected_column,
-    }
-    _require_columns(rows, columns, described)
-    return [
-        {"prompt": row[columns["data.prompt_column"]], "chosen": row[columns["data.chosen_column"]],
-         "rejected": row[columns["data.rejected_column"]]}
-        for row in rows
-    ]
+def _select_columns(records: Records, columns: dict[str, str], dropped: DroppedRows) -> Records:
+    prompt, chosen, rejected = columns.values()
+    out: Records = []
+    for where, row in records:
+        pair = {"prompt": row.get(prompt), "chosen": row.get(chosen), "rejected": row.get(rejected)}
+        problem = pair_problem(pair["prompt"], pair["chosen"], pair["rejected"])
+        if problem is None:
+            out.append((where, pair))
+        else:
+            dropped.add(problem, where)
+    return out
 
 
-def _require_columns(rows: list[dict], columns: dict[str, str], described: str, setting: str | None = None) -> None:
-    if not rows:
-        return
-    present = set(rows[0])
+def _require_columns(records: dict[str, Records], columns: dict[str, str], described: str,
+                     setting: str | None = None) -> None:
+    """A column that no row has is a setting at fault (a row without it is dropped later, one by one)."""
+    present: set[str] = set()
+    for rows in records.values():
+        for _, row in rows:
+            present.update(row)
     for key, column in columns.items():
         if column not in present:
             raise DataError(
@@ -242,7 +241,7 @@ def held_out_count(eval_size: float | int | str, num_rows: int) -> int:
     return int(round(eval_size * num_rows)) if eval_size < 1 else int(eval_size)
 
 
-def _hold_out(rows: list[dict], eval_size: float | int | str, seed: int) -> tuple[list[dict], list[dict]]:
+def _hold_out(rows: Records, eval_size: float | int | str, seed: int) -> tuple[Records, Records]:
     """A deterministic split: a seeded permutation, the last `eval_size` rows held out."""
     n_eval = held_out_count(eval_size, len(rows))
     if n_eval >= len(rows):

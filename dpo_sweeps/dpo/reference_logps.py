@@ -167,16 +167,20 @@ def _load(path: Path, key: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _save(path: Path, key: dict, train: torch.Tensor, eval_: torch.Tensor) -> None:
-    """Write to a private file, then rename: concurrent runs of a sweep may race to fill the same entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt")
-    os.close(fd)
+    """Write to a private file, then rename: concurrent runs of a sweep may race to fill the same entry.
+    A cache that cannot be written (a read-only or full disk, a file in the way) is skipped, never a failure."""
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt")
+        os.close(fd)
         torch.save({"key": json.dumps(key, sort_keys=True), "train": train, "eval": eval_}, tmp)
         os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("could not cache reference log-probs at %s: %s", path, exc)
-        Path(tmp).unlink(missing_ok=True)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+        log.warning("could not cache reference log-probs at %s (%s); not cached (DPO_SWEEPS_CACHE moves the cache)",
+                    path, exc)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def load_or_compute(score: Callable[[list[EncodedPair]], torch.Tensor], key: dict, train_pairs: list[EncodedPair],

@@ -9,6 +9,7 @@ sweep uses the same one.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -21,6 +22,8 @@ from transformers import PreTrainedTokenizerFast
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [EOS, PAD]
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -55,7 +58,10 @@ def bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
         digest.update(b"\0")
     path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{digest.hexdigest()[:16]}"
     if (path / "tokenizer.json").exists():
-        return _wrap(Tokenizer.from_file(str(path / "tokenizer.json")))
+        try:
+            return _wrap(Tokenizer.from_file(str(path / "tokenizer.json")))
+        except Exception as exc:  # a cache entry that does not load is retrained, never a failure
+            log.warning("cached tokenizer %s does not load (%s); training it again", path, exc)
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -68,13 +74,21 @@ def bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(_batches(texts), trainer=trainer, length=len(texts))
     # Write to a private folder, then rename: ranks and concurrent runs may race to fill the cache.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
-    tok.save(str(tmp / "tokenizer.json"))
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
+    except OSError as exc:  # a cache that cannot be written is skipped, never a failure
+        log.warning("cannot cache the tokenizer under %s (%s); not cached (DPO_SWEEPS_CACHE moves the cache)",
+                    path.parent, exc)
+        return _wrap(tok)
+    try:
+        tok.save(str(tmp / "tokenizer.json"))
         os.rename(tmp, path)
-    except OSError:  # another process won the race; its file is the same tokenizer
+    except Exception as exc:  # another process won the race (its file is the same tokenizer), or a full disk
         shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / "tokenizer.json").exists():
+            log.warning("cannot cache the tokenizer at %s (%s); not cached", path, exc)
+            return _wrap(tok)
     return _wrap(Tokenizer.from_file(str(path / "tokenizer.json")))
 
 

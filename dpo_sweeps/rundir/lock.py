@@ -2,7 +2,7 @@
 
 The process that owns the run's outputs holds it: the launcher process of local ranks, or rank 0
 under torchrun and multi-task submitit jobs. A second job on the same directory is refused before it
-writes anything of the run (Hydra has already rewritten `.hydra/` by then: same command, same files).
+writes anything there: `.hydra/` too is written only by the lock's holder (rundir/hydra_record.py).
 
 The lock is `flock`: the kernel releases it when its holder dies, however it dies, so a lock left
 by a killed job is simply taken over. Where the filesystem has no flock, the lock file itself is

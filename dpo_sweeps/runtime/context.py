@@ -6,7 +6,7 @@ it. It imports nothing of the project, so no module that needs it has to import 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -22,3 +22,5 @@ class RunContext:
     group: str = "run"
     attempt: str = ""
     started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)
+    # The run's .hydra/ files (rundir/hydra_record.py), written by the job that takes the run directory's lock.
+    hydra_record: dict[str, str] = field(default_factory=dict)

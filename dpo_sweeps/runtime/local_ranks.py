@@ -22,11 +22,15 @@ from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summar
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (
+    STOP_INTERRUPT,
     STOP_PREEMPT_SIGNAL,
     STOP_SIGTERM,
+    TERMINAL_SIGNAL_WORDS,
+    TERMINAL_SIGNALS,
     die_with_parent,
     forwarding_stop_signals,
     preemption_signal,
+    terminal_signals_ignored,
 )
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
 
@@ -51,14 +55,16 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
         log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)
     mp = multiprocessing.get_context("spawn")
     procs: list = []
-    # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together.
+    # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together; so do
+    # Ctrl-C and SIGHUP, as a SIGTERM: the ranks start ignoring the terminal's signals.
     with forwarding_stop_signals(procs) as watch:
-        for rank in range(world_size):
-            env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
-                          master_addr="127.0.0.1", master_port=port)
-            proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
-            proc.start()
-            procs.append(proc)
+        with terminal_signals_ignored():
+            for rank in range(world_size):
+                env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                              master_addr="127.0.0.1", master_port=port)
+                proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
+                proc.start()
+                procs.append(proc)
         _wait_for_ranks(procs)
     shutil.rmtree(heartbeat_dir(ctx.run_dir), ignore_errors=True)  # those of ranks that were killed
 
@@ -66,8 +72,9 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
     if summary is None or summary.get("attempt") != ctx.attempt:
         failure = _failure_from_exit_codes(ctx.run_dir, procs)
         if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
-            name = signal.Signals(watch.signum).name
-            failure = {**failure, "kind": "preempted", "message": f"{name} received; {failure['message']}"}
+            words = TERMINAL_SIGNAL_WORDS.get(watch.signum, signal.Signals(watch.signum).name)
+            kind = "interrupted" if watch.signum in TERMINAL_SIGNALS else "preempted"
+            failure = {**failure, "kind": kind, "message": f"{words} received; {failure['message']}"}
         return write_failed(ctx, failure)
     killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
     if summary["status"] == "failed" and killed and summary["failure"].get("rank", 0) is None:
@@ -78,10 +85,14 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
     failure = summary.get("failure") or {}
     if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
         # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
-        reason = STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal() else STOP_SIGTERM
-        kind = watch.failure_kind(reason)
+        # The ranks got a terminal signal as a SIGTERM: say which it was.
+        reason = (STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal()
+                  else STOP_INTERRUPT if watch.signum in TERMINAL_SIGNALS else STOP_SIGTERM)
+        kind = watch.failure_kind(reason) if failure["kind"] == "preempted" else failure["kind"]
         if kind != failure["kind"]:
-            summary["failure"] = {**failure, "kind": kind}
+            said = f"{TERMINAL_SIGNAL_WORDS.get(watch.signum, 'SIGTERM')} received"
+            summary["failure"] = {**failure, "kind": kind, "message": failure["message"].replace("SIGTERM received", said),
+                                  "cause": (failure.get("cause") or "").replace("SIGTERM received", said)}
             summary = rewrite_summary(ctx.run_dir, summary)
         watch.leave(reason, is_main=True)  # exits here when the job is requeued
     return summary

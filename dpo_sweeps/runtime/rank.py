@@ -35,6 +35,7 @@ from dpo_sweeps.parallel.distributed import (
     wants_cuda,
 )
 from dpo_sweeps.parallel.plan import resolve_plan
+from dpo_sweeps.rundir.hydra_record import write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
@@ -80,6 +81,7 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
     if env.is_main:
         try:
             lock = RunDirLock(ctx.run_dir).acquire()
+            write_hydra_record(ctx.run_dir, ctx.hydra_record)
             prepare_run_dir(ctx.run_dir, cfg)
         except RunDirInUse as exc:
             refusal = exc

@@ -1,9 +1,13 @@
 """Stopping a run cleanly on a signal or a wall-time limit: checkpoint, record why, exit.
 
-SIGTERM (scancel, `kill`, a scheduler's notice) and the signal submitit asks SLURM to send before a
-time limit or a preemption (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise) only set a flag
-here. Between optimizer steps the ranks agree on the flag, save a checkpoint at the step they
-reached and end the run failed with kind `preempted` or `timeout` (`train.time_limit_min` reached).
+SIGTERM (scancel, `kill`, a scheduler's notice), the signal submitit asks SLURM to send before a
+time limit or a preemption (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise), and the
+terminal's signals, SIGINT (Ctrl-C) and SIGHUP (the terminal closed), only set a flag here. Between
+optimizer steps the ranks agree on the flag, save a checkpoint at the step they reached and end the
+run failed with kind `preempted`, `interrupted` (a terminal signal) or `timeout`
+(`train.time_limit_min` reached). A terminal signal that is ignored when the run starts (`nohup`, a
+background job) stays ignored. After SIGHUP the terminal is gone: output goes to /dev/null (the run's
+log file keeps it), so that no write to it fails the run.
 
 Under submitit, rank 0 then calls the handler submitit had installed, which requeues the job through
 the launcher's `checkpoint()`; the requeued job reruns the same overrides in the same run directory
@@ -31,11 +35,14 @@ log = logging.getLogger(__name__)
 SLURM_END_WAIT_S = 90.0
 
 # What stopped the run, by priority when ranks saw different things (the largest wins).
-NO_STOP, STOP_SIGTERM, STOP_PREEMPT_SIGNAL, STOP_TIME_LIMIT = 0, 1, 2, 3
+NO_STOP, STOP_INTERRUPT, STOP_SIGTERM, STOP_PREEMPT_SIGNAL, STOP_TIME_LIMIT = 0, 1, 2, 3, 4
+# The terminal's signals: Ctrl-C, and the terminal closing.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+TERMINAL_SIGNAL_WORDS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)"}
 
 
 class RunInterrupted(RunFailure):
-    """The run stopped on a signal or its time limit, after saving a checkpoint. kind: preempted | timeout."""
+    """The run stopped on a signal or its time limit, after saving a checkpoint. kind: preempted | interrupted | timeout."""
 
     def __init__(self, message: str, *, kind: str, step: int, reason: int):
         super().__init__(message, kind)
@@ -49,7 +56,37 @@ def preemption_signal() -> signal.Signals:
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:
-    return tuple(dict.fromkeys((signal.SIGTERM, preemption_signal())))
+    return tuple(dict.fromkeys((signal.SIGTERM, preemption_signal(), *TERMINAL_SIGNALS)))
+
+
+def _ignored(sig: signal.Signals) -> bool:
+    return sig in TERMINAL_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN
+
+
+@contextmanager
+def terminal_signals_ignored() -> Any:
+    """Processes started inside start with the terminal's signals ignored (dispositions survive exec):
+    their launcher catches those and passes a SIGTERM on, so a Ctrl-C while they import is no traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in TERMINAL_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _detach_from_terminal() -> None:
+    """After SIGHUP: stdout and stderr to /dev/null, so that writing to the closed terminal fails nothing."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
 
 
 def _is_submitit_handler(handler: Any) -> bool:
@@ -72,7 +109,8 @@ class StopWatch:
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in stop_signals():
-            self._previous[sig] = signal.signal(sig, handler or self._on_signal)
+            if not _ignored(sig):
+                self._previous[sig] = signal.signal(sig, handler or self._on_signal)
         self._installed = True
         return self
 
@@ -84,8 +122,12 @@ class StopWatch:
         self._installed = False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
+        if self.signum is not None:
+            log.warning("received %s: already stopping", signal.Signals(signum).name)
+            return
+        self.signum = signum
         log.warning("received %s: stopping after this step with a checkpoint", signal.Signals(signum).name)
 
     def local_reason(self) -> int:
@@ -93,6 +135,8 @@ class StopWatch:
             return STOP_TIME_LIMIT
         if self.signum == preemption_signal():
             return STOP_PREEMPT_SIGNAL
+        if self.signum in TERMINAL_SIGNALS:
+            return STOP_INTERRUPT
         return STOP_SIGTERM if self.signum is not None else NO_STOP
 
     def agreed_reason(self, world_size: int) -> int:
@@ -111,6 +155,8 @@ class StopWatch:
     def failure_kind(self, reason: int) -> str:
         if reason == STOP_TIME_LIMIT:
             return "timeout"
+        if reason == STOP_INTERRUPT:
+            return "interrupted"
         handler = self.submitit_handler
         if reason == STOP_PREEMPT_SIGNAL and handler is not None and handler.__self__.has_timed_out():
             return "timeout"
@@ -121,6 +167,10 @@ class StopWatch:
             return f"train.time_limit_min ({self.time_limit_min:g}) reached"
         if reason == STOP_PREEMPT_SIGNAL:
             return f"{preemption_signal().name} received (time limit or preemption notice)"
+        if reason == STOP_INTERRUPT and self.signum not in TERMINAL_SIGNALS:
+            return "a peer rank received SIGINT or SIGHUP"
+        if self.signum in TERMINAL_SIGNALS:
+            return f"{TERMINAL_SIGNAL_WORDS[signal.Signals(self.signum)]} received"
         name = signal.Signals(self.signum).name if self.signum else "a stop signal"
         return f"{name} received" if self.signum else "a peer rank received a stop signal"
 
@@ -172,12 +222,16 @@ def forwarding_stop_signals(processes: list) -> Any:
     watch = StopWatch()
 
     def forward(signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
         if watch.signum is None:
             watch.signum = signum
+        # The ranks ignore the terminal's signals (terminal_signals_ignored): a SIGTERM stops them.
+        passed_on = signal.SIGTERM if signum in TERMINAL_SIGNALS else signum
         for proc in processes:
             if proc.is_alive() and proc.pid:
                 try:
-                    os.kill(proc.pid, signum)
+                    os.kill(proc.pid, passed_on)
                 except ProcessLookupError:
                     pass
 

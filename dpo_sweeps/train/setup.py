@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
+from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
@@ -68,6 +69,8 @@ class _Encoded:
     counts: dict[str, int]
     eval_source: str
     end_of_turn: str | None
+    dropped: DroppedRows
+    described: str
 
 
 # The tokenized pairs of the previous run in this process, with what decided them: the runs of a probe
@@ -102,12 +105,21 @@ def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
     )
     train_pairs, train_truncated = encode(rows.train)
     eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
+    dropped = DroppedRows()
+    dropped.update(rows.dropped)
+    train_pairs = drop_identical_after_truncation(train_pairs, rows.train_where, dropped)
+    eval_pairs = drop_identical_after_truncation(eval_pairs, rows.eval_where, dropped)
+    if not train_pairs or not eval_pairs:
+        raise DataError(f"data.max_length: no {'training' if not train_pairs else 'held-out'} pairs of "
+                        f"{rows.described} left once cut to {cfg.data.max_length} tokens; dropped: "
+                        f"{dropped.describe_counts()} (accepted: a data.max_length that keeps chosen and rejected apart)")
     counts = {
         "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
         "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
+        "dropped_rows": dropped.counts(),
     }
     return _Encoded(tokenizer, train_pairs, eval_pairs, counts, str(rows.eval_source),
-                    chat.end_of_turn if chat else None)
+                    chat.end_of_turn if chat else None, dropped, rows.described)
 
 
 def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
@@ -118,6 +130,8 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
         log.info("data %s: %d train pairs (%d truncated), %d eval pairs from %s (%d truncated)",
                  cfg.data.name, len(train_pairs), counts["train_truncated"], len(eval_pairs),
                  encoded.eval_source, counts["eval_truncated"])
+        for line in encoded.dropped.lines(encoded.described):
+            log.warning("%s", line)
     if len(train_pairs) < cfg.train.batch_size:
         raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(train_pairs)} "
                         f"training pairs of data.path (use a batch size <= {len(train_pairs)})")

@@ -18,7 +18,7 @@ from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
 HEAVY = ("torch", "transformers", "datasets", "wandb")
 # One job of two steps: enough to show the sweeper, the launcher and the training job all load.
 ONE_JOB = [*FAST, "train.max_steps=2", "perf.warmup_steps=0", "data.num_train_pairs=64",
-           "data.num_eval_pairs=8", "data.eval_size=8", "train.batch_size=8"]
+           "data.num_eval_pairs=8", "train.batch_size=8"]
 
 
 def _python(args: list[str], cwd: Path, pythonpath: Path | None = None, timeout: float = 300):

@@ -77,7 +77,8 @@ def test_trains_on_real_hh_data_and_evaluates_held_out_pairs(tmp_path, hh_path):
     summary = result.summary
     assert summary["data"]["train_dropped_prompt_mismatch"] == 5
     assert summary["data"]["eval_pairs"] == 64 and summary["data"]["train_truncated"] > 0
-    assert "dropped 5 pairs whose chosen and rejected prompts differ" in result.stdout + result.stderr
+    assert summary["data"]["dropped_rows"]["no_shared_prompt"] == 5
+    assert "data: dropped 5 rows of" in result.stdout + result.stderr  # with the first rows' line numbers
     evals = [r for r in result.records if "eval/loss" in r]
     assert [r["step"] for r in evals] == [6, 12]
     assert 0.0 <= summary["metrics"]["eval/rewards/accuracies"] <= 1.0

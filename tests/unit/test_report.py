@@ -223,9 +223,11 @@ def test_jobs_a_grid_sweep_has_not_started_yet_are_counted_from_its_multirun_yam
     assert "2 runs: 2 completed, 0 failed, 4 more planned by the sweep, not started yet" in capsys.readouterr().out
 
 
-def test_an_unreadable_summary_is_listed_and_does_not_stop_the_report(grid):
+def test_an_unreadable_summary_is_listed_and_does_not_stop_the_report(grid, capsys):
     (grid / "3" / "summary.json").write_text('{"schema": 1, "status": "compl')
     assert main([str(grid)]) == 0
+    screen = capsys.readouterr().out
+    assert f"unreadable: {grid / '3' / 'summary.json'}: is not valid JSON" in screen  # on the screen, by name
     row = next(r for r in read_csv(grid / "report" / "runs.csv") if r["run"] == "3")
     assert row["status"] == "unreadable" and "not valid JSON" in row["problems"]
 

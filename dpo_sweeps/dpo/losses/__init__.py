@@ -11,6 +11,7 @@ Per-token log-probs are computed beside the model (response_logps.py, token_logp
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,7 +117,7 @@ def check_loss_config(loss_cfg: Mapping) -> None:
     missing = [key for key in expected if key not in loss_cfg]
     if name == MIX and (extra or missing):  # changed terms: say every key to add and to leave out at once
         changes = [f"+loss.{k}=<{_ranges(loss_cfg, k)[0].accepted}>" for k in missing] + [f"~loss.{k}" for k in extra]
-        _refuse("terms", f"{where} has keys {', '.join(expected[1:])}", "these changes: " + " ".join(changes))
+        _refuse("terms", f"{where} has keys {', '.join(expected[1:])}", "these changes: " + " ".join(shlex.quote(c) for c in changes))
     for key in extra:  # added with +loss.<key> (Hydra refuses loss.<key> itself: the loss's schema lacks it)
         raise foreign_key(key, name, expected)
     for key in missing:

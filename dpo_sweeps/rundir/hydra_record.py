@@ -1,0 +1,42 @@
+"""The run's `.hydra/` record (config.yaml, hydra.yaml, overrides.yaml), written by the job that owns
+the run directory, once it holds the lock.
+
+Hydra would write these before the task function runs, so a job refused on a busy (or completed)
+directory would rewrite the record of the job that owns it. conf/config.yaml sets
+`hydra.output_subdir: null`, the task function renders the same three files (secrets redacted), and
+the owner writes them after taking the lock (app.py; rank 0 under torchrun and multi-task jobs).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from dpo_sweeps.rundir.outputs import REDACTED
+
+RECORD_DIR = ".hydra"
+
+
+def render_hydra_record(cfg: DictConfig, secrets: set[str]) -> dict[str, str]:
+    """The three files as Hydra writes them, each secret replaced by REDACTED."""
+    hydra_cfg = HydraConfig.instance().cfg
+    files = {
+        "config.yaml": OmegaConf.to_yaml(cfg),
+        "hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+        "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task),
+    }
+    for secret in secrets:
+        files = {name: text.replace(secret, REDACTED) for name, text in files.items()}
+    return files
+
+
+def write_hydra_record(run_dir: Path, files: dict[str, str]) -> None:
+    folder = Path(run_dir) / RECORD_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, folder / name)

@@ -1,0 +1,75 @@
+"""Paths a run writes, through the real CLI: a problem with the run directory is one line naming the
+path and the setting that moves it; a cache that cannot be written is skipped with a warning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from support import QUIET, REPO, cli_env, run_cli
+
+TINY = ["train.max_steps=1", "train.eval_every=0", "data.num_train_pairs=64", "data.num_eval_pairs=8"]
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["file", "below_a_file"])
+def test_a_file_where_the_run_directory_must_be_is_one_line_naming_hydra_run_dir(tmp_path, where):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a user's file\n")
+    run_dir = blocker if where == "file" else blocker / "run"
+    result = run_cli(run_dir, *TINY)
+    assert result.returncode == 1
+    line = one_error_line(result.stderr)
+    assert line.startswith(f"error: hydra.run.dir: cannot write '{run_dir}': ") and "hydra.run.dir moves it" in line
+    assert blocker.read_text() == "a user's file\n"
+
+
+def test_a_sweep_directory_that_is_a_file_is_one_line_naming_hydra_sweep_dir(tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("")
+    args = [sys.executable, "-m", "dpo_sweeps", "-m", *QUIET, *TINY, "train.lr=0.01,0.02", f"hydra.sweep.dir={blocker}"]
+    result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert one_error_line(result.stderr).startswith(f"error: hydra.sweep.dir: cannot write '{blocker}'")
+
+
+@pytest.fixture
+def read_only_run_dir(tmp_path):
+    """An existing run directory on a read-only mount (root only: a tmpfs remounted read-only)."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    up = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if up.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {up.stderr.decode().strip()}")
+    try:
+        (mount / "run").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield mount / "run"
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_read_only_run_directory_is_one_line_naming_the_path_and_setting(read_only_run_dir):
+    result = run_cli(read_only_run_dir, *TINY)
+    assert result.returncode == 1
+    line = one_error_line(result.stderr)
+    assert f"cannot write '{read_only_run_dir}" in line and "a read-only file system" in line
+    assert "hydra.run.dir moves it" in line
+
+
+def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache folder must be\n")
+    env = {**cli_env(), "DPO_SWEEPS_CACHE": str(cache)}
+    args = [sys.executable, "-m", "dpo_sweeps", *QUIET, *TINY, "model.tokenizer.kind=bpe",
+            "model.tokenizer.vocab_size=300", "train.precompute_reference_logps=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "cannot cache the tokenizer" in output and "could not cache reference log-probs" in output

@@ -1,0 +1,100 @@
+"""Every way a run is stopped, through the real CLI: Ctrl-C (SIGINT) and a closed terminal (SIGHUP)
+end a run without a traceback, with a checkpoint and summary kind `interrupted`, and the same
+command resumes it exactly; a job refused on a busy run directory writes nothing there at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import QUIET, REPO, cli_env, run_cli
+
+from dpo_sweeps.rundir.lock import RunDirLock
+
+# 2 self-spawned ranks, 12 steps, no periodic checkpoint: only the stop's checkpoint is there to resume from.
+TWO_RANKS = [*QUIET, "data.num_train_pairs=256", "data.num_eval_pairs=32", "resources.nproc_per_node=2",
+             "train.max_steps=12", "train.eval_every=6", "checkpoint.every_steps=0"]
+
+
+def tree(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `folder`: its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def stop_at(run_dir: Path, step: int, sig: signal.Signals) -> tuple[subprocess.CompletedProcess, dict]:
+    """Start the run, send `sig` once metrics.jsonl has `step`, wait for it to end."""
+    args = [sys.executable, "-m", "dpo_sweeps", *TWO_RANKS, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    try:
+        while not (metrics.exists() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()
+                                            if line.strip())):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:] if proc.stdout else ""
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(args, proc.returncode, output), json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_a_closed_terminal_stop_with_checkpoints_and_the_same_command_resumes_exactly(tmp_path):
+    baseline = run_cli(tmp_path / "uninterrupted", *TWO_RANKS)
+    assert baseline.returncode == 0, baseline.stderr[-2000:]
+    run_dir = tmp_path / "run"
+
+    first, stopped = stop_at(run_dir, 2, signal.SIGINT)
+    assert first.returncode == 1 and "Traceback" not in first.stdout, first.stdout[-3000:]
+    assert stopped["failure"]["kind"] == "interrupted" and "SIGINT (Ctrl-C) received" in stopped["failure"]["message"]
+    assert first.stdout.count("error: ") == 1
+    at = stopped["metrics"]["steps"]
+    assert (run_dir / "checkpoints" / f"step_{at}").is_dir()
+
+    second, hung_up = stop_at(run_dir, at + 2, signal.SIGHUP)
+    assert second.returncode == 1 and "Traceback" not in second.stdout, second.stdout[-3000:]
+    assert hung_up["failure"]["kind"] == "interrupted" and "SIGHUP" in hung_up["failure"]["message"]
+    assert hung_up["resumed_from_step"] == at
+
+    final = run_cli(run_dir, *TWO_RANKS)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert final.summary["resumed_from_step"] == hung_up["metrics"]["steps"]
+    assert final.train_losses() == baseline.train_losses() and len(final.train_losses()) == 12
+    assert final.summary["metrics"]["eval/loss"] == baseline.summary["metrics"]["eval/loss"]
+
+
+def test_a_job_refused_on_a_busy_run_dir_writes_nothing_there_hydra_record_included(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run_dir / ".hydra" / name).write_text(f"# the live job's {name}\n")
+    (run_dir / "task.log").write_text("the live job's log\n")
+    lock = RunDirLock(run_dir).acquire()  # this test process is the live job
+    before = tree(run_dir)
+    try:
+        refused = run_cli(run_dir, "train.max_steps=2", "train.lr=0.01")
+    finally:
+        lock.release()
+    assert refused.returncode == 1 and f"is being written by pid {os.getpid()}" in refused.stderr
+    assert "Traceback" not in refused.stderr and refused.stderr.count("error: ") == 1
+    after = tree(run_dir)
+    after[".lock"] = before[".lock"]  # the live job's own lock file, emptied by its release
+    assert after == before
+
+
+def test_the_owner_writes_the_hydra_record_with_secrets_redacted(tmp_path):
+    result = run_cli(tmp_path / "run", "train.max_steps=1", "train.eval_every=0", "+model.hf_token=hf_secret_123456",
+                     "data.num_train_pairs=64", "data.num_eval_pairs=8")
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = tmp_path / "run" / ".hydra"
+    assert sorted(p.name for p in record.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert all("hf_secret_123456" not in p.read_text() for p in record.iterdir())
+    assert "train.max_steps=1" in (record / "overrides.yaml").read_text()
