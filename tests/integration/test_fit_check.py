@@ -42,6 +42,7 @@ def test_a_point_predicted_out_of_memory_is_skipped_and_reported(tmp_path):
     assert "oom_predicted" in (sweep_dir / "report" / "runs.csv").read_text()
 
 
+@pytest.mark.slow  # multi-process runs; the fast lane keeps its budget
 def test_skip_predicted_oom_false_launches_every_point(tmp_path):
     sweep_dir = tmp_path / "sweep"
     checked = run_sweep(sweep_dir, *TWO_MODELS, "hydra.sweeper.dry_run=true", timeout=300)

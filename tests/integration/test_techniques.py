@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from support import HH_PATH, REPO, run_cli
 
+from dpo_sweeps.config.schema import ModelConfig
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import GlobalBatchSampler, encode_pairs, render_pair
 from dpo_sweeps.data.sources import load_preference_rows
@@ -36,7 +37,8 @@ def hh_pairs(n: int, tokenizer, max_length: int = 96, max_prompt_length: int = 4
 
 
 def tiny_model(preset: str, tokenizer):
-    model_cfg = OmegaConf.load(REPO / "conf" / "model" / f"{preset}.yaml")
+    # The preset as a run composes it: its file over the schema's defaults.
+    model_cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "conf" / "model" / f"{preset}.yaml"))
     return build_policy(model_cfg, tokenizer, seed=0)
 
 

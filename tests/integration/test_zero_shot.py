@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from support import run_cli
 
 TINY = ["train.max_steps=2", "train.eval_every=0", "data.num_train_pairs=64", "data.num_eval_pairs=24",
         "train.batch_size=8", "train.micro_batch_size=4", "train.zero_shot_eval=true"]
 
 
+@pytest.mark.slow  # multi-process runs; the fast lane keeps its budget
 def test_the_zero_shot_baseline_is_the_same_from_precomputed_reference_logps_or_a_pass(tmp_path):
     found = {}
     for precompute in ("true", "false"):
