@@ -44,7 +44,7 @@ from launchers.base import JobNotRun, failed_return, log, task_overrides
 from launchers.grid_sweeper import launch_numbered
 from launchers.jobs import SweepJob
 from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
-from launchers.preflight import InvalidSweep, PredictedOOM, compose_and_check, record_predicted_oom
+from launchers.preflight import InvalidSweep, compose_and_check, fit_checks, predicted_oom, record_predicted_oom
 
 DIRECTIONS = ("maximize", "minimize")
 
@@ -100,18 +100,11 @@ class TrialLauncher(Launcher):
         jobs, invalid = compose_and_check(self.hydra_context, self.config, [overrides], num, self.inner)
         if not jobs:
             return self._refuse_invalid(invalid[0])
-        job = jobs[0]
-        from dpo_sweeps.parallel.fit import check_fit  # the training stack loads when a trial is checked
-
-        try:
-            check = check_fit(OmegaConf.create(job.task_config), job.world_size)
-        except (OSError, ValueError) as exc:  # e.g. a hub model not in the local cache: run it unchecked
-            log.warning("trial %d: no fit check (%s)", num, str(exc).splitlines()[0] if str(exc) else exc)
-            check = None
+        [(job, check)] = fit_checks(jobs)
         over = None if check is None else check.estimate_gib - check.limit_gib
-        if check is None or check.fits or not self.skip_predicted_oom:
+        point = predicted_oom(job, check)
+        if point is None or not self.skip_predicted_oom:
             return PreparedTrial(job, memory_over_limit_gib=over)
-        point = PredictedOOM(job, check.estimate_gib, check.limit_gib, check.message())
         record_predicted_oom(point)  # its summary says skipped, oom_predicted
         log.warning("trial %d not started: %s", num, point.message)
         refusal = failed_return(job.overrides, JobNotRun(f"oom_predicted: {point.message}"), job)

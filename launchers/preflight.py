@@ -145,14 +145,14 @@ class PredictedOOM:
     message: str
 
 
-def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM]]:
-    """Split jobs into those that fit (or have no limit to check) and those predicted out of memory."""
+def fit_checks(jobs: Sequence[SweepJob]) -> list[tuple[SweepJob, Any]]:
+    """Each job with its FitCheck (dpo_sweeps/parallel/fit.py), one check per distinct `fit_key`; None where
+    there is no limit to check against, or no estimate (the job then runs unchecked)."""
     from dpo_sweeps.parallel.fit import check_fit, fit_key  # the training stack loads when a sweep is checked
 
-    fit: list[SweepJob] = []
-    unfit: list[PredictedOOM] = []
     checked = CheckedConfig()
-    checks: dict[str, Any] = {}  # fit_key -> its FitCheck (None: no limit, or no estimate)
+    checks: dict[str, Any] = {}  # fit_key -> its FitCheck or None
+    out = []
     for job in jobs:
         key = fit_key(job.task_config, job.world_size)
         if key not in checks:
@@ -162,11 +162,27 @@ def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[Predi
                 log.warning("#%d (and the points of the same estimate): no fit check (%s)", job.num,
                             str(exc).splitlines()[0] if str(exc) else exc)
                 checks[key] = None
-        check = checks[key]
-        if check is None or check.fits:
+        out.append((job, checks[key]))
+    return out
+
+
+def predicted_oom(job: SweepJob, check: Any) -> PredictedOOM | None:
+    """The job as a point predicted out of memory, or None when it fits (or was not checked)."""
+    if check is None or check.fits:
+        return None
+    return PredictedOOM(job, check.estimate_gib, check.limit_gib, check.message())
+
+
+def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM]]:
+    """Split jobs into those that fit (or have no limit to check) and those predicted out of memory."""
+    fit: list[SweepJob] = []
+    unfit: list[PredictedOOM] = []
+    for job, check in fit_checks(jobs):
+        point = predicted_oom(job, check)
+        if point is None:
             fit.append(job)
         else:
-            unfit.append(PredictedOOM(job, check.estimate_gib, check.limit_gib, check.message()))
+            unfit.append(point)
     return fit, unfit
 
 
