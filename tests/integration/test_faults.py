@@ -84,5 +84,7 @@ def test_a_failed_run_keeps_its_logs_and_last_complete_checkpoint(matrix):
 
 def test_no_rank_process_is_left(matrix):
     run, _, _ = matrix
-    assert len(run.pids) >= 2 * len(KINDS) - 1  # every run's ranks were seen (one may die before its first beat)
+    # The watch saw ranks (heartbeats) and the sweep's descendants (environment marker) while it ran;
+    # a run's ranks may end between two 0.2 s polls, so not every rank's pid need have been seen.
+    assert run.pids and len(run.marked) >= len(KINDS)
     assert run.alive() == []

@@ -94,7 +94,7 @@ def test_under_torchrun_a_failing_or_hung_rank_still_gets_its_summary(tmp_path, 
     seconds = fault_to_summary(run_dir, fault_at, f"{fault} (torchrun)",
                                f"tests/integration/test_faults_hang.py::test_under_torchrun_a_failing_or_hung_rank_still_gets_its_summary[{fault}]")
     assert seconds < COLLECTIVE_TIMEOUT_S + 30
-    assert len(run.pids) == 2 and run.alive() == []
+    assert len(run.marked) >= 2 and run.alive() == []  # both ranks ran (a 0.2 s poll may miss a heartbeat)
 
 
 def _reports(run_dir):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,18 +35,38 @@ class Watched:
     elapsed: float
     pids: set[int] = field(default_factory=set)  # every rank process seen in a heartbeat
     acted_at: float | None = None  # when `act` did its thing (time.time())
+    # Every process run_watched starts, and each of their descendants, carries this in its environment:
+    # what is left is found even where a rank ended its run before the 0.2 s poll read its heartbeat.
+    marker: str = field(default_factory=lambda: f"{WATCH_VAR}={uuid.uuid4().hex}")
+    marked: set[int] = field(default_factory=set)  # every marked process seen while the command ran
 
     def alive(self) -> list[int]:
-        """The rank processes still running (zombies count as gone)."""
-        left = []
-        for pid in self.pids:
+        """The rank processes and the command's descendants still running (zombies count as gone)."""
+        return sorted(pid for pid in self.pids | set(marked_processes(self.marker)) if _running(pid))
+
+
+WATCH_VAR = "DPO_SWEEPS_TEST_WATCH"
+
+
+def marked_processes(marker: str) -> list[int]:
+    """The processes whose environment holds `marker` (NAME=VALUE)."""
+    needle = marker.encode() + b"\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
             try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if needle in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
             except OSError:
                 continue
-            if state != "Z":
-                left.append(pid)
-        return left
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run_watched(args: list[str], run_dirs: Callable[[], list[Path]], *, act: Callable[[dict], bool] | None = None,
@@ -53,8 +74,10 @@ def run_watched(args: list[str], run_dirs: Callable[[], list[Path]], *, act: Cal
     """Run `args` from the repository root; every 0.2 s read the heartbeats of `run_dirs()`, and call
     `act(heartbeats)` until it returns True (it did its thing)."""
     started = time.monotonic()
-    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = Watched(0, "", 0.0)
+    name, _, value = out.marker.partition("=")
+    proc = subprocess.Popen(args, cwd=REPO, env={**cli_env(), name: value}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     chunks: list[str] = []
     reader = threading.Thread(target=lambda: chunks.extend(proc.stdout), daemon=True)
     reader.start()
@@ -67,6 +90,7 @@ def run_watched(args: list[str], run_dirs: Callable[[], list[Path]], *, act: Cal
                 out.pids |= {b["pid"] for b in beats.values()}
                 if act is not None and out.acted_at is None and beats and act(beats):
                     out.acted_at = time.time()
+            out.marked |= set(marked_processes(out.marker)) - {proc.pid}
             time.sleep(0.2)
     finally:
         if proc.poll() is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -64,8 +65,18 @@ def test_every_conf_file_fits_the_schema_and_passes_validation(group, tmp_path):
         if group == "loss":  # typed per loss: exactly the chosen file's keys (dpo/losses/schema.py)
             assert OmegaConf.get_type(node) is LOSS_SCHEMAS[option], option
         assert dataclasses.is_dataclass(OmegaConf.get_type(node)), (group, option)
-        if group != "data" or option != "preference":
-            validate_config(cfg, REPO)
+        if group == "data" and option == "preference":
+            continue
+        gguf = cfg.model.gguf_file if group == "model" else None
+        if gguf and gguf.startswith("pkg://") and importlib.util.find_spec(gguf[6:].partition("/")[0]) is None:
+            # The preset's package is not installed here: its refusal says how to install it, and the rest
+            # of the preset is checked against a file that exists.
+            with pytest.raises(InvalidConfig) as refused:
+                validate_config(cfg, REPO)
+            assert refused.value.setting == "model.gguf_file" and cfg.model.install_hint in str(refused.value)
+            (tmp_path / "model.gguf").touch()
+            cfg.model.gguf_file = str(tmp_path / "model.gguf")
+        validate_config(cfg, REPO)
 
 
 def test_each_data_source_has_its_own_keys():
