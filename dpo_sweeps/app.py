@@ -58,7 +58,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except OmegaConfBaseException as exc:  # a required setting left unset (???), an interpolation that fails
         refuse(schema_refusal(exc) or InvalidConfig(str(getattr(exc, "full_key", "") or "config"),
                                                       str(exc).strip().splitlines()[0], "a value that resolves"),
-               multirun)
+               multirun, run_dir)
     ctx = RunContext(
         run_dir=run_dir,
         config=config,
@@ -75,13 +75,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ctx.hydra_record = render_hydra_record(cfg, secrets)
     if hydra_cfg.output_subdir is not None:
         redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
-    if not multirun:  # a sweep's shared setting may act at some of its points only (unused.py)
+    if not multirun:  # a sweep checks its settings over all its points before launch (launchers/preflight.py)
         try:
             check_settings_used(cfg, ctx.overrides)
         except InvalidConfig as exc:
             if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 says it
                 sys.exit(1)
-            refuse(exc, multirun)
+            refuse(exc, multirun, run_dir)
     # A sweep skips its completed runs itself (and `hydra.sweeper.resume=false` means run them again).
     done = None if multirun else completed_run(ctx)
     if done is not None:
@@ -110,8 +110,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return summary["metrics"]
 
 
-def refuse(exc: RunFailure, multirun: bool) -> NoReturn:
-    """End the job on a setting that cannot work, in one line (a sweep's job reports it to the sweep)."""
+def refuse(exc: RunFailure, multirun: bool, run_dir: Path | None = None) -> NoReturn:
+    """End the job on a setting that cannot work, in one line (a sweep's job reports it to the sweep).
+    `run_dir`: refused before anything was written there, so the empty folder Hydra made for it goes."""
+    if run_dir is not None and not multirun:
+        try:
+            run_dir.rmdir()  # only ever an empty folder
+        except OSError:
+            pass
     if multirun:
         raise RunFailed(str(exc))
     say(f"error: {exc}")

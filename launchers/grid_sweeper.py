@@ -87,7 +87,8 @@ class GridSweeper(BasicSweeper):
             return []
         points = self.grid(arguments)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        jobs, invalid = compose_and_check(self.hydra_context, self.config, points, 0, self.launcher)
+        jobs, invalid = compose_and_check(self.hydra_context, self.config, points, 0, self.launcher,
+                                           whole_sweep=True)
         if invalid:
             raise InvalidSweep(refusal_message(invalid, points))
         plan, unfit = self.plan(jobs, sweep_dir)

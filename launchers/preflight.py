@@ -22,7 +22,8 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.errors import Failure, FailureKind, RunFailure
+from dpo_sweeps.config.unused import SettingsRead
+from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.rundir.outputs import write_summary
 from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 
@@ -103,13 +104,18 @@ def compose_and_check(
     first_num: int,
     launcher: Any,
     base_dir: Path | None = None,
+    whole_sweep: bool = False,
 ) -> tuple[list[SweepJob], list[InvalidPoint]]:
-    """Compose and check every point; returns the good jobs and the invalid points (numbered from first_num)."""
+    """Compose and check every point; returns the good jobs and the invalid points (numbered from first_num).
+
+    `whole_sweep`: `points` are all the sweep will run (a grid, not one Optuna trial), so a setting they
+    give that none of them reads is refused (dpo_sweeps/config/unused.py)."""
     base_dir = base_dir or Path.cwd()
     launcher_check = getattr(launcher, "check_job", None)
     jobs: list[SweepJob] = []
     invalid: list[InvalidPoint] = []
     checked = CheckedConfig()
+    settings = SettingsRead()
     for offset, overrides in enumerate(points):
         num = first_num + offset
         try:
@@ -124,6 +130,12 @@ def compose_and_check(
             invalid.append(problem)
         else:
             jobs.append(job)
+            if whole_sweep:
+                settings.add(job.overrides, lambda job=job: checked.of(job.task_config))
+    try:
+        settings.check()
+    except InvalidConfig as exc:
+        raise InvalidSweep(f"{exc}; no job was started") from None
     return jobs, invalid
 
 

@@ -3,8 +3,9 @@
 The schema refuses a key no config has (`train.lr_rate`); this table holds the keys that exist but
 act only beside another choice (`fsdp.hybrid_group_size` only with `fsdp=hybrid_shard`). A setting
 is refused only when the user set it (`overrides`): the files in conf/ carry every key with a value.
-A sweep's points are not checked here: a shared setting may act at some points only
-(`fsdp=full_shard,hybrid_shard fsdp.hybrid_group_size=2`).
+A sweep's setting may act at some of its points only (`fsdp=full_shard,hybrid_shard
+fsdp.hybrid_group_size=2`): it is refused only when no point reads it (`SettingsRead`, fed each point
+by the sweep's pre-launch check, launchers/preflight.py).
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ RULES = (
                  "loss.sft_weight > 0"),
     UsedOnlyWhen(("wandb.project", "wandb.entity", "wandb.group"), lambda c: c.wandb.mode == "disabled",
                  "nothing is logged to W&B with wandb.mode=disabled", "wandb.mode=offline or online"),
+    UsedOnlyWhen(("faults.step", "faults.rank"), lambda c: c.faults.kind in (None, "null"),
+                 "no fault is injected with faults.kind=null", "faults.kind=crash (or another kind)"),
 )
+RULE_OF = {key: rule for rule in RULES for key in rule.keys}
 
 
 def override_key(override: str) -> str | None:
@@ -72,11 +76,45 @@ def override_key(override: str) -> str | None:
     return key
 
 
+def given_keys(overrides: list[str]) -> set[str]:
+    """The keys `overrides` set that a rule governs."""
+    return {k for k in (override_key(o) for o in overrides if "=" in o) if k in RULE_OF}
+
+
 def check_settings_used(cfg: DictConfig, overrides: list[str]) -> None:
     """Raise InvalidConfig for the first setting in `overrides` the chosen config would not read."""
-    given = {k for k in (override_key(o) for o in overrides if "=" in o) if k}
+    given = given_keys(overrides)
     for rule in RULES:
         for key in rule.keys:
             if key in given and rule.unused(cfg):
                 raise InvalidConfig(key, f"set, but not read here: {rule.why}",
                                     f"{rule.instead}; or leave {key} out")
+
+
+class SettingsRead:
+    """For a sweep: the governed settings its points give that no point has read yet. Each point's
+    config is looked at only while one of its given keys is still unread, so a sweep of thousands of
+    points that reads its settings at the first pays for one point."""
+
+    def __init__(self) -> None:
+        self.unread: dict[str, int] = {}  # key -> points that give it without reading it
+        self.read: set[str] = set()
+
+    def add(self, overrides: list[str], config: Callable[[], DictConfig]) -> None:
+        pending = given_keys(overrides) - self.read
+        if not pending:
+            return
+        cfg = config()
+        for key in pending:
+            if RULE_OF[key].unused(cfg):
+                self.unread[key] = self.unread.get(key, 0) + 1
+            else:
+                self.read.add(key)
+                self.unread.pop(key, None)
+
+    def check(self) -> None:
+        """Raise InvalidConfig for the first setting given at some points and read at none."""
+        for key, points in self.unread.items():
+            rule = RULE_OF[key]
+            where = "at the sweep's only point" if points == 1 else f"at any of the {points} points that set it"
+            raise InvalidConfig(key, f"set, but not read {where}: {rule.why}", f"{rule.instead}; or leave {key} out")

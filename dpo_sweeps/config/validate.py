@@ -65,7 +65,7 @@ def _positive_number(value, setting: str, accepted: str) -> None:
 
 def validate_config(cfg: DictConfig, base_dir: Path) -> None:
     """Raise InvalidConfig / DataError for the first setting that cannot work, or that leaves nothing to
-    learn. (A single run's command line is also checked for settings the config would not read: unused.py.)"""
+    learn. (A run's command line, and a grid sweep's, is also checked for settings no config would read: unused.py.)"""
     _check_resources(cfg)
     _check_train(cfg)
     check_loss_config(cfg.loss)

@@ -215,10 +215,10 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     name = f"dpo-2node-{uuid.uuid4().hex[:8]}"
     sweep_dir, log = tmp_path / "sweep", tmp_path / "sweep.log"
     preempted, lost, reference = (sweep_dir / str(n) for n in range(3))
-    # Three identical runs (faults.kind is null: faults.step changes nothing but the point's name).
+    # Three identical runs (keep_last above the 4 checkpoints of 12 steps changes nothing but the point's name).
     command = [sys.executable, "-m", "dpo_sweeps", "-m", *ON_SLURM, f"hydra.launcher.name={name}", *FAST,
                *TWO_NODES, "fsdp=full_shard", "precision=fp32", f"train.max_steps={MAX_STEPS}",
-               "checkpoint.every_steps=3", "checkpoint.keep_when_completed=true", "faults.step=1,2,3",
+               "checkpoint.every_steps=3", "checkpoint.keep_when_completed=true", "checkpoint.keep_last=10,11,12",
                f"resources.collective_timeout_s={COLLECTIVE_TIMEOUT_S}", f"hydra.sweep.dir={sweep_dir}"]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -283,10 +283,12 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_path):
-    """Everything of dpo-n2 killed at once (`local_cluster.sh kill-node`: slurmd, job steps, ranks), as when
-    a machine dies: the run fails `node_failure` once SLURM marks the node down, and SLURM's own requeue
-    of the job is cancelled."""
+@pytest.mark.parametrize(("node", "first_rank"), [("dpo-n1", 0), ("dpo-n2", 2)])
+def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_path, node, first_rank):
+    """Everything of one node killed at once (`local_cluster.sh kill-node`: slurmd, job steps, ranks), as
+    when a machine dies: the run fails `node_failure` naming it once SLURM marks the node down, and SLURM's
+    own requeue of the job is cancelled. The first node holds rank 0 (which writes summary.json in a
+    healthy run) and the job's batch step."""
     from support.slurm import SCRIPT
 
     env = {**os.environ, **slurm2}
@@ -300,7 +302,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for("the run in mid-run", lambda: _steps_logged(run_dir) >= 2, proc, log, WAIT_S)
-        subprocess.run(["bash", str(SCRIPT), "kill-node", "dpo-n2", slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]],
+        subprocess.run(["bash", str(SCRIPT), "kill-node", node, slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]],
                        check=True, capture_output=True, timeout=60)
         killed_at = time.monotonic()
         proc.wait(timeout=COLLECTIVE_TIMEOUT_S + 30 + 60)
@@ -316,7 +318,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
     assert ended_after_s <= COLLECTIVE_TIMEOUT_S + 30, log.read_text()[-3000:]
     failure = read_summary(run_dir)["failure"]
     assert failure["kind"] == "node_failure", failure
-    assert "dpo-n2" in failure["message"] and "rank 2" in failure["message"], failure
+    assert node in failure["message"] and f"rank {first_rank}" in failure["message"], failure
     assert slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
     assert _job_tasks(name) == []
 

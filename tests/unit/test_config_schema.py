@@ -156,6 +156,24 @@ def test_a_sweep_with_bad_points_lists_each_and_launches_nothing(tmp_path):
     assert not sweep_dir.exists()
 
 
+def test_a_setting_the_config_does_not_read_is_refused_for_a_run_and_for_a_sweep_that_never_reads_it(tmp_path):
+    run = _cli(tmp_path, "faults.step=3", f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.returncode == 1 and run.stderr.strip().splitlines() == [
+        "error: faults.step: set, but not read here: no fault is injected with faults.kind=null "
+        "(accepted: faults.kind=crash (or another kind); or leave faults.step out)"], run.stderr
+    # In a sweep, a setting read at some points is fine; one that no point reads is refused in one line.
+    sweep = _cli(tmp_path, "-m", "fsdp=full_shard,shard_grad_op", "resources.nproc_per_node=2",
+                 "fsdp.hybrid_group_size=2", f"hydra.sweep.dir={tmp_path / 's'}")
+    assert sweep.returncode == 1 and sweep.stderr.strip().splitlines() == [
+        "error: fsdp.hybrid_group_size: set, but not read at any of the 2 points that set it: only hybrid_shard "
+        "has shard groups (accepted: fsdp=hybrid_shard; or leave fsdp.hybrid_group_size out); no job was started"
+    ], sweep.stderr
+    read_somewhere = _cli(tmp_path, "-m", "fsdp=full_shard,hybrid_shard", "resources.nproc_per_node=4",
+                          "fsdp.hybrid_group_size=2", "hydra.sweeper.dry_run=true", f"hydra.sweep.dir={tmp_path / 's'}")
+    assert read_somewhere.returncode == 0, read_somewhere.stderr[-2000:]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
+
+
 def test_the_schema_modules_import_only_dataclasses_omegaconf_and_hydra():
     allowed = {"__future__", "dataclasses", "typing", "omegaconf", "hydra", "dpo_sweeps"}
     for module in (schema, data_schema):
