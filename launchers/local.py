@@ -11,7 +11,13 @@ run several probes in turn (`probes_per_job`; by default the probes spread evenl
 the machine runs at once; launchers.jobs.probe_batches, dpo_sweeps/runtime/shared_ranks.py).
 
 A job that fails does not stop the others; a job that dies without a summary.json gets one.
-Ctrl-C cancels the running jobs.
+
+Ctrl-C (or SIGHUP, the terminal closing) stops the running jobs as it stops a single run: their ranks
+save a checkpoint and end `interrupted`, the sweep waits for them (up to STOP_GRACE_S; a second
+Ctrl-C kills them at once), and the same command goes on from there. submitit's job controller
+starts with the terminal's signals ignored (a shell `trap`, so that it works from any thread): on a
+Ctrl-C it would print a traceback and SIGKILL the ranks a second later, in mid-checkpoint. The ranks
+take the signals back (`_terminal_signals`) unless the sweep itself ignored them (`nohup`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ from launchers.base import (
 )
 from launchers.jobs import PointLabels, SweepJob, probe_batches
 from launchers.placement import DevicePool, usable_cpus, visible_gpus
+
+# How long a Ctrl-C'd sweep waits for its running jobs to checkpoint and stop before it kills them.
+STOP_GRACE_S = 300.0
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+# Run by the shell that starts submitit's controller: it, and so the ranks it starts, ignore them.
+IGNORE_TERMINAL_SIGNALS = "trap '' INT HUP"
 
 
 def _every_rank_stopped(job: SweepJob) -> dict | None:
@@ -94,6 +106,7 @@ class LocalLauncher(SweepLauncher):
         self._devices_lock = threading.Lock()
         self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
         self._sweep_process: tuple[int, str] | None = None  # (pid, start time) of the process that launched
+        self._terminal_signals: list[int] = []  # those the sweep process does not ignore: its ranks catch them
 
     def __getstate__(self) -> dict:
         # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
@@ -110,6 +123,8 @@ class LocalLauncher(SweepLauncher):
         killed sweep leaves no run training on its own), as after a SIGTERM: checkpoint, `preempted`."""
         if self._sweep_process is not None:
             threading.Thread(target=_stop_with, args=(self._sweep_process,), name="sweep-watch", daemon=True).start()
+        for sig in self._terminal_signals:  # the controller's `trap` ignored them for us: take them back
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         return super().__call__(runs, singleton_state, placement)
 
     def _pool(self) -> DevicePool:
@@ -160,6 +175,7 @@ class LocalLauncher(SweepLauncher):
             pool = self._devices
         executor = submitit.AutoExecutor(cluster="local", folder=self.submitit_folder)
         self._sweep_process = (os.getpid(), process_start(os.getpid()))
+        self._terminal_signals = [int(sig) for sig in TERMINAL_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
         results: dict[int, JobReturn] = {}
         pending = deque(probe_batches(jobs, lambda job: self._slots(job, pool), self.probes_per_job))
         label = PointLabels([job.overrides for job in jobs])
@@ -177,7 +193,7 @@ class LocalLauncher(SweepLauncher):
                     if key not in hung and current is not None and (verdict := _every_rank_stopped(current)):
                         log.error("#%d: %s; cancelling the job", current.num, verdict["message"])
                         hung[key] = verdict
-                        job.submitted.cancel()
+                        _signal_ranks(job.submitted, signal.SIGKILL)
                 for key in [key for key, job in running.items() if job.submitted.done()]:
                     job = running.pop(key)
                     with self._devices_lock:
@@ -192,12 +208,15 @@ class LocalLauncher(SweepLauncher):
                         pending.appendleft([job.unit[p] for p in not_run])
                 if pending or running:
                     time.sleep(self.poll_interval_s)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and running:
+                _let_stop([job.submitted for job in running.values()])
             for job in running.values():
-                job.submitted.cancel()
+                _signal_ranks(job.submitted, signal.SIGKILL)
                 with self._devices_lock:
                     pool.give_back(job.placement)
-            log.warning("cancelled %d running local jobs", len(running))
+            if running:
+                log.warning("%d local jobs were still running: killed", len(running))
             raise
         return [results[i] for i in range(len(jobs))]
 
@@ -225,7 +244,8 @@ class LocalLauncher(SweepLauncher):
                 continue
             pending.remove(unit)
             executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
-                                       timeout_min=self.timeout_min, stderr_to_stdout=self.stderr_to_stdout)
+                                       timeout_min=self.timeout_min, stderr_to_stdout=self.stderr_to_stdout,
+                                       setup=[IGNORE_TERMINAL_SIGNALS])
             members = [jobs[i] for i in unit]
             for member in members:
                 member.run_dir.mkdir(parents=True, exist_ok=True)
@@ -239,6 +259,38 @@ class LocalLauncher(SweepLauncher):
                 log.info("#%s started in turn, sharing one start-up: %s  (%d ranks; %s; job %s)",
                          ", #".join(str(m.num) for m in members), "; ".join(label(m.overrides) for m in members),
                          job.world_size, placement.describe(), submitted.job_id)
+
+
+def _ranks_of(submitted: Any) -> list[int]:
+    """The rank processes of a local job: the tasks of the controller its shell started."""
+    def children(pid: int) -> list[int]:
+        try:
+            return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except (OSError, ValueError):
+            return []
+    return [rank for controller in children(int(submitted.job_id)) for rank in children(controller)]
+
+
+def _signal_ranks(submitted: Any, sig: signal.Signals) -> None:
+    for pid in _ranks_of(submitted):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _let_stop(submitted: list[Any]) -> None:
+    """After a Ctrl-C: the running jobs' ranks stop as a single run does (the signal reached them too,
+    from the terminal, or now from here); wait for them, up to STOP_GRACE_S or a second Ctrl-C."""
+    log.warning("stopping %d running jobs at a checkpoint (Ctrl-C again to kill them now)", len(submitted))
+    for job in submitted:
+        _signal_ranks(job, signal.SIGINT)  # a rank that has it already is stopping: it says so and goes on
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        while time.monotonic() < deadline and not all(job.done() for job in submitted):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
 
 
 def process_start(pid: int) -> str:

@@ -71,6 +71,39 @@ def test_ctrl_c_then_a_closed_terminal_stop_with_checkpoints_and_the_same_comman
     assert final.summary["metrics"]["eval/loss"] == baseline.summary["metrics"]["eval/loss"]
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_a_local_sweep_stops_its_running_job_with_a_checkpoint_and_the_same_command_finishes_it(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground process group: the sweep process, the local
+    launcher's job and its ranks. The running point stops `interrupted` at a checkpoint, the screen has no
+    traceback, and the same command runs what is left, resuming that point."""
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-m", "dpo_sweeps", "-m", *TWO_RANKS, "train.seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # its own group, as a terminal's foreground job
+    metrics, deadline = sweep_dir / "0" / "metrics.jsonl", time.monotonic() + 240
+    try:
+        while not (metrics.exists() and any(json.loads(line)["step"] >= 2 for line in metrics.read_text().splitlines()
+                                            if line.strip())):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:] if proc.stdout else ""
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
+    stopped = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert stopped["failure"]["kind"] == "interrupted", stopped["failure"]
+    at = stopped["metrics"]["steps"]
+    assert (sweep_dir / "0" / "checkpoints" / f"step_{at}").is_dir()
+    assert not (sweep_dir / "1" / "summary.json").exists()  # never started
+
+    again = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first, second = (json.loads((sweep_dir / n / "summary.json").read_text()) for n in ("0", "1"))
+    assert first["status"] == second["status"] == "completed"
+    assert first["resumed_from_step"] == at and first["metrics"]["steps"] == 12
+
+
 def test_a_job_refused_on_a_busy_run_dir_writes_nothing_there_hydra_record_included(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)
