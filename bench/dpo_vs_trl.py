@@ -3,7 +3,8 @@
     pip install -e '.[bench]'            # TRL (optional: without it the TRL rows are skipped)
     python bench/dpo_vs_trl.py           # 3 rounds of ours, TRL, bare (how long: bench/README.md)
     python bench/dpo_vs_trl.py --smoke   # seconds: tiny data, ours and bare only (what CI runs)
-    python bench/dpo_vs_trl.py --model smollm2_135m   # the same on pretrained SmolLM2-135M-Instruct
+    python bench/dpo_vs_trl.py --model smollm2_135m   # pretrained SmolLM2-135M-Instruct: 96 pairs, 12 steps,
+                                                      # max_length 128, its chat template
 
 The workload (the issue's): a GPT-2-style model, 4 layers x 256 wide, with the 4,096-token BPE
 dpo-sweeps trains on the run's data (conf/model/bench_gpt2.yaml); 256 HH harmless pairs
@@ -44,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpo_vs_trl_runs import FULL, HH, REPO, SMOKE, prepare, run_bare, run_ours, run_trl
+from dpo_vs_trl_runs import FULL, HH, REPO, SMOKE, SMOLLM2, prepare, run_bare, run_ours, run_trl
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -160,7 +161,8 @@ def main() -> None:
             run_bare(args.workdir, w, args.out)
         return
 
-    w = dict(SMOKE if args.smoke else FULL, data_path=str(HH), model=args.model)
+    full = SMOLLM2 if args.model == "smollm2_135m" else FULL
+    w = dict(SMOKE if args.smoke else full, data_path=str(HH), model=args.model)
     if args.rounds:
         w["rounds"] = args.rounds
     kinds = [k.strip() for k in args.frameworks.split(",") if k.strip()]
