@@ -133,7 +133,8 @@ def compose_and_check(
             if whole_sweep:
                 settings.add(job.overrides, lambda job=job: checked.of(job.task_config))
     try:
-        settings.check()
+        if not invalid:  # invalid points are refused first (a setting may be read at those only)
+            settings.check()
     except InvalidConfig as exc:
         raise InvalidSweep(f"{exc}; no job was started") from None
     return jobs, invalid
