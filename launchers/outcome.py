@@ -7,6 +7,7 @@ a job that died without one is reported from what its launcher saw. `SweepFailed
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,7 +118,8 @@ def sweep_screen(sweep_dir: Path, outcomes: Sequence[Outcome], *, title: str = "
         *([f"skipped    {counts['skipped']}  (predicted out of memory, not started)"] if counts["skipped"] else []),
         *cost_lines(outcomes),
         f"results    {where}/<run>/summary.json, metrics.jsonl",
-        f"report     python analysis/report.py {where}",
+        # The console script: a wheel has no analysis/report.py to run, an editable install has both.
+        f"report     dpo-sweeps-report {shlex.quote(str(where))}",
     ]
     label = PointLabels([o.job.overrides for o in outcomes])
     skipped = [o for o in outcomes if o.status == "skipped"]

@@ -69,7 +69,7 @@ def test_a_failed_job_spares_the_others_and_a_rerun_runs_only_it(tmp_path):
     # The end-of-sweep screen: counts, where the results are, which run failed and why.
     screen = first.stdout[first.stdout.index("===== sweep"):]
     assert re.search(r"^completed  3$", screen, flags=re.M) and re.search(r"^failed     1  \(crash: 1\)$", screen, flags=re.M)
-    assert f"python analysis/report.py {sweep_dir}" in screen
+    assert f"dpo-sweeps-report {sweep_dir}" in screen  # the console script, as a wheel user has it
     assert re.search(r"#3  train.max_steps=6 resources.nproc_per_node=2\n +crash: rank 1: RuntimeError: injected crash",
                      screen)
 
