@@ -52,6 +52,7 @@ from launchers.placement import DevicePool, usable_cpus, visible_gpus
 
 # How long a Ctrl-C'd sweep waits for its running jobs to checkpoint and stop before it kills them.
 STOP_GRACE_S = 300.0
+# dpo_sweeps.runtime.signals' own, restated: that module loads torch, which the sweep process does not.
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 # Run by the shell that starts submitit's controller: it, and so the ranks it starts, ignore them.
 IGNORE_TERMINAL_SIGNALS = "trap '' INT HUP"
@@ -211,12 +212,14 @@ class LocalLauncher(SweepLauncher):
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) and running:
                 _let_stop([job.submitted for job in running.values()])
-            for job in running.values():
+            left = [job for job in running.values() if not job.submitted.done()]
+            for job in left:
                 _signal_ranks(job.submitted, signal.SIGKILL)
-                with self._devices_lock:
+            with self._devices_lock:
+                for job in running.values():
                     pool.give_back(job.placement)
-            if running:
-                log.warning("%d local jobs were still running: killed", len(running))
+            if left:
+                log.warning("%d local jobs were still running: killed", len(left))
             raise
         return [results[i] for i in range(len(jobs))]
 
