@@ -81,14 +81,19 @@ def given_keys(overrides: list[str]) -> set[str]:
     return {k for k in (override_key(o) for o in overrides if "=" in o) if k in RULE_OF}
 
 
+def unread(key: str, where: str) -> InvalidConfig:
+    """The refusal of `key`, set but not read `where`."""
+    rule = RULE_OF[key]
+    return InvalidConfig(key, f"set, but not read {where}: {rule.why}", f"{rule.instead}; or leave {key} out")
+
+
 def check_settings_used(cfg: DictConfig, overrides: list[str]) -> None:
     """Raise InvalidConfig for the first setting in `overrides` the chosen config would not read."""
     given = given_keys(overrides)
     for rule in RULES:
         for key in rule.keys:
             if key in given and rule.unused(cfg):
-                raise InvalidConfig(key, f"set, but not read here: {rule.why}",
-                                    f"{rule.instead}; or leave {key} out")
+                raise unread(key, "here")
 
 
 class SettingsRead:
@@ -115,6 +120,5 @@ class SettingsRead:
     def check(self) -> None:
         """Raise InvalidConfig for the first setting given at some points and read at none."""
         for key, points in self.unread.items():
-            rule = RULE_OF[key]
             where = "at the sweep's only point" if points == 1 else f"at any of the {points} points that set it"
-            raise InvalidConfig(key, f"set, but not read {where}: {rule.why}", f"{rule.instead}; or leave {key} out")
+            raise unread(key, where)

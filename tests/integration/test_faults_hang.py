@@ -71,8 +71,8 @@ def test_a_job_whose_only_rank_is_stopped_is_cancelled_by_the_local_launcher(tmp
 
 def torchrun(*overrides: str, run_dir) -> list[str]:
     exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    return [exe, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "dpo_sweeps", *SHORT, "faults.step=3", *overrides,
-            f"hydra.run.dir={run_dir}"]
+    return [exe, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "dpo_sweeps", *SHORT, "faults.step=3",
+            *overrides, f"hydra.run.dir={run_dir}"]
 
 
 @pytest.mark.parametrize("fault", ["crash", "hang"])
