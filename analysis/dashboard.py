@@ -14,12 +14,12 @@ from typing import Any
 
 import yaml
 
-from analysis.loss_metrics import loss_metric_rows
-from analysis.optuna_study import Study
-from analysis.ranking import CRITERIA, Ranking
-from analysis.recommendation import Recommendation, recommendation_html
-from analysis.runs import SUMMARY_METRICS, Run
-from analysis.tables import (
+from dpo_sweeps.analysis.loss_metrics import loss_metric_rows
+from dpo_sweeps.analysis.optuna_study import Study
+from dpo_sweeps.analysis.ranking import CRITERIA, Ranking
+from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_html
+from dpo_sweeps.analysis.runs import SUMMARY_METRICS, Run
+from dpo_sweeps.analysis.tables import (
     PROBES_NO_ACCURACY,
     comparison_text,
     config_rows,

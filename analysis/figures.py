@@ -18,10 +18,10 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator
 
-from analysis.optuna_study import Study
-from analysis.ranking import CRITERIA, Ranking
-from analysis.runs import FINISHED_STATUSES, PREFERENCE_ACCURACY, SPEED_PER_MEMORY, Run
-from analysis.tables import format_failures, format_number
+from dpo_sweeps.analysis.optuna_study import Study
+from dpo_sweeps.analysis.ranking import CRITERIA, Ranking
+from dpo_sweeps.analysis.runs import FINISHED_STATUSES, PREFERENCE_ACCURACY, SPEED_PER_MEMORY, Run
+from dpo_sweeps.analysis.tables import format_failures, format_number
 
 PARETO_COLOR = "#d1495b"
 POINT_COLOR = "#5b6f95"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.ranking import Ranking, Stat
+from dpo_sweeps.analysis.ranking import Ranking, Stat
 
 # Logged by every loss: the loss itself, rewards/* and logps/* (the ranking's own columns), and the
 # zero-shot baseline (train.zero_shot_eval).

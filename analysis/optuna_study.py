@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from analysis import plan
-from analysis.ranking import dominates
-from analysis.runs import SUMMARY_METRICS, Run
+from dpo_sweeps.analysis import plan
+from dpo_sweeps.analysis.ranking import dominates
+from dpo_sweeps.analysis.runs import SUMMARY_METRICS, Run
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from analysis.runs import (
+from dpo_sweeps.analysis.runs import (
     FINISHED_STATUSES,
     PREFERENCE_ACCURACY,
     SEED_KEYS,

@@ -28,13 +28,13 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from analysis import dashboard, figures, plan, tables  # noqa: E402
-from analysis.loss_metrics import loss_metric_rows  # noqa: E402
-from analysis.optuna_study import load_studies, study_figures  # noqa: E402
-from analysis.ranking import rank_sweep  # noqa: E402
-from analysis.recommendation import load_recommendations  # noqa: E402
-from analysis.runs import NoRunsError, load_runs  # noqa: E402
-from analysis.samples import best_samples, samples_html, samples_lines  # noqa: E402
+from dpo_sweeps.analysis import dashboard, figures, plan, tables  # noqa: E402
+from dpo_sweeps.analysis.loss_metrics import loss_metric_rows  # noqa: E402
+from dpo_sweeps.analysis.optuna_study import load_studies, study_figures  # noqa: E402
+from dpo_sweeps.analysis.ranking import rank_sweep  # noqa: E402
+from dpo_sweeps.analysis.recommendation import load_recommendations  # noqa: E402
+from dpo_sweeps.analysis.runs import NoRunsError, load_runs  # noqa: E402
+from dpo_sweeps.analysis.samples import best_samples, samples_html, samples_lines  # noqa: E402
 
 
 def default_out_dir(sources: list[Path]) -> Path:

@@ -7,7 +7,7 @@ import html
 import json
 from dataclasses import dataclass
 
-from analysis.runs import PREFERENCE_ACCURACY, Run
+from dpo_sweeps.analysis.runs import PREFERENCE_ACCURACY, Run
 
 SAMPLES_FILE = "samples.json"
 ZERO_SHOT_ACCURACY = "eval/zero_shot/accuracy"

@@ -12,11 +12,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from analysis.loss_metrics import LossMetric, loss_metric_rows
-from analysis.optuna_study import Study
-from analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
-from analysis.recommendation import Recommendation, recommendation_lines
-from analysis.runs import PREFERENCE_ACCURACY, SEED_KEYS, SPEED_PER_MEMORY, SUMMARY_METRICS, Run, count_probes
+from dpo_sweeps.analysis.loss_metrics import LossMetric, loss_metric_rows
+from dpo_sweeps.analysis.optuna_study import Study
+from dpo_sweeps.analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
+from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_lines
+from dpo_sweeps.analysis.runs import (
+    PREFERENCE_ACCURACY,
+    SEED_KEYS,
+    SPEED_PER_MEMORY,
+    SUMMARY_METRICS,
+    Run,
+    count_probes,
+)
 from dpo_sweeps.rundir.outputs import device_time_text
 
 # The metrics the terminal table shows, besides the two criteria.

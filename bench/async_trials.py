@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launchers.trial_slots import SlotRun, idle_slot_seconds  # noqa: E402
+from dpo_sweeps.launchers.trial_slots import SlotRun, idle_slot_seconds  # noqa: E402
 
 SLOTS = 2
 QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launchers.find_best import Candidate, recommend  # noqa: E402
+from dpo_sweeps.launchers.find_best import Candidate, recommend  # noqa: E402
 
 COMMON = ["resources.nproc_per_node=2", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
           "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]

@@ -24,6 +24,8 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dpo_sweeps.errors import Failure, FailureKind
+from dpo_sweeps.launchers.jobs import JobCompositionError, SweepJob, compose_job
+from dpo_sweeps.launchers.placement import Placement
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
@@ -34,8 +36,6 @@ from dpo_sweeps.rundir.outputs import (
     write_summary,
 )
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-from launchers.jobs import JobCompositionError, SweepJob, compose_job
-from launchers.placement import Placement
 
 log = logging.getLogger("launchers")
 

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text, read_summary, write_json_atomic
-from launchers.jobs import SweepJob, override_key
-from launchers.outcome import Outcome, sweep_cost, sweep_screen
-from launchers.preflight import (
+from dpo_sweeps.launchers.jobs import SweepJob, override_key
+from dpo_sweeps.launchers.outcome import Outcome, sweep_cost, sweep_screen
+from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
     compose_and_check,
     refusal_message,
 )
+from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text, read_summary, write_json_atomic
 
 log = logging.getLogger("launchers")
 

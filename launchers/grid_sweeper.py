@@ -30,9 +30,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
-from launchers.jobs import PointLabels, SweepJob
-from launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
-from launchers.preflight import (
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob
+from dpo_sweeps.launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
+from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
     PredictedOOM,
     compose_and_check,
@@ -40,7 +40,7 @@ from launchers.preflight import (
     record_predicted_oom,
     refusal_message,
 )
-from launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
+from dpo_sweeps.launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
 
 log = logging.getLogger("launchers")
 
@@ -77,7 +77,7 @@ class GridSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         if self.stages:  # the staged search of +sweep=find_best
-            from launchers.find_best import FindBest, Stages
+            from dpo_sweeps.launchers.find_best import FindBest, Stages
 
             try:
                 outcomes = FindBest(self, Stages.of(self.stages)).run(arguments)

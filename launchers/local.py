@@ -35,9 +35,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 
-from dpo_sweeps.rundir.outputs import read_summary
-from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
-from launchers.base import (
+from dpo_sweeps.launchers.base import (
     JobNotRun,
     SweepLauncher,
     failed_return,
@@ -47,8 +45,10 @@ from launchers.base import (
     runs_written,
     summary_stamp,
 )
-from launchers.jobs import PointLabels, SweepJob, probe_batches
-from launchers.placement import DevicePool, usable_cpus, visible_gpus
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
+from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
+from dpo_sweeps.rundir.outputs import read_summary
+from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
 
 # How long a Ctrl-C'd sweep waits for its running jobs to checkpoint and stop before it kills them.
 STOP_GRACE_S = 300.0

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from dpo_sweeps.launchers.preflight import InvalidSweep
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
-from launchers.preflight import InvalidSweep
 
 
 def memory_constraint(trial: Any) -> Sequence[float]:

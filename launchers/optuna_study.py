@@ -30,12 +30,12 @@ from typing import Any
 from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 
+from dpo_sweeps.launchers.optuna_sampler import constraints_per_trial
+from dpo_sweeps.launchers.optuna_space import SearchSpace
+from dpo_sweeps.launchers.trial_slots import SlotRun, TrialSlots
 from dpo_sweeps.rundir.outputs import read_summary
 from dpo_sweeps.train.pruning import TrialLink
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
-from launchers.optuna_sampler import constraints_per_trial
-from launchers.optuna_space import SearchSpace
-from launchers.trial_slots import SlotRun, TrialSlots
 
 log = logging.getLogger("launchers")
 
@@ -69,7 +69,7 @@ class AsyncStudy:
         created = optuna.create_study(study_name=settings.study_name, storage=settings.storage, sampler=sampler,
                                       directions=settings.directions, pruner=settings.pruner, load_if_exists=True)
         if [d.name.lower() for d in created.directions] != settings.directions:
-            from launchers.preflight import InvalidSweep
+            from dpo_sweeps.launchers.preflight import InvalidSweep
 
             raise InvalidSweep(f"hydra.sweeper.direction: {settings.directions} but study '{settings.study_name}' "
                                f"was created with {[d.name.lower() for d in created.directions]} (accepted: the "

@@ -38,13 +38,19 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import Failure, FailureKind, RunFailure
+from dpo_sweeps.launchers.base import JobNotRun, failed_return, log, task_overrides
+from dpo_sweeps.launchers.grid_sweeper import launch_numbered
+from dpo_sweeps.launchers.jobs import SweepJob
+from dpo_sweeps.launchers.outcome import outcome_of, raise_if_failed, sweep_screen
+from dpo_sweeps.launchers.preflight import (
+    InvalidSweep,
+    compose_and_check,
+    fit_checks,
+    predicted_oom,
+    record_predicted_oom,
+)
 from dpo_sweeps.rundir.outputs import write_summary
 from dpo_sweeps.train.pruning import make_pruner
-from launchers.base import JobNotRun, failed_return, log, task_overrides
-from launchers.grid_sweeper import launch_numbered
-from launchers.jobs import SweepJob
-from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
-from launchers.preflight import InvalidSweep, compose_and_check, fit_checks, predicted_oom, record_predicted_oom
 
 DIRECTIONS = ("maximize", "minimize")
 
@@ -220,7 +226,7 @@ class OptunaSweeper(Sweeper):
         return pruner
 
     def sweep(self, arguments: list[str]) -> None:
-        from launchers.optuna_space import SearchSpace, SearchSpaceError
+        from dpo_sweeps.launchers.optuna_space import SearchSpace, SearchSpaceError
 
         pruner = self._check()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -240,8 +246,8 @@ class OptunaSweeper(Sweeper):
                   + f"\npruner: {self.pruner} {self.pruner_settings or ''}".rstrip())
             return
         refuse_foreign_runs(sweep_dir, numbered, existing, self.study_name)
-        from launchers.optuna_sampler import sampler_factory, trial_seeded_sampler
-        from launchers.optuna_study import AsyncStudy, StudySettings  # optuna loads here, when a study runs
+        from dpo_sweeps.launchers.optuna_sampler import sampler_factory, trial_seeded_sampler
+        from dpo_sweeps.launchers.optuna_study import AsyncStudy, StudySettings  # optuna loads here, when a study runs
 
         name, make, constrained = sampler_factory(self.sampler_config, grid, constrain_memory=self.skip_predicted_oom)
         sampler = trial_seeded_sampler(name, make, self.sampler_config.get("seed"), grid)

@@ -16,8 +16,8 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob
 from dpo_sweeps.rundir.outputs import device_time_text, read_summary
-from launchers.jobs import PointLabels, SweepJob
 
 MAX_FAILED_LISTED = 20
 

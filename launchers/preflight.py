@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.config.unused import SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
+from dpo_sweeps.launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 from dpo_sweeps.rundir.outputs import write_summary
-from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 
 log = logging.getLogger("launchers")
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.rundir.lock import LOCK, RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import SUMMARY, read_summary
-from launchers.jobs import SweepJob
 
 
 @dataclass

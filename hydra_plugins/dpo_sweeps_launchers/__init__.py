@@ -12,10 +12,10 @@ import sys
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
-from launchers.grid_sweeper import GridSweeper as _GridSweeper
-from launchers.local import LocalLauncher as _LocalLauncher
-from launchers.optuna_sweeper import OptunaSweeper as _OptunaSweeper
-from launchers.slurm.launcher import SlurmLauncher as _SlurmLauncher
+from dpo_sweeps.launchers.grid_sweeper import GridSweeper as _GridSweeper
+from dpo_sweeps.launchers.local import LocalLauncher as _LocalLauncher
+from dpo_sweeps.launchers.optuna_sweeper import OptunaSweeper as _OptunaSweeper
+from dpo_sweeps.launchers.slurm.launcher import SlurmLauncher as _SlurmLauncher
 
 
 class LocalLauncher(_LocalLauncher):

@@ -30,8 +30,7 @@ from typing import Any
 from hydra.core.utils import JobReturn
 
 from dpo_sweeps.errors import Failure, FailureKind
-from dpo_sweeps.rundir.outputs import read_summary, rewrite_summary, write_summary
-from launchers.base import (
+from dpo_sweeps.launchers.base import (
     JobNotRun,
     SweepLauncher,
     failed_return,
@@ -42,8 +41,9 @@ from launchers.base import (
     summary_stamp,
     task_overrides,
 )
-from launchers.jobs import PointLabels, SweepJob, probe_batches
-from launchers.slurm.gpus import query_partition_gpus
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
+from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
+from dpo_sweeps.rundir.outputs import read_summary, rewrite_summary, write_summary
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
 GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")

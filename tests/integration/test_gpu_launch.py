@@ -31,7 +31,7 @@ def test_slurm_gpus_per_node_set_by_hand_wins_over_the_device(tmp_path):
 
 
 def test_gpus_of_a_partition_are_read_from_sinfos_generic_resources():
-    from launchers.slurm.gpus import gpus_in_gres, partition_gpus
+    from dpo_sweeps.launchers.slurm.gpus import gpus_in_gres, partition_gpus
 
     assert [gpus_in_gres(g) for g in ("(null)", "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,tmpfs:100G",
                                       "tmpfs:100G,gpu:l40s:2(S:0)", "gpu:1g.10gb:7", "mps:100")] == [0, 8, 8, 4, 2, 7, 0]

@@ -72,7 +72,7 @@ def _sweep_and_report_from(cwd: Path, pythonpath: Path | None = None) -> None:
     proc = _python(["-m", "dpo_sweeps", "-m", *ONE_JOB, f"hydra.sweep.dir={sweep_dir}"], cwd, pythonpath)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (sweep_dir / "0" / "summary.json").exists()
-    report = _python(["-m", "analysis.report", str(sweep_dir)], cwd, pythonpath)
+    report = _python(["-m", "dpo_sweeps.analysis.report", str(sweep_dir)], cwd, pythonpath)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     assert (sweep_dir / "report" / "report.html").exists()
 

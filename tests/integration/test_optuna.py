@@ -14,7 +14,7 @@ from support import REPO  # noqa: E402
 from support.dashboard import dashboard_trials  # noqa: E402
 from support.sweeps import run_sweep  # noqa: E402
 
-from launchers.optuna_sweeper import ObjectiveUnavailable, objective_values  # noqa: E402
+from dpo_sweeps.launchers.optuna_sweeper import ObjectiveUnavailable, objective_values  # noqa: E402
 
 optuna = pytest.importorskip("optuna")
 
@@ -161,7 +161,7 @@ def test_pruner_settings_that_cannot_work_are_refused_before_any_trial(tmp_path,
 
 
 def test_idle_slot_time_counts_empty_slots_until_the_last_trial_starts():
-    from launchers.trial_slots import SlotRun, idle_slot_seconds
+    from dpo_sweeps.launchers.trial_slots import SlotRun, idle_slot_seconds
 
     # Two slots: A runs 0-10; B runs 0-4, then the slot waits a second for C (5-10), the last trial.
     runs = [SlotRun(None, 0, 0.0, 10.0), SlotRun(None, 1, 0.0, 4.0), SlotRun(None, 2, 5.0, 10.0)]

@@ -96,7 +96,7 @@ def test_two_sweep_processes_share_one_journal_study_and_a_third_is_pruned_again
     assert summary["status"] == "pruned" and "median pruner stopped trial 4 at step 5 of 10" in summary["failure"]["message"]
 
     # The report reads the journal study (hydra.sweeper.storage in the sweep's multirun.yaml).
-    from analysis.optuna_study import load_studies
+    from dpo_sweeps.analysis.optuna_study import load_studies
 
     (study,) = load_studies([sweep_dir], [])
     assert [t.state for t in study.trials] == ["COMPLETE"] * 4 + ["PRUNED"]
@@ -126,7 +126,7 @@ def test_a_study_written_by_optuna_2_10_is_refused_in_one_line_and_left_as_it_wa
     assert len(lines) == 1 and "one-way" in lines[0] and lines[0].startswith("error: hydra.sweeper.storage:"), result.stderr
     assert db.read_bytes() == before and not (sweep_dir / "0").exists()
 
-    from analysis.optuna_study import load_studies
+    from dpo_sweeps.analysis.optuna_study import load_studies
 
     (study,) = load_studies([sweep_dir], [])
     assert "optuna storage upgrade" in study.problem and "one-way" in study.problem

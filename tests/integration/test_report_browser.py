@@ -29,7 +29,7 @@ import pytest
 from matplotlib import image as mpimg
 from support.reports import grid_sweep, optuna_sweep, probe_sweep
 
-from analysis.report import main
+from dpo_sweeps.analysis.report import main
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

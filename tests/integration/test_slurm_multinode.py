@@ -26,9 +26,9 @@ from support import QUIET, REPO, run_cli  # noqa: E402
 from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 from support.sweeps import FAST, SweepResult, run_sweep  # noqa: E402
 
+from dpo_sweeps.launchers.jobs import SweepJob  # noqa: E402
 from dpo_sweeps.rundir.outputs import read_summary, write_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
-from launchers.jobs import SweepJob  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=20",
             "hydra.launcher.poll_interval_s=1"]
@@ -79,7 +79,7 @@ def test_submitit_rank_takes_the_first_node_over_a_master_addr_already_set(monke
 def test_the_first_tasks_srun_reports_dead_are_named_from_the_job_log():
     """No cluster needed: srun's own lines when a node's tasks are killed and the step is torn down (rank 0
     then dies with it, before it can write summary.json; the launcher names the node from this)."""
-    from launchers.base import first_dead_tasks
+    from dpo_sweeps.launchers.base import first_dead_tasks
 
     log = ("[W1201 11:11:23.576 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.\n"
            "srun: error: dpo-n2: tasks 2-3: Killed\n"
@@ -326,8 +326,8 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
 
 def test_a_failed_run_that_slurm_requeued_is_cancelled_but_a_preempted_one_is_not(tmp_path):
     """No cluster needed: the launcher's rule for a job SLURM holds pending again after a node failure."""
-    from launchers.base import summary_stamp
-    from launchers.slurm.launcher import failed_but_held
+    from dpo_sweeps.launchers.base import summary_stamp
+    from dpo_sweeps.launchers.slurm.launcher import failed_but_held
 
     class Held:  # what the launcher reads of a submitit job: its SLURM state
         state = "PENDING"

@@ -145,7 +145,7 @@ def compose_slurm_job(tmp_path: Path, *overrides: str):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from launchers.jobs import SweepJob
+    from dpo_sweeps.launchers.jobs import SweepJob
 
     overrides = ("hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", *overrides)
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):

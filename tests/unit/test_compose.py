@@ -17,9 +17,9 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 from support import REPO
 
+from dpo_sweeps.launchers.jobs import JobCompositionError, compose_job
 from dpo_sweeps.rundir.outputs import config_hash, scrub_secrets
 from dpo_sweeps.runtime.launch_time import register_resolver
-from launchers.jobs import JobCompositionError, compose_job
 
 # A grid mixing every kind of override a point can carry: config group choices, plain values,
 # `+` (a key the loss file lacks), `++` (add or replace), `~` (delete), interpolations between task

@@ -3,7 +3,7 @@
 import optuna
 import pytest
 
-from launchers.optuna_space import SearchSpace, SearchSpaceError
+from dpo_sweeps.launchers.optuna_space import SearchSpace, SearchSpaceError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -80,7 +80,7 @@ def test_every_sampler_config_makes_its_optuna_sampler(choice):
     from omegaconf import OmegaConf
     from support import REPO
 
-    from launchers.optuna_sampler import sampler_factory
+    from dpo_sweeps.launchers.optuna_sampler import sampler_factory
 
     config = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "hydra" / "sweeper" / "sampler" / f"{choice}.yaml"))
     name, make, constrained = sampler_factory(config, {"loss.beta": [0.1, 0.2]}, constrain_memory=True)
@@ -90,7 +90,7 @@ def test_every_sampler_config_makes_its_optuna_sampler(choice):
 
 def draws(seed, first_trials, sampler="RandomSampler"):
     """The first `first_trials` draws of loss.beta in a fresh in-memory study, per-trial-seeded."""
-    from launchers.optuna_sampler import trial_seeded_sampler
+    from dpo_sweeps.launchers.optuna_sampler import trial_seeded_sampler
 
     make = (lambda s: optuna.samplers.RandomSampler(seed=s)) if sampler == "RandomSampler" else None
     study = optuna.create_study(sampler=trial_seeded_sampler(sampler, make, seed, {}))

@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 from support import REPO, cli_env
 from support.reports import write_run
 
-from analysis.figures import heatmap_figure
-from analysis.ranking import rank_sweep
-from analysis.runs import read_run
-from analysis.tables import run_rows
+from dpo_sweeps.analysis.figures import heatmap_figure
+from dpo_sweeps.analysis.ranking import rank_sweep
+from dpo_sweeps.analysis.runs import read_run
+from dpo_sweeps.analysis.tables import run_rows
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.fit import predicted_peak_gib
 from dpo_sweeps.parallel.memory_estimate import run_shape_of

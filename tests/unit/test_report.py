@@ -19,7 +19,7 @@ import pytest
 import yaml
 from support.reports import grid_sweep, optuna_sweep, resolved_config, write_completed, write_run
 
-from analysis.report import main
+from dpo_sweeps.analysis.report import main
 
 SPM, ACCURACY = "perf/speed_per_memory", "eval/rewards/accuracies"
 

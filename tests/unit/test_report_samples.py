@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from analysis.report import write_report
-from analysis.runs import load_runs
+from dpo_sweeps.analysis.report import write_report
+from dpo_sweeps.analysis.runs import load_runs
 
 
 def add_samples(run_dir, tag: str, zero_shot: float) -> None:
