@@ -1,7 +1,7 @@
 """Rank a sweep's runs by speed per memory and preference accuracy; write its dashboard.
 
-    python analysis/report.py multirun/2026-11-30/12-00-00
-    python analysis/report.py multirun/2026-11-30/* --out reports/nov30
+    python analysis/report.py multirun/2026-11-30/12-00-00          # in a checkout
+    dpo-sweeps-report multirun/2026-11-30/* --out reports/nov30     # any install (console script)
 
 Reads every run's summary.json and metrics.jsonl under the given directories (completed,
 failed and still-running runs alike) and writes, into `<sweep>/report/` or `--out`:
@@ -45,8 +45,7 @@ def default_out_dir(sources: list[Path]) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="analysis/report.py",
+    parser = argparse.ArgumentParser(  # prog: as invoked (analysis/report.py, dpo-sweeps-report)
         description="Rank a DPO sweep's runs by speed per memory and preference accuracy; "
                     "write a CSV ranking, PNG figures and an offline HTML dashboard.")
     parser.add_argument("sweep_dirs", nargs="+", type=Path, metavar="SWEEP_DIR",

@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
@@ -48,17 +48,69 @@ class RunFailed(CompactHydraException):
     """Raised to the sweep (multirun) when a run ends failed; its message is one line."""
 
 
+class RunRefused(Exception):
+    """A run that will not train: `failure` names the setting at fault and what is accepted.
+
+    `line`: what the command prints; `nothing_written`: the run directory Hydra made is still empty
+    (it goes); `quiet`: another rank (torchrun's rank 0) says it."""
+
+    def __init__(self, failure: RunFailure, *, line: str | None = None, nothing_written: bool = False,
+                 quiet: bool = False):
+        super().__init__(str(failure))
+        self.failure = failure
+        self.line = line or f"error: {failure}"
+        self.nothing_written = nothing_written
+        self.quiet = quiet
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one config; returns the summary.json metrics. Failed runs raise (sweeps) or exit 1."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
+        summary = train(cfg, hydra_cfg)
+    except RunRefused as exc:
+        if exc.quiet:
+            sys.exit(1)
+        if multirun:
+            raise RunFailed(str(exc.failure)) from None
+        if exc.nothing_written:
+            try:
+                run_dir.rmdir()  # only ever an empty folder
+            except OSError:
+                pass
+        say(exc.line)
+        sys.exit(1)
+    if summary["status"] != "completed":
+        failure = summary["failure"]
+        if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
+            if multirun:
+                raise RunFailed(f"rank {summary['rank']}: run {summary['status']}")
+            sys.exit(1)
+        where = "" if summary.get("refused") else f"  [{run_dir / 'summary.json'}]"
+        verdict = "run pruned" if summary["status"] == "pruned" else f"run failed ({failure['kind']})"
+        message = f"{verdict}: {failure['message']}{where}"
+        if multirun:
+            raise RunFailed(message)
+        say(f"error: {message}")
+        sys.exit(1)
+    return summary["metrics"]
+
+
+def train(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
+    """Train one config as the Hydra job `hydra_cfg` (HydraConfig's node) describes it, on as many ranks
+    as it asks for; returns its summary, completed or failed. Raises RunRefused when it will not train
+    (a setting that cannot work, a run directory it cannot write or that holds another config's run).
+    `run` is the Hydra task around it; dpo_sweeps.api calls it for a run in the caller's process."""
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:  # a required setting left unset (???), an interpolation that fails
-        refuse(schema_refusal(exc) or InvalidConfig(str(getattr(exc, "full_key", "") or "config"),
-                                                      str(exc).strip().splitlines()[0], "a value that resolves"),
-               multirun, run_dir)
+        raise RunRefused(schema_refusal(exc) or InvalidConfig(
+            str(getattr(exc, "full_key", "") or "config"), str(exc).strip().splitlines()[0],
+            "a value that resolves"), nothing_written=True) from None
     ctx = RunContext(
         run_dir=run_dir,
         config=config,
@@ -79,49 +131,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         try:
             check_settings_used(cfg, ctx.overrides)
         except InvalidConfig as exc:
-            if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 says it
-                sys.exit(1)
-            refuse(exc, multirun, run_dir)
+            # torchrun: rank 0 says it
+            raise RunRefused(exc, nothing_written=True, quiet=os.environ.get("RANK", "0") != "0") from None
     # A sweep skips its completed runs itself (and `hydra.sweeper.resume=false` means run them again).
     done = None if multirun else completed_run(ctx)
     if done is not None:
         print(f"run already complete: {run_dir / 'summary.json'} (checkpoint.resume=false trains it again)",
               file=sys.stderr)
-        return done["metrics"]
+        return done
     try:
-        summary = run_config(ctx)
+        return run_config(ctx)
     except OSError as exc:
         if not is_path_error(exc):
             raise
-        refuse(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir"), multirun)
-    if summary["status"] != "completed":
-        failure = summary["failure"]
-        if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
-            if multirun:
-                raise RunFailed(f"rank {summary['rank']}: run {summary['status']}")
-            sys.exit(1)
-        where = "" if summary.get("refused") else f"  [{run_dir / 'summary.json'}]"
-        verdict = "run pruned" if summary["status"] == "pruned" else f"run failed ({failure['kind']})"
-        message = f"{verdict}: {failure['message']}{where}"
-        if multirun:
-            raise RunFailed(message)
-        say(f"error: {message}")
-        sys.exit(1)
-    return summary["metrics"]
-
-
-def refuse(exc: RunFailure, multirun: bool, run_dir: Path | None = None) -> NoReturn:
-    """End the job on a setting that cannot work, in one line (a sweep's job reports it to the sweep).
-    `run_dir`: refused before anything was written there, so the empty folder Hydra made for it goes."""
-    if run_dir is not None and not multirun:
-        try:
-            run_dir.rmdir()  # only ever an empty folder
-        except OSError:
-            pass
-    if multirun:
-        raise RunFailed(str(exc))
-    say(f"error: {exc}")
-    sys.exit(1)
+        raise RunRefused(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir")) from None
 
 
 def completed_run(ctx: RunContext) -> dict | None:
@@ -135,12 +158,11 @@ def completed_run(ctx: RunContext) -> dict | None:
         return None
     if summary.get("config_hash") == config_hash(scrub_secrets(ctx.config)):
         return summary
-    failure = failure_of(InvalidConfig(
+    refusal = InvalidConfig(
         "hydra.run.dir", f"{ctx.run_dir} holds a completed run of a different config "
         f"({config_difference(summary.get('config') or {}, scrub_secrets(ctx.config))})",
-        "another hydra.run.dir, the same command as that run, or checkpoint.resume=false to train it again"))
-    print(f"error: run refused ({failure['kind']}): {failure['message']}", file=sys.stderr)
-    sys.exit(1)
+        "another hydra.run.dir, the same command as that run, or checkpoint.resume=false to train it again")
+    raise RunRefused(refusal, line=f"error: run refused ({refusal.kind}): {refusal}")
 
 
 def run_config(ctx: RunContext) -> dict:

@@ -1,4 +1,4 @@
-"""Registers the launchers and sweepers of `launchers/` with Hydra.
+"""Registers the launchers and sweepers of `dpo_sweeps.launchers` (launchers/) with Hydra.
 
 Hydra instantiates a launcher or sweeper only from a class inside the `hydra_plugins` namespace
 package (and finds them by scanning it), so `conf/hydra/launcher/*.yaml` and

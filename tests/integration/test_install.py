@@ -1,9 +1,11 @@
 """dpo-sweeps as users install it: Hydra finds its plugins from any directory, with an editable or a
-regular install, and importing the plugins costs other Hydra apps nothing."""
+regular install (which installs only `dpo_sweeps` and the plugins), the commands its screens print
+work there, and importing the plugins costs other Hydra apps nothing."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,13 +68,21 @@ def test_checking_a_sweep_before_launch_loads_no_training_stack(tmp_path):
         assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
 
 
-def _sweep_and_report_from(cwd: Path, pythonpath: Path | None = None) -> None:
-    """A one-job sweep and its report, both started in `cwd`, outside the repository."""
+def _sweep_and_report_from(cwd: Path, scripts: Path, pythonpath: Path | None = None) -> None:
+    """A one-job sweep, started in `cwd` outside the repository, and the report command its end-of-sweep
+    screen prints, run as printed (`scripts`: where the install put its console scripts)."""
     sweep_dir = cwd / "sweep"
     proc = _python(["-m", "dpo_sweeps", "-m", *ONE_JOB, f"hydra.sweep.dir={sweep_dir}"], cwd, pythonpath)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (sweep_dir / "0" / "summary.json").exists()
-    report = _python(["-m", "dpo_sweeps.analysis.report", str(sweep_dir)], cwd, pythonpath)
+    printed = next(line for line in proc.stdout.splitlines() if line.startswith("report "))
+    command = shlex.split(printed.removeprefix("report "))
+    assert command[0] == "dpo-sweeps-report", printed
+    env = cli_env()
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    report = subprocess.run([str(scripts / command[0]), *command[1:]], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=300)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     assert (sweep_dir / "report" / "report.html").exists()
 
@@ -86,7 +96,7 @@ def test_editable_install_sweeps_and_reports_from_outside_the_repository(tmp_pat
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    _sweep_and_report_from(tmp_path)
+    _sweep_and_report_from(tmp_path, Path(sys.executable).parent)
 
 
 @pytest.mark.slow
@@ -100,6 +110,11 @@ def test_regular_install_sweeps_and_reports_from_outside_the_repository(tmp_path
                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     assert (site / "dpo_sweeps" / "conf" / "config.yaml").is_file()  # conf/ travels inside the package
+    # launchers/ and analysis/ travel inside it too: nothing under a generic top-level name, no cluster scripts.
+    assert {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")} == {"dpo_sweeps", "hydra_plugins", "bin"}
+    assert (site / "dpo_sweeps" / "launchers" / "local.py").is_file()
+    assert (site / "dpo_sweeps" / "analysis" / "report.py").is_file()
+    assert not list(site.rglob("*.sh"))
     # PYTHONPATH comes before site-packages: this copy, not the test environment's, is the one imported.
     where = _python(["-c", "import dpo_sweeps, hydra_plugins.dpo_sweeps_launchers as p; print(dpo_sweeps.__file__, p.__file__)"],
                     tmp_path, site)
@@ -115,4 +130,4 @@ def test_regular_install_sweeps_and_reports_from_outside_the_repository(tmp_path
     assert other.stdout.splitlines()[-1] == "[]", other.stdout
     work = tmp_path / "work"
     work.mkdir()
-    _sweep_and_report_from(work, site)
+    _sweep_and_report_from(work, site / "bin", site)

@@ -1,0 +1,126 @@
+"""dpo-sweeps from Python: compose a config, train it in this process, report a sweep directory.
+
+    from dpo_sweeps import api
+
+    cfg = api.compose(["loss=ipo", "train.max_steps=20"], run_dir="outputs/ipo")
+    summary = api.train(cfg)                      # what summary.json says: completed or failed
+    print(summary["status"], summary["metrics"]["eval/rewards/accuracies"])
+    report = api.report("multirun/quickstart")    # as dpo-sweeps-report writes it
+    print(report.text, report.html)
+
+`compose` takes the overrides `python -m dpo_sweeps` takes and the same conf/ (Hydra's compose API),
+`train` runs the config as that command would, on `resources.nproc_per_node` local ranks (one: in
+this process), and `report` is `dpo-sweeps-report`. Sweeps stay commands (`python -m dpo_sweeps -m`):
+their jobs are processes of their own. Importing this module loads no training stack.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict, read_write
+
+from dpo_sweeps.errors import RunFailure
+
+
+def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None) -> DictConfig:
+    """The config `python -m dpo_sweeps OVERRIDES` runs, `hydra` node included (as Hydra's compose API
+    returns it). `run_dir`: where `train` writes (hydra.run.dir; default outputs/DATE/TIME, as the
+    command). A key or value the schema refuses raises InvalidConfig, naming it in one line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from dpo_sweeps.__main__ import config_dir
+    from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
+
+    overrides = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="dpo_sweeps"):
+            return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    except Exception as exc:
+        refusal = schema_refusal(exc)
+        if refusal is not None:
+            raise refusal from None
+        from hydra.errors import CompactHydraException
+
+        if isinstance(exc, CompactHydraException):  # a group option that does not exist, a bad override
+            raise RunFailure(one_line_message(exc), "invalid_config") from None
+        raise
+
+
+# What joining a process group sets in this process's environment (parallel/distributed.py): left set, the
+# next run in this process would take itself for a rank of torchrun's.
+RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def train(config: DictConfig | Sequence[str] = ()) -> dict:
+    """Train one config in this process (and its local ranks) as `python -m dpo_sweeps` would; returns
+    the run's summary (summary.json's record), completed or failed (a setting that cannot work, found
+    while validating, is a failed summary of kind invalid_config, as the command writes it). What the
+    command refuses before it writes a summary raises its RunFailure: a setting the run does not read,
+    an unwritable run directory, one that holds a completed run of another config.
+
+    `config`: what `compose` returned, or the overrides to compose. The run directory is the config's
+    hydra.run.dir; relative data paths resolve against the current directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import setup_globals
+    from hydra.types import RunMode
+
+    from dpo_sweeps.app import RunRefused
+    from dpo_sweeps.app import train as train_config
+
+    cfg = copy.deepcopy(config if isinstance(config, DictConfig) else compose(config))
+    setup_globals()  # Hydra's resolvers (${now:}, ${hydra:}), as when Hydra starts a job
+    # What Hydra's run_job sets before it calls the task function.
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.runtime.output_dir = os.path.abspath(str(cfg.hydra.run.dir))
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    environment = {name: os.environ.get(name) for name in RANK_VARIABLES}
+    hydra_config.set_config(cfg)
+    try:
+        task_cfg = copy.copy(cfg)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        Path(HydraConfig.get().runtime.output_dir).mkdir(parents=True, exist_ok=True)
+        return train_config(task_cfg, HydraConfig.get())
+    except RunRefused as exc:
+        if exc.nothing_written:  # as the command leaves it: no empty run directory
+            try:
+                Path(HydraConfig.get().runtime.output_dir).rmdir()
+            except OSError:
+                pass
+        raise exc.failure from None
+    finally:
+        hydra_config.cfg = before
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `report` wrote: the terminal text and the files (report.html last)."""
+
+    text: str
+    files: list[Path]
+
+    @property
+    def html(self) -> Path:
+        return self.files[-1]
+
+
+def report(*sweep_dirs: str | Path, out: str | Path | None = None) -> Report:
+    """`dpo-sweeps-report SWEEP_DIR... [--out OUT]`: rank the runs, write the tables, figures and
+    report.html (default: SWEEP_DIR/report). Raises NoRunsError when a directory holds no runs."""
+    from dpo_sweeps.analysis.report import write_report
+
+    text, files = write_report([Path(d) for d in sweep_dirs], Path(out) if out is not None else None)
+    return Report(text, files)

@@ -1,0 +1,59 @@
+"""dpo_sweeps.api, as a Python program uses it: compose a config, train it in that process, report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import QUIET, REPO, cli_env
+
+# One rank, four steps of a small synthetic task: the short settings of tests/integration/test_train.py.
+SHORT = [*QUIET, "train.max_steps=4", "train.eval_every=0", "data.num_train_pairs=64", "data.num_eval_pairs=16",
+         "train.batch_size=8"]
+
+PROGRAM = """
+import json, sys
+from pathlib import Path
+from dpo_sweeps import api
+from dpo_sweeps.errors import RunFailure
+
+short, where = json.loads(sys.argv[1]), Path(sys.argv[2])
+heavy = [m for m in ("torch", "transformers") if m in sys.modules]
+cfg = api.compose(short, run_dir=where / "sweep" / "0")
+first = api.train(cfg)
+again = api.train(cfg)  # the same config again: the completed run is read back, nothing trains
+invalid = api.train([*short, "train.batch_size=6", f"hydra.run.dir={where / 'sweep' / '1'}"])
+try:
+    api.train([*short, "fsdp.hybrid_group_size=2", f"hydra.run.dir={where / 'refused'}"])
+    refused = None
+except RunFailure as exc:
+    refused = [exc.kind, str(exc)]
+report = api.report(where / "sweep")
+print(json.dumps({"heavy_at_import": heavy, "first": first, "again": again, "invalid": invalid, "refused": refused,
+                  "html": str(report.html), "text": report.text}))
+"""
+
+
+def test_compose_train_and_report_from_python(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(SHORT), str(tmp_path)], cwd=tmp_path,
+                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["heavy_at_import"] == []
+    first = out["first"]
+    on_disk = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
+    assert first == on_disk  # the summary is summary.json's record
+    assert first["status"] == "completed" and first["metrics"]["steps"] == 4 and first["metrics"]["world_size"] == 1
+    assert first["config"]["train"]["batch_size"] == 8 and "train.max_steps=4" in first["overrides"]
+    assert out["again"] == first and "run already complete" in proc.stderr
+    # A second run in the same process is a run of its own (the first left no rank of a process group behind).
+    invalid = out["invalid"]
+    assert invalid["status"] == "failed" and invalid["failure"]["kind"] == "invalid_config"
+    assert invalid["failure"]["message"].startswith("train.batch_size: 6 is not a multiple")
+    kind, message = out["refused"]
+    assert kind == "invalid_config" and message.startswith("fsdp.hybrid_group_size: set, but not read here")
+    assert not (tmp_path / "refused").exists()  # refused before anything was written, as the command is
+    assert out["html"] == str(tmp_path / "sweep" / "report" / "report.html")
+    assert "Best by perf/speed_per_memory" in out["text"]
+    assert str(REPO) not in out["html"]
