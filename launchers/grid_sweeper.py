@@ -30,7 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
-from dpo_sweeps.launchers.jobs import PointLabels, SweepJob
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered
 from dpo_sweeps.launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
@@ -141,23 +141,6 @@ class GridSweeper(BasicSweeper):
 def interrupted_message(sweep_dir: Path) -> str:
     return (f"\nInterrupted: the sweep's running jobs were stopped. Run the same command again to go on "
             f"(completed runs in {sweep_dir} are skipped; stopped runs resume from their last checkpoint).")
-
-
-def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
-    """Run jobs under their own numbers: our launchers take them as they are; any other Hydra
-    launcher gets one `launch` call per run of consecutive numbers."""
-    if not jobs:
-        return []
-    if hasattr(launcher, "launch_jobs"):
-        return list(launcher.launch_jobs(jobs))
-    returns: list[JobReturn] = []
-    start = 0
-    for end in range(1, len(jobs) + 1):
-        if end == len(jobs) or jobs[end].num != jobs[end - 1].num + 1:
-            segment = jobs[start:end]
-            returns += list(launcher.launch([j.overrides for j in segment], initial_job_idx=segment[0].num))
-            start = end
-    return returns
 
 
 def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None,

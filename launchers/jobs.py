@@ -1,10 +1,11 @@
 """One job of a sweep, composed before launch exactly as the job itself will compose it.
 
-A sweeper or launcher calls `compose_job` for each point of a sweep. The job's resolved task
-config and its `config_hash` are computed the way `dpo_sweeps.app.run` computes them inside the
-job (resolve, scrub secrets, hash), so a finished run's summary.json can be matched to a point of
-a later sweep. Values that depend on Hydra's job runtime (`${hydra:job.id}`, the output dir) are
-not known here: a task config key that interpolates them cannot be matched on resume.
+A sweeper or launcher calls `compose_job` for each point of a sweep; both sweepers hand the jobs
+to the launcher with `launch_numbered`. The job's resolved task config and its `config_hash` are
+computed the way `dpo_sweeps.app.run` computes them inside the job (resolve, scrub secrets, hash),
+so a finished run's summary.json can be matched to a point of a later sweep. Values that depend on
+Hydra's job runtime (`${hydra:job.id}`, the output dir) are not known here: a task config key that
+interpolates them cannot be matched on resume.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import filter_overrides
+from hydra.core.utils import JobReturn, filter_overrides
 from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
@@ -100,6 +101,23 @@ def probe_batches(jobs: Sequence[SweepJob], slots: Callable[[SweepJob], int],
         size = probes_per_job or math.ceil(len(members) / slots(jobs[members[0]]))
         units += [members[k:k + size] for k in range(0, len(members), size)]
     return sorted(units)
+
+
+def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
+    """Run jobs under their own numbers: our launchers take them as they are; any other Hydra
+    launcher gets one `launch` call per run of consecutive numbers."""
+    if not jobs:
+        return []
+    if hasattr(launcher, "launch_jobs"):
+        return list(launcher.launch_jobs(jobs))
+    returns: list[JobReturn] = []
+    start = 0
+    for end in range(1, len(jobs) + 1):
+        if end == len(jobs) or jobs[end].num != jobs[end - 1].num + 1:
+            segment = jobs[start:end]
+            returns += list(launcher.launch([j.overrides for j in segment], initial_job_idx=segment[0].num))
+            start = end
+    return returns
 
 
 def override_key(override: str) -> str:

@@ -39,8 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import Failure, FailureKind, RunFailure
 from dpo_sweeps.launchers.base import JobNotRun, failed_return, log, task_overrides
-from dpo_sweeps.launchers.grid_sweeper import launch_numbered
-from dpo_sweeps.launchers.jobs import SweepJob
+from dpo_sweeps.launchers.jobs import SweepJob, launch_numbered
 from dpo_sweeps.launchers.outcome import outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,

@@ -22,8 +22,7 @@ from typing import Any
 from hydra.core.utils import JobReturn
 
 from dpo_sweeps.launchers.base import JobNotRun, failed_return
-from dpo_sweeps.launchers.grid_sweeper import launch_numbered
-from dpo_sweeps.launchers.jobs import SweepJob
+from dpo_sweeps.launchers.jobs import SweepJob, launch_numbered
 
 # How often the waiting sweeper wakes up, so that Ctrl-C reaches it promptly.
 WAKE_S = 0.5
