@@ -3,7 +3,7 @@ this folder, linked into the package as dpo_sweeps/launchers, so that an install
 
 - `dpo_sweeps.launchers.local.LocalLauncher` (`hydra/launcher=local`, the default): jobs on this machine,
   as many at once as its CPU cores or GPUs hold, each on its own cores / GPUs, one process per rank.
-- `dpo_sweeps.launchers.slurm.SlurmLauncher` (`hydra/launcher=slurm`): one SLURM job per run, one task
+- `dpo_sweeps.launchers.slurm.launcher.SlurmLauncher` (`hydra/launcher=slurm`): one SLURM job per run, one task
   per rank, on `resources.nodes` nodes.
 - `dpo_sweeps.launchers.grid_sweeper.GridSweeper` (`hydra/sweeper=grid`, the default): the grid, checked
   whole before launch (`preflight`), resumed by config hash (`resume`), summed up at the end

@@ -13,7 +13,6 @@ preemption, a node failure), the launcher writes a failed one, so every launched
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,23 +25,18 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.launchers.jobs import JobCompositionError, SweepJob, compose_job
 from dpo_sweeps.launchers.placement import Placement
+from dpo_sweeps.launchers.slurm.forensics import STATE_KINDS, ended_in_srun_log, name_the_dead_rank, state_of
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.outputs import (
     FAILURE_FIELDS,
     SUMMARY,
     first_failure,
     read_summary,
-    rewrite_summary,
     write_summary,
 )
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
 log = logging.getLogger("launchers")
-
-# SLURM job states (sacct) and the summary.json failure.kind each means.
-STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
-               "NODE_FAIL": "node_failure"}
-
 
 def probes_per_job_of(value: Any) -> int | None:
     """hydra.launcher.probes_per_job, checked: how many probes one set of rank processes runs in turn."""
@@ -173,7 +167,7 @@ class SweepLauncher(BaseSubmititLauncher):
         summary = read_summary(job.run_dir)
         fresh = summary is not None and summary_stamp(job.run_dir) != earlier_summary
         if fresh and summary.get("status") == "failed":
-            _name_the_dead_rank(job.run_dir, summary, submitted)
+            name_the_dead_rank(job.run_dir, summary, submitted)
         if fresh and ret is not None:
             return ret
         if fresh and summary.get("status") == "completed":
@@ -184,12 +178,12 @@ class SweepLauncher(BaseSubmititLauncher):
         if fresh:
             failure = summary.get("failure") or Failure(FailureKind.CRASH, "job ended abnormally").brief()
             return failed_return(job.overrides, JobNotRun(f"{failure['kind']}: {failure['message']}"), job)
-        state = _state_of(submitted)
+        state = state_of(submitted)
         elapsed = time.monotonic() - started
         kind = STATE_KINDS.get(state.split()[0] if state else "", "crash")
         if kind == "crash" and timeout_min and elapsed >= 60 * timeout_min - 5:
             kind = "timeout"
-        found = first_failure(job.run_dir, _ended_in_srun_log(submitted)) or {}
+        found = first_failure(job.run_dir, ended_in_srun_log(submitted)) or {}
         message = _failure_message(found, state, error, submitted)
         if kind == "crash" and found.get("reported_by") is not None:  # what a rank recorded beats "the job ended"
             kind = found["kind"]
@@ -208,40 +202,6 @@ class SweepLauncher(BaseSubmititLauncher):
         finally:
             lock.release()
         return failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
-
-
-def _name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
-    """Rank 0 saw only that a peer went away; say which rank failed first (its record, if it came
-    late, else the first task of the job that ended without a result), and what SLURM says of the
-    job (an out-of-memory kill, the time limit)."""
-    failure = summary.get("failure") or {}
-    if "rank" not in failure or failure["rank"] is not None:  # the failed rank is known
-        return
-    # the node each rank ran on, where the run got as far as recording it (summary.json "layout")
-    nodes = {r["rank"]: r["node"] for r in (summary.get("layout") or {}).get("ranks", [])}
-    ended = []
-    for i in range(1, getattr(submitted, "num_tasks", 1)):
-        task = submitted.task(i)
-        if not task.paths.result_pickle.exists():
-            where = f" on node {nodes[i]}" if i in nodes else ""
-            ended.append((i, f"rank {i} ended abruptly{where} (log: {task.paths.stderr})"))
-    found = first_failure(run_dir, ended)
-    if found is None:
-        return
-    rewritten = {k: found.get(k) for k in FAILURE_FIELDS}
-    if found["reported_by"] is None:  # no rank recorded why: what the job's tasks and SLURM say
-        state = _state_of(submitted)
-        rewritten.update(kind=STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash")),
-                         message=f"{found['message']}; rank 0 saw: {failure.get('message')}",
-                         step=failure.get("step"))
-    rewrite_summary(run_dir, summary, failure=rewritten)
-
-
-def _state_of(submitted: Any) -> str:
-    try:
-        return str(submitted.state)
-    except Exception:
-        return "UNKNOWN"
 
 
 def _failure_message(found: dict, state: str, error: BaseException | None, submitted: Any) -> str:
@@ -263,34 +223,6 @@ def _failure_message(found: dict, state: str, error: BaseException | None, submi
     if found:  # rank 0 was killed with the step: srun's log still says which tasks ended first
         what = f"{found['message']}; {what}"
     return what + (f": {detail}" if detail else "") + logs
-
-
-# srun's line for tasks that ended abnormally, e.g. "srun: error: node2: tasks 2-3: Killed".
-SRUN_TASK_END = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<how>.+)$", re.M)
-
-
-def first_dead_tasks(log_text: str) -> tuple[str, list[int], str] | None:
-    """The node, ranks and way of ending of the first tasks srun reports ended abnormally in a job's log."""
-    found = SRUN_TASK_END.search(log_text)
-    if found is None:
-        return None
-    ranks: list[int] = []
-    for part in found["tasks"].split(","):
-        low, _, high = part.partition("-")
-        ranks.extend(range(int(low), int(high or low) + 1))
-    return found["node"], ranks, found["how"].strip()
-
-
-def _ended_in_srun_log(submitted: Any) -> list[tuple[int, str]]:
-    """The first tasks srun reports ended abnormally, as first_failure's `ended` (none: no such line)."""
-    try:  # the batch step's stderr, where srun writes, is task 0's log file
-        first = first_dead_tasks(Path(submitted.paths.stderr).read_text(errors="replace"))
-    except (OSError, AttributeError, ValueError):
-        return []
-    if first is None:
-        return []
-    node, ranks, how = first
-    return [(r, f"rank {r} ended abruptly on node {node} ({how})") for r in ranks]
 
 
 def task_overrides(job: SweepJob) -> list[str]:

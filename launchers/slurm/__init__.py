@@ -1,5 +1,5 @@
-"""SLURM: the `hydra/launcher=slurm` launcher, and (local_cluster.sh) a one-node cluster for tests."""
+"""SLURM: the `hydra/launcher=slurm` launcher (launcher.py), what SLURM says of a job that died
+(forensics.py), and (local_cluster.sh, in a checkout) a one-node cluster for tests.
 
-from dpo_sweeps.launchers.slurm.launcher import SlurmLauncher
-
-__all__ = ["SlurmLauncher"]
+Nothing is imported here: launchers/base.py reads forensics.py, and launcher.py imports base.py.
+"""
