@@ -253,18 +253,6 @@ def _quiet_hydra_outputs(config: Any) -> None:
             del handlers[name]
 
 
-def progress_line(job: SweepJob, ret: JobReturn, elapsed: float, done: int, total: int) -> str:
-    summary = read_summary(job.run_dir) or {}
-    if ret.status == JobStatus.COMPLETED and summary.get("status", "completed") == "completed":
-        acc = (summary.get("metrics") or {}).get("eval/rewards/accuracies")
-        extra = f", accuracy {acc:.3f}" if isinstance(acc, (int, float)) else ""
-        return f"[{done}/{total}] #{job.num} completed in {elapsed:.0f} s{extra}"
-    failure = summary.get("failure") or {}
-    reason = failure.get("kind") or "crash"
-    message = failure.get("message") or str(ret._return_value)
-    return f"[{done}/{total}] #{job.num} FAILED ({reason}) in {elapsed:.0f} s: {message}"
-
-
 def runs_written(jobs: Sequence[SweepJob], earlier: Sequence[int | None]) -> int:
     """How many of a started job's runs (one, or a probe batch's in turn) have written a new summary.json
     (`earlier`: each one's summary_stamp before the start): the job is on the next one."""

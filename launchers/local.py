@@ -41,12 +41,12 @@ from dpo_sweeps.launchers.base import (
     failed_return,
     log,
     probes_per_job_of,
-    progress_line,
     runs_written,
     summary_stamp,
 )
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
+from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.rundir.outputs import read_summary
 from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
 

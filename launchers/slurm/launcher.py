@@ -36,12 +36,12 @@ from dpo_sweeps.launchers.base import (
     failed_return,
     log,
     probes_per_job_of,
-    progress_line,
     runs_written,
     summary_stamp,
     task_overrides,
 )
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
+from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
 from dpo_sweeps.rundir.outputs import read_summary, rewrite_summary, write_summary
 
