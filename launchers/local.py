@@ -41,9 +41,8 @@ from dpo_sweeps.launchers.base import (
     failed_return,
     log,
     probes_per_job_of,
-    runs_written,
-    summary_stamp,
 )
+from dpo_sweeps.launchers.collect import collect_unit, runs_written, summary_stamp
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
 from dpo_sweeps.launchers.progress import progress_line
@@ -200,7 +199,7 @@ class LocalLauncher(SweepLauncher):
                     with self._devices_lock:
                         pool.give_back(job.placement)
                     members = [jobs[i] for i in job.unit]
-                    returns, not_run = self._collect_unit(members, job.submitted, job.started, job.earlier,
+                    returns, not_run = collect_unit(members, job.submitted, job.started, job.earlier,
                                                           self.timeout_min, known_failure=hung.pop(key, None))
                     for i, ret in zip(job.unit, returns):
                         results[i] = ret

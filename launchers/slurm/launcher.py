@@ -36,10 +36,9 @@ from dpo_sweeps.launchers.base import (
     failed_return,
     log,
     probes_per_job_of,
-    runs_written,
-    summary_stamp,
     task_overrides,
 )
+from dpo_sweeps.launchers.collect import collect_unit, runs_written, summary_stamp
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
@@ -201,7 +200,7 @@ class SlurmLauncher(SweepLauncher):
                 for key in ended:
                     unit, sj, started, earlier = running.pop(key)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
-                    returns, not_run = self._collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
+                    returns, not_run = collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
                     lost_node = str(sj.job_id) in lost_nodes
                     for i, ret in zip(unit, returns):
                         results[i] = ret

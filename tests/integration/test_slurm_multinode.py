@@ -326,7 +326,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
 
 def test_a_failed_run_that_slurm_requeued_is_cancelled_but_a_preempted_one_is_not(tmp_path):
     """No cluster needed: the launcher's rule for a job SLURM holds pending again after a node failure."""
-    from dpo_sweeps.launchers.base import summary_stamp
+    from dpo_sweeps.launchers.collect import summary_stamp
     from dpo_sweeps.launchers.slurm.launcher import failed_but_held
 
     class Held:  # what the launcher reads of a submitit job: its SLURM state
