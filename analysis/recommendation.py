@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text
+from dpo_sweeps.rundir.cost import device_time_text
+from dpo_sweeps.rundir.paths import FIND_BEST
 
 
 @dataclass

@@ -22,9 +22,9 @@ from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.plan import resolve_plan
 
 # summary.json's names come from its writer (a stdlib-only module): one source of truth.
-from dpo_sweeps.rundir.outputs import NON_DEFINING_KEYS
-from dpo_sweeps.rundir.outputs import SCHEMA as SUMMARY_SCHEMA
-from dpo_sweeps.rundir.outputs import SUMMARY_METRIC_KEYS as SUMMARY_METRICS  # noqa: F401 (analysis/ reads it here)
+from dpo_sweeps.rundir.hashing import NON_DEFINING_KEYS
+from dpo_sweeps.rundir.summary import SCHEMA as SUMMARY_SCHEMA
+from dpo_sweeps.rundir.summary import SUMMARY_METRIC_KEYS as SUMMARY_METRICS  # noqa: F401 (analysis/ reads it here)
 
 SPEED_PER_MEMORY = "perf/speed_per_memory"
 PREFERENCE_ACCURACY = "eval/rewards/accuracies"

@@ -24,7 +24,7 @@ from dpo_sweeps.analysis.runs import (
     Run,
     count_probes,
 )
-from dpo_sweeps.rundir.outputs import device_time_text
+from dpo_sweeps.rundir.cost import device_time_text
 
 # The metrics the terminal table shows, besides the two criteria.
 TERMINAL_METRICS = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY, "perf/tokens_per_s_per_device", "perf/peak_memory_gib")

@@ -5,7 +5,7 @@
 Every run of SOURCE_SWEEP (a real sweep's `<n>/summary.json` and `metrics.jsonl`) is copied in turn
 into OUT_DIR/0 .. OUT_DIR/N-1 with its config changed: `train.seed` = the copy's number, and with
 `--vary beta,lr` also `loss.beta` and `train.lr` from small grids. The copy's overrides, config and
-`config_hash` are those a run of that config writes (dpo_sweeps.rundir.outputs), so a sweep of the
+`config_hash` are those a run of that config writes (dpo_sweeps.rundir.summary, rundir.hashing), so a sweep of the
 same points resumes them (bench/sweep_scale.py --resume). Its metrics move with the changed values
 (deterministically, by the copy's number) so that rankings, fronts and curves have something to show.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpo_sweeps.rundir.outputs import config_hash, scrub_secrets  # noqa: E402
+from dpo_sweeps.rundir.hashing import config_hash
+from dpo_sweeps.rundir.secrets import scrub_secrets  # noqa: E402
 
 BETAS = [0.05, 0.1, 0.2, 0.3, 0.5]
 LRS = [1e-3, 3e-3, 1e-2]

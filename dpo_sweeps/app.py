@@ -27,17 +27,12 @@ from dpo_sweeps.config.unused import check_settings_used
 from dpo_sweeps.config.validate import validate_config, world_size_of
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
+from dpo_sweeps.rundir.hashing import config_difference, config_hash
 from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.outputs import (
-    config_difference,
-    config_hash,
-    read_summary,
-    redact_files,
-    scrub_secrets,
-    secret_values,
-)
 from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
+from dpo_sweeps.rundir.secrets import redact_files, scrub_secrets, secret_values
+from dpo_sweeps.rundir.summary import read_summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed

@@ -17,7 +17,8 @@ from dpo_sweeps.launchers.base import JobNotRun, failed_return, task_overrides
 from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.launchers.slurm.forensics import STATE_KINDS, ended_in_srun_log, name_the_dead_rank, state_of
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, SUMMARY, first_failure, read_summary, write_summary
+from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, first_failure
+from dpo_sweeps.rundir.summary import SUMMARY, read_summary, write_summary
 
 
 def collect_unit(jobs: Sequence[SweepJob], submitted: Any, started: float,

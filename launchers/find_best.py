@@ -31,7 +31,10 @@ from dpo_sweeps.launchers.preflight import (
     compose_and_check,
     refusal_message,
 )
-from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text, read_summary, write_json_atomic
+from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.cost import device_time_text
+from dpo_sweeps.rundir.paths import FIND_BEST
+from dpo_sweeps.rundir.summary import read_summary
 
 log = logging.getLogger("launchers")
 

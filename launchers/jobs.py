@@ -25,7 +25,7 @@ from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.launchers.compose import PointRecipe, SweepComposer, run_dir_of
-from dpo_sweeps.rundir.outputs import config_hash
+from dpo_sweeps.rundir.hashing import config_hash
 
 
 class SweepJob:

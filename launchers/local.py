@@ -46,7 +46,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written, summary_sta
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
 from dpo_sweeps.launchers.progress import progress_line
-from dpo_sweeps.rundir.outputs import read_summary
+from dpo_sweeps.rundir.summary import read_summary
 from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
 
 # How long a Ctrl-C'd sweep waits for its running jobs to checkpoint and stop before it kills them.

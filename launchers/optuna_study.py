@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from dpo_sweeps.launchers.optuna_sampler import constraints_per_trial
 from dpo_sweeps.launchers.optuna_space import SearchSpace
 from dpo_sweeps.launchers.trial_slots import SlotRun, TrialSlots
-from dpo_sweeps.rundir.outputs import read_summary
+from dpo_sweeps.rundir.summary import read_summary
 from dpo_sweeps.train.pruning import TrialLink
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
 

@@ -48,7 +48,7 @@ from dpo_sweeps.launchers.preflight import (
     predicted_oom,
     record_predicted_oom,
 )
-from dpo_sweeps.rundir.outputs import write_summary
+from dpo_sweeps.rundir.summary import write_summary
 from dpo_sweeps.train.pruning import make_pruner
 
 DIRECTIONS = ("maximize", "minimize")

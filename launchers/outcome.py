@@ -17,7 +17,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob
-from dpo_sweeps.rundir.outputs import device_time_text, read_summary
+from dpo_sweeps.rundir.cost import device_time_text
+from dpo_sweeps.rundir.summary import read_summary
 
 MAX_FAILED_LISTED = 20
 

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpo_sweeps.config.unused import SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
-from dpo_sweeps.rundir.outputs import write_summary
+from dpo_sweeps.rundir.summary import write_summary
 
 log = logging.getLogger("launchers")
 

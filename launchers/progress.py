@@ -9,7 +9,7 @@ from __future__ import annotations
 from hydra.core.utils import JobReturn, JobStatus
 
 from dpo_sweeps.launchers.jobs import SweepJob
-from dpo_sweeps.rundir.outputs import read_summary
+from dpo_sweeps.rundir.summary import read_summary
 
 
 def progress_line(job: SweepJob, ret: JobReturn, elapsed: float, done: int, total: int) -> str:

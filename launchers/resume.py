@@ -20,7 +20,7 @@ import yaml
 
 from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.rundir.lock import LOCK, RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.outputs import SUMMARY, read_summary
+from dpo_sweeps.rundir.summary import SUMMARY, read_summary
 
 
 @dataclass

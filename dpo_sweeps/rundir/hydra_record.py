@@ -15,7 +15,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.rundir.outputs import REDACTED
+from dpo_sweeps.rundir.secrets import REDACTED
 
 RECORD_DIR = ".hydra"
 

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from dpo_sweeps.errors import InvalidConfig
 
+# In a sweep directory: the staged search's answer (launchers/find_best.py writes it, the report reads it).
+FIND_BEST = "find_best.json"
+
 PROBLEMS = {
     errno.EEXIST: "a file is there, where a folder must be",
     errno.ENOTDIR: "a part of it is a file, where a folder must be",

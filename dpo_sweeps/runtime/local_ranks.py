@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
-from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, read_summary, rewrite_summary
+from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, first_failure
+from dpo_sweeps.rundir.summary import read_summary, rewrite_summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (

@@ -35,17 +35,11 @@ from dpo_sweeps.parallel.distributed import (
     wants_cuda,
 )
 from dpo_sweeps.parallel.plan import resolve_plan
+from dpo_sweeps.rundir.cost import run_cost
 from dpo_sweeps.rundir.hydra_record import write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.outputs import (
-    FAILURE_FIELDS,
-    RANK_FAILURES,
-    first_failure,
-    reserve_summary_space,
-    run_cost,
-    write_rank_failure,
-    write_summary,
-)
+from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, RANK_FAILURES, first_failure, write_rank_failure
+from dpo_sweeps.rundir.summary import reserve_summary_space, write_summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch

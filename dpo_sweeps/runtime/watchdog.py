@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dpo_sweeps.errors import Failure, FailureKind
-from dpo_sweeps.rundir.outputs import first_failure, write_rank_failure
+from dpo_sweeps.rundir.rank_failures import first_failure, write_rank_failure
 
 log = logging.getLogger(__name__)
 

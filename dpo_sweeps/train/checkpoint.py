@@ -45,7 +45,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
-from dpo_sweeps.rundir.outputs import config_difference, config_hash, write_json_atomic
+from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.hashing import config_difference, config_hash
 
 log = logging.getLogger(__name__)
 

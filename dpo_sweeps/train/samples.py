@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from dpo_sweeps.models.build import build_policy, saved_model_path
-from dpo_sweeps.rundir.outputs import write_json_atomic
+from dpo_sweeps.rundir.atomic import write_json_atomic
 
 SAMPLES_FILE = "samples.json"
 

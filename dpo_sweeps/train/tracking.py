@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir.outputs import scrub_secrets
+from dpo_sweeps.rundir.secrets import scrub_secrets
 from dpo_sweeps.train.pruning import TRIAL_FILE  # the Optuna sweeper writes it into every trial's run
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler
-from dpo_sweeps.rundir.outputs import MetricsLog
+from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.train.checkpoint import Checkpointer

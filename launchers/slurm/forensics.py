@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.outputs import FAILURE_FIELDS, first_failure, rewrite_summary
+from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, first_failure
+from dpo_sweeps.rundir.summary import rewrite_summary
 
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",

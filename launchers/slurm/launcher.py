@@ -42,7 +42,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written, summary_sta
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
-from dpo_sweeps.rundir.outputs import read_summary, rewrite_summary, write_summary
+from dpo_sweeps.rundir.summary import read_summary, rewrite_summary, write_summary
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
 GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")

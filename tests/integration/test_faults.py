@@ -16,7 +16,7 @@ import pytest
 from support import QUIET
 from support.faults import HANG_BOUND, fault_to_summary, injected_at, run_watched, summary_of
 
-from dpo_sweeps.rundir.outputs import read_rank_failures
+from dpo_sweeps.rundir.rank_failures import read_rank_failures
 
 pytestmark = pytest.mark.slow
 

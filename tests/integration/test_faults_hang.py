@@ -98,6 +98,6 @@ def test_under_torchrun_a_failing_or_hung_rank_still_gets_its_summary(tmp_path, 
 
 
 def _reports(run_dir):
-    from dpo_sweeps.rundir.outputs import read_rank_failures
+    from dpo_sweeps.rundir.rank_failures import read_rank_failures
 
     return read_rank_failures(run_dir)

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 
-from dpo_sweeps.rundir.outputs import read_summary  # noqa: E402
+from dpo_sweeps.rundir.summary import read_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -27,7 +27,7 @@ from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_fo
 from support.sweeps import FAST, SweepResult, run_sweep  # noqa: E402
 
 from dpo_sweeps.launchers.jobs import SweepJob  # noqa: E402
-from dpo_sweeps.rundir.outputs import read_summary, write_summary  # noqa: E402
+from dpo_sweeps.rundir.summary import read_summary, write_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=20",

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import REPO
 
-from dpo_sweeps.rundir.outputs import config_hash
+from dpo_sweeps.rundir.hashing import config_hash
 
 
 def _composed(*overrides: str) -> dict:

@@ -13,7 +13,7 @@ from support import REPO
 
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir.outputs import first_failure, write_rank_failure
+from dpo_sweeps.rundir.rank_failures import first_failure, write_rank_failure
 from dpo_sweeps.runtime.watchdog import hang_failure, hang_verdict, heartbeat_dir
 
 
