@@ -21,16 +21,16 @@ import yaml
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.plan import resolve_plan
 
-# summary.json's names come from its writer (a stdlib-only module): one source of truth.
+# summary.json is read as its writers write it: one record, one source of truth (rundir/summary.py).
 from dpo_sweeps.rundir.hashing import NON_DEFINING_KEYS
-from dpo_sweeps.rundir.summary import SCHEMA as SUMMARY_SCHEMA
+from dpo_sweeps.rundir.summary import STATUSES, SUMMARY, Status, SummaryUnreadable, load_summary
 from dpo_sweeps.rundir.summary import SUMMARY_METRIC_KEYS as SUMMARY_METRICS  # noqa: F401 (analysis/ reads it here)
 
 SPEED_PER_MEMORY = "perf/speed_per_memory"
 PREFERENCE_ACCURACY = "eval/rewards/accuracies"
 # pruned: stopped at an evaluation by the Optuna pruner; skipped: not started, predicted out of memory
 # (kind oom_predicted). Both are results, like failures.
-FINISHED_STATUSES = ("completed", "failed", "pruned", "skipped")
+FINISHED_STATUSES = STATUSES
 
 # Config keys that only pick the replicate: runs that differ in these alone are one config
 # run with several seeds.
@@ -164,7 +164,7 @@ def _natural_key(path: Path) -> list:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "summary.json").is_file() or (path / ".hydra").is_dir()
+    return (path / SUMMARY).is_file() or (path / ".hydra").is_dir()
 
 
 def discover(root: Path) -> tuple[list[Path], list[Path]]:
@@ -222,21 +222,6 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def _check_summary(summary: Any) -> str | None:
-    """Why a parsed summary.json breaks INTERFACE.md's contract, or None."""
-    if not isinstance(summary, dict):
-        return "summary.json is not a JSON object"
-    if summary.get("schema") != SUMMARY_SCHEMA:
-        return f"summary.json schema is {summary.get('schema')!r}; this report reads schema {SUMMARY_SCHEMA}"
-    if summary.get("status") not in FINISHED_STATUSES:
-        return f"summary.json status is {summary.get('status')!r}; expected one of {', '.join(FINISHED_STATUSES)}"
-    if summary["status"] == "failed" and not isinstance(summary.get("failure"), dict):
-        return "summary.json says failed but has no failure {kind, message}"
-    if not isinstance(summary.get("metrics") or {}, dict):
-        return "summary.json metrics is not an object"
-    return None
-
-
 def read_run(path: Path, name: str, sweep: Path) -> Run:
     """One run directory: from summary.json when it has ended, from .hydra/ while pending."""
     log, problems = read_log(path / "metrics.jsonl")
@@ -251,36 +236,31 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.config = flatten(hydra_config)
         run.plan = plan_of(hydra_config)
 
-    summary_path = path / "summary.json"
-    if not summary_path.is_file():
+    if not (path / SUMMARY).is_file():
         return run
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        summary, problem = None, f"summary.json is not valid JSON ({error})"
-    else:
-        problem = _check_summary(summary)
-    if problem:
+        summary = load_summary(path)
+    except SummaryUnreadable as problem:
         run.status = "unreadable"
-        run.problems.append(problem)
+        run.problems.append(str(problem))
         return run
 
-    run.status = summary["status"]
-    if isinstance(summary.get("overrides"), list):
-        run.overrides = tuple(str(o) for o in summary["overrides"])
-    if isinstance(summary.get("config"), dict):
-        run.config = flatten(summary["config"])
-        run.plan = plan_of(summary["config"])
-    if isinstance(summary.get("plan"), dict):
-        run.plan = summary["plan"]
-    run.metrics = dict(summary.get("metrics") or {})
-    run.config_hash = summary.get("config_hash")
-    if isinstance(summary.get("device_seconds"), (int, float)):
-        run.device_seconds = float(summary["device_seconds"])
-        run.device_kind = str(summary.get("device_kind") or "cpu")
-    if run.status in ("failed", "pruned", "skipped") and isinstance(summary.get("failure"), dict):
-        run.failure_kind = str(summary["failure"].get("kind") or "crash")
-        run.failure_message = str(summary["failure"].get("message") or "")
+    run.status = str(summary.status)
+    if summary.overrides:
+        run.overrides = tuple(summary.overrides)
+    if summary.config:
+        run.config = flatten(summary.config)
+        run.plan = plan_of(summary.config)
+    if isinstance(summary.plan, dict):
+        run.plan = summary.plan
+    run.metrics = dict(summary.metrics)
+    run.config_hash = summary.config_hash
+    if isinstance(summary.device_seconds, (int, float)):
+        run.device_seconds = float(summary.device_seconds)
+        run.device_kind = str(summary.device_kind or "cpu")
+    if summary.failure is not None and summary.status != Status.COMPLETED:
+        run.failure_kind = str(summary.failure.kind or "crash")
+        run.failure_message = summary.failure.message
     return run
 
 

@@ -3,8 +3,8 @@
     from dpo_sweeps import api
 
     cfg = api.compose(["loss=ipo", "train.max_steps=20"], run_dir="outputs/ipo")
-    summary = api.train(cfg)                      # what summary.json says: completed or failed
-    print(summary["status"], summary["metrics"]["eval/rewards/accuracies"])
+    summary = api.train(cfg)                      # summary.json's record: completed or failed
+    print(summary.status, summary.metrics["eval/rewards/accuracies"])
     report = api.report("multirun/quickstart")    # as dpo-sweeps-report writes it
     print(report.text, report.html)
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.rundir.summary import Summary
 
 
 def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None) -> DictConfig:
@@ -57,9 +58,9 @@ def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None)
 RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
-def train(config: DictConfig | Sequence[str] = ()) -> dict:
+def train(config: DictConfig | Sequence[str] = ()) -> Summary:
     """Train one config in this process (and its local ranks) as `python -m dpo_sweeps` would; returns
-    the run's summary (summary.json's record), completed or failed (a setting that cannot work, found
+    the run's Summary (rundir/summary.py: what its summary.json holds), completed or failed (a setting that cannot work, found
     while validating, is a failed summary of kind invalid_config, as the command writes it). What the
     command refuses before it writes a summary raises its RunFailure: a setting the run does not read,
     an unwritable run directory, one that holds a completed run of another config.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,8 @@ from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_reco
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
 from dpo_sweeps.rundir.secrets import redact_files, scrub_secrets, secret_values
-from dpo_sweeps.rundir.summary import read_summary
-from dpo_sweeps.runtime.context import RunContext
+from dpo_sweeps.rundir.summary import Status, Summary, read_summary
+from dpo_sweeps.runtime.context import RunContext, attempt_id
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
 from dpo_sweeps.train.tracking import sweep_group
@@ -77,23 +76,23 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 pass
         say(exc.line)
         sys.exit(1)
-    if summary["status"] != "completed":
-        failure = summary["failure"]
-        if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
+    if summary.status != Status.COMPLETED:
+        failure = summary.failure
+        if summary.rank != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
             if multirun:
-                raise RunFailed(f"rank {summary['rank']}: run {summary['status']}")
+                raise RunFailed(f"rank {summary.rank}: run {summary.status}")
             sys.exit(1)
-        where = "" if summary.get("refused") else f"  [{run_dir / 'summary.json'}]"
-        verdict = "run pruned" if summary["status"] == "pruned" else f"run failed ({failure['kind']})"
-        message = f"{verdict}: {failure['message']}{where}"
+        where = f"  [{run_dir / 'summary.json'}]" if summary.written else ""
+        verdict = "run pruned" if summary.status == Status.PRUNED else f"run failed ({failure.kind})"
+        message = f"{verdict}: {failure.message}{where}"
         if multirun:
             raise RunFailed(message)
         say(f"error: {message}")
         sys.exit(1)
-    return summary["metrics"]
+    return summary.metrics
 
 
-def train(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
+def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
     """Train one config as the Hydra job `hydra_cfg` (HydraConfig's node) describes it, on as many ranks
     as it asks for; returns its summary, completed or failed. Raises RunRefused when it will not train
     (a setting that cannot work, a run directory it cannot write or that holds another config's run).
@@ -113,7 +112,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         base_dir=Path.cwd(),
         run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
         group=sweep_group(Path(hydra_cfg.sweep.dir)) if multirun else run_dir.name,
-        attempt=uuid.uuid4().hex,
+        attempt=attempt_id(),
         started_at=time.time(),
     )
     secrets = secret_values(ctx.config, dict(os.environ))
@@ -142,25 +141,25 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         raise RunRefused(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir")) from None
 
 
-def completed_run(ctx: RunContext) -> dict | None:
+def completed_run(ctx: RunContext) -> Summary | None:
     """The summary of the completed run of this config already in the run directory (None: train).
 
     A completed run of another config there is refused, as checkpoints of another config are;
     `checkpoint.resume=false` trains the directory again.
     """
     summary = read_summary(ctx.run_dir)
-    if summary is None or summary.get("status") != "completed" or not ctx.config["checkpoint"]["resume"]:
+    if summary is None or summary.status != Status.COMPLETED or not ctx.config["checkpoint"]["resume"]:
         return None
-    if summary.get("config_hash") == config_hash(scrub_secrets(ctx.config)):
+    if summary.config_hash == config_hash(scrub_secrets(ctx.config)):
         return summary
     refusal = InvalidConfig(
         "hydra.run.dir", f"{ctx.run_dir} holds a completed run of a different config "
-        f"({config_difference(summary.get('config') or {}, scrub_secrets(ctx.config))})",
+        f"({config_difference(summary.config, scrub_secrets(ctx.config))})",
         "another hydra.run.dir, the same command as that run, or checkpoint.resume=false to train it again")
     raise RunRefused(refusal, line=f"error: run refused ({refusal.kind}): {refusal}")
 
 
-def run_config(ctx: RunContext) -> dict:
+def run_config(ctx: RunContext) -> Summary:
     """Validate, then train on as many ranks as the config asks for; returns the summary."""
     cfg = OmegaConf.create(ctx.config)
     OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it
@@ -171,7 +170,7 @@ def run_config(ctx: RunContext) -> dict:
     try:
         lock = RunDirLock(ctx.run_dir).acquire()
     except RunDirInUse as exc:
-        return refused_summary(exc)
+        return refused_summary(ctx, exc)
     try:
         write_hydra_record(ctx.run_dir, ctx.hydra_record)
         prepare_run_dir(ctx.run_dir, cfg)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 # How rank 0's failure message starts when it only saw a peer go away (the cause is another rank's).
 PEER_STOPPED = "a peer rank stopped"
@@ -29,7 +31,8 @@ class FailureKind(StrEnum):
 
 @dataclass(frozen=True)
 class Failure:
-    """summary.json's `failure`: the one place a failure record is made, by ranks and launchers alike."""
+    """summary.json's `failure`: the one record of why a run did not complete, made by ranks, launchers
+    and sweepers alike, and read back by them and the report (`from_json`)."""
 
     kind: FailureKind
     message: str
@@ -39,15 +42,29 @@ class Failure:
     """The optimizer step it was in; None when not known."""
     cause: str | None = None
     """What that rank itself reported, without the `rank N:` that `message` may open with (None: message)."""
+    started: bool = True
+    """False: a point a launcher or sweeper never started (refused, skipped, not submitted), whose record
+    has its kind and message only (INTERFACE.md's first form)."""
 
-    def record(self) -> dict:
-        """The five fields of a run that failed once it was started (INTERFACE.md)."""
-        return {"kind": FailureKind(self.kind).value, "message": self.message, "rank": self.rank, "step": self.step,
+    def to_json(self) -> dict:
+        """The five fields of a run that failed once it was started, or kind and message (not started)."""
+        if not self.started:
+            return {"kind": str(self.kind), "message": self.message}
+        return {"kind": str(self.kind), "message": self.message, "rank": self.rank, "step": self.step,
                 "cause": self.message if self.cause is None else self.cause}
 
-    def brief(self) -> dict:
-        """Kind and message: a point a launcher or sweeper never started (refused, skipped, not submitted)."""
-        return {"kind": FailureKind(self.kind).value, "message": self.message}
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> Failure:
+        """A failure as summary.json (or a rank's record) has it, in either form; a kind this version does
+        not know stays the string it is."""
+        kind = record.get("kind") or "crash"
+        started = any(key in record for key in ("rank", "step", "cause"))
+        return cls(FailureKind(kind) if kind in FAILURE_KINDS else kind, str(record.get("message") or ""),
+                   record.get("rank"), record.get("step"), record.get("cause"), started)
+
+
+# Every failure kind, as summary.json writes it (INTERFACE.md).
+FAILURE_KINDS = frozenset(kind.value for kind in FailureKind)
 
 
 class RunFailure(Exception):
@@ -95,7 +112,7 @@ class DiskFull(RunFailure):
     kind = "disk_full"
 
 
-def interrupted_before_training(signal_words: str = "SIGINT (Ctrl-C)") -> dict:
+def interrupted_before_training(signal_words: str = "SIGINT (Ctrl-C)") -> Failure:
     """The failure of a run stopped by the terminal before its first step: nothing to checkpoint."""
     return failure_of(RunFailure(f"{signal_words} received before training started: nothing to checkpoint; "
                                  "the same command starts the run again", "interrupted"))
@@ -111,8 +128,8 @@ def say(line: str) -> None:
         pass
 
 
-def failure_of(exc: BaseException) -> dict:
-    """The summary.json `failure` object for an exception."""
+def failure_of(exc: BaseException) -> Failure:
+    """The summary.json `failure` of an exception (rank and step not known here: the rank adds them)."""
     if isinstance(exc, RunFailure):
         kind = exc.kind
     elif is_disk_full(exc):
@@ -124,9 +141,7 @@ def failure_of(exc: BaseException) -> dict:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not isinstance(exc, RunFailure):
         message = f"{type(exc).__name__}: {message}"
-    # rank and step: where it happened (null: before the ranks started, or not known); cause: what the
-    # failing rank itself reported, without the "rank N:" of `message`.
-    return Failure(FailureKind(kind), message).record()
+    return Failure(FailureKind(kind), message)
 
 
 # Less free space than this where a write failed: the disk is full, whatever the writer said.

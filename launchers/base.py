@@ -77,19 +77,21 @@ class SweepLauncher(BaseSubmititLauncher):
     # ------------------------------------------------------------------ the job side
     def __call__(  # type: ignore[override]
         self,
-        runs: list[tuple[int, DictConfig]],
+        runs: list[tuple[int, DictConfig, str]],
         singleton_state: dict[type, Singleton],
         placement: Placement | None = None,
     ) -> list[JobReturn]:
         """Runs in each task (rank) of the submitted job: its run, or a probe batch's runs in turn
-        (`runs`: each one's job number and config, as the sweep composed it); one JobReturn per run
+        (`runs`: each one's job number, config as the sweep composed it, and attempt id); one JobReturn per run
         it got to (launchers/job_side.py)."""
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         return run_in_task(self.hydra_context, self.task_function, runs, singleton_state, placement)
 
-    def _submit_args(self, jobs: Sequence[SweepJob], placement: Placement | None = None) -> tuple:
-        # Each job's config as the sweep composed it (launchers.jobs): the job need not compose it again.
-        return ([(job.num, job.config) for job in jobs], Singleton.get_state(), placement)
+    def _submit_args(self, jobs: Sequence[SweepJob], attempts: Sequence[str], placement: Placement | None = None) -> tuple:
+        # Each job's config as the sweep composed it (launchers.jobs): the job need not compose it again;
+        # and the id of the attempt this launch starts, which its summary.json will carry (collect.py).
+        return ([(job.num, job.config, attempt) for job, attempt in zip(jobs, attempts)], Singleton.get_state(),
+                placement)
 
 
 def task_overrides(job: SweepJob) -> list[str]:

@@ -34,7 +34,7 @@ from dpo_sweeps.launchers.preflight import (
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.cost import device_time_text
 from dpo_sweeps.rundir.paths import FIND_BEST
-from dpo_sweeps.rundir.summary import read_summary
+from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 
 log = logging.getLogger("launchers")
 
@@ -140,9 +140,9 @@ class FindBest:
     def _best_plans(self, probe_outcomes: list[Outcome]) -> list[list[str]]:
         measured = []
         for o in probe_outcomes:
-            summary = read_summary(o.run_dir) or {}
-            speed = (summary.get("metrics") or {}).get(SPEED)
-            if summary.get("status") == "completed" and isinstance(speed, (int, float)):
+            summary = read_summary(o.run_dir)
+            speed = summary.metrics.get(SPEED) if summary is not None else None
+            if summary is not None and summary.status == Status.COMPLETED and isinstance(speed, (int, float)):
                 measured.append((speed, self._plan_of(o.job)))
         if not measured:
             raise InvalidSweep(f"stage 'probes': no probe completed, so no plan can be chosen (see {self.sweep_dir}/probes)")
@@ -153,8 +153,8 @@ class FindBest:
     def _write_result(self, probes: list[Outcome], train: list[Outcome], plans: list[list[str]]) -> dict:
         candidates = []
         for o in train:
-            summary = read_summary(o.run_dir) or {}
-            if summary.get("status") == "completed":
+            summary = read_summary(o.run_dir)
+            if summary is not None and summary.status == Status.COMPLETED:
                 candidates.append(Candidate.of(o.run_dir, summary))
         probe_cost, probe_saved = sweep_cost(probes)
         train_cost, _ = sweep_cost(train)
@@ -183,10 +183,10 @@ class Candidate:
     tokens_per_s: float | None
 
     @classmethod
-    def of(cls, run_dir: Path, summary: dict) -> Candidate:
-        m = summary.get("metrics") or {}
-        return cls(run_dir, list(summary.get("overrides") or []), float(m.get(ACCURACY) or 0.0),
-                   int((summary.get("data") or {}).get("eval_pairs") or 0), m.get(SPEED),
+    def of(cls, run_dir: Path, summary: Summary) -> Candidate:
+        m = summary.metrics
+        return cls(run_dir, list(summary.overrides), float(m.get(ACCURACY) or 0.0),
+                   int((summary.data or {}).get("eval_pairs") or 0), m.get(SPEED),
                    m.get("perf/peak_memory_gib"), m.get("perf/tokens_per_s"))
 
     @property

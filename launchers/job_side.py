@@ -8,6 +8,7 @@ tasks other than rank 0 write nothing into the run directory (no `.hydra/`, no l
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hydra.core.singleton import Singleton
@@ -16,11 +17,13 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.launchers.placement import Placement
+from dpo_sweeps.runtime.context import ATTEMPT_ENV
 
 
-def run_in_task(hydra_context: HydraContext, task_function: TaskFunction, runs: list[tuple[int, DictConfig]],
+def run_in_task(hydra_context: HydraContext, task_function: TaskFunction, runs: list[tuple[int, DictConfig, str]],
                 singleton_state: dict[type, Singleton], placement: Placement | None = None) -> list[JobReturn]:
-    """This task's runs, in turn (`runs`: each one's job number and config); one JobReturn per run it got to."""
+    """This task's runs, in turn (`runs`: each one's job number, config and the attempt id the launcher
+    gave it); one JobReturn per run it got to."""
     import submitit
 
     Singleton.set_state(singleton_state)
@@ -30,13 +33,13 @@ def run_in_task(hydra_context: HydraContext, task_function: TaskFunction, runs: 
         placement.apply(env.local_rank, env.num_tasks // env.num_nodes,
                         bind_cores=runs[0][1].resources.bind_cores)
     if len(runs) == 1:
-        return [_run_job(hydra_context, task_function, runs[0][1], runs[0][0], env)]
+        return [_run_job(hydra_context, task_function, *runs[0], env)]
     from dpo_sweeps.runtime.shared_ranks import all_completed, free_previous_run, sharing_ranks
 
     returns: list[JobReturn] = []
     with sharing_ranks():
-        for num, config in runs:
-            returns.append(_run_job(hydra_context, task_function, config, num, env))
+        for run in runs:
+            returns.append(_run_job(hydra_context, task_function, *run, env))
             # Every rank goes on only if every rank completed this run; else the launcher starts the rest anew.
             if not all_completed(returns[-1].status == JobStatus.COMPLETED):
                 break
@@ -44,21 +47,25 @@ def run_in_task(hydra_context: HydraContext, task_function: TaskFunction, runs: 
     return returns
 
 
-def _run_job(hydra_context: HydraContext, task_function: TaskFunction, sweep_config: Any, job_num: int,
-             env: Any) -> JobReturn:
-    """One run of the job: the Hydra job, in its own run directory."""
+def _run_job(hydra_context: HydraContext, task_function: TaskFunction, job_num: int, sweep_config: Any,
+             attempt: str, env: Any) -> JobReturn:
+    """One run of the job: the Hydra job, in its own run directory, as the attempt the launcher named."""
     with read_write(sweep_config.hydra), open_dict(sweep_config.hydra.job) as job:
         job.id = env.job_id
         job.num = job_num
     if env.global_rank != 0:
         _quiet_hydra_outputs(sweep_config)
-    return run_job(
-        hydra_context=hydra_context,
-        task_function=task_function,
-        config=sweep_config,
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
+    os.environ[ATTEMPT_ENV] = attempt  # the run's summary.json carries it (dpo_sweeps/app.py)
+    try:
+        return run_job(
+            hydra_context=hydra_context,
+            task_function=task_function,
+            config=sweep_config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    finally:
+        os.environ.pop(ATTEMPT_ENV, None)
 
 
 def _quiet_hydra_outputs(config: Any) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 
+from dpo_sweeps.errors import Failure
 from dpo_sweeps.launchers.base import (
     JobNotRun,
     SweepLauncher,
@@ -42,11 +43,12 @@ from dpo_sweeps.launchers.base import (
     log,
     probes_per_job_of,
 )
-from dpo_sweeps.launchers.collect import collect_unit, runs_written, summary_stamp
+from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.rundir.summary import read_summary
+from dpo_sweeps.runtime.context import new_attempt
 from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
 
 # How long a Ctrl-C'd sweep waits for its running jobs to checkpoint and stop before it kills them.
@@ -57,7 +59,7 @@ TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 IGNORE_TERMINAL_SIGNALS = "trap '' INT HUP"
 
 
-def _every_rank_stopped(job: SweepJob) -> dict | None:
+def _every_rank_stopped(job: SweepJob) -> Failure | None:
     """The `hang` failure of a job none of whose ranks can say it (all stopped: no watchdog runs), or None."""
     res = job.task_config["resources"]
     bound = (res["hang_timeout_s"] or res["collective_timeout_s"]) + STALE_S
@@ -180,7 +182,7 @@ class LocalLauncher(SweepLauncher):
         pending = deque(probe_batches(jobs, lambda job: self._slots(job, pool), self.probes_per_job))
         label = PointLabels([job.overrides for job in jobs])
         running: dict[int, _Running] = {}  # by the first job of each
-        hung: dict[int, dict] = {}  # jobs cancelled because every rank stopped: their failure
+        hung: dict[int, Failure] = {}  # jobs cancelled because every rank stopped: their failure
         log.info("local launcher: %d jobs on %d CPU cores%s%s, into %s", len(jobs), len(pool.cpus),
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
                  f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
@@ -191,7 +193,7 @@ class LocalLauncher(SweepLauncher):
                 for key, job in running.items():
                     current = job.current(jobs)
                     if key not in hung and current is not None and (verdict := _every_rank_stopped(current)):
-                        log.error("#%d: %s; cancelling the job", current.num, verdict["message"])
+                        log.error("#%d: %s; cancelling the job", current.num, verdict.message)
                         hung[key] = verdict
                         _signal_ranks(job.submitted, signal.SIGKILL)
                 for key in [key for key, job in running.items() if job.submitted.done()]:
@@ -199,7 +201,7 @@ class LocalLauncher(SweepLauncher):
                     with self._devices_lock:
                         pool.give_back(job.placement)
                     members = [jobs[i] for i in job.unit]
-                    returns, not_run = collect_unit(members, job.submitted, job.started, job.earlier,
+                    returns, not_run = collect_unit(members, job.submitted, job.started, job.attempts,
                                                           self.timeout_min, known_failure=hung.pop(key, None))
                     for i, ret in zip(job.unit, returns):
                         results[i] = ret
@@ -251,9 +253,9 @@ class LocalLauncher(SweepLauncher):
             members = [jobs[i] for i in unit]
             for member in members:
                 member.run_dir.mkdir(parents=True, exist_ok=True)
-            earlier = [summary_stamp(member.run_dir) for member in members]
-            submitted = executor.submit(self, *self._submit_args(members, placement))
-            running[unit[0]] = _Running(unit, submitted, placement, time.monotonic(), earlier)
+            attempts = [new_attempt() for _ in members]
+            submitted = executor.submit(self, *self._submit_args(members, attempts, placement))
+            running[unit[0]] = _Running(unit, submitted, placement, time.monotonic(), attempts)
             if len(members) == 1:
                 log.info("#%d started: %s  (%d ranks; %s; job %s)", job.num, label(job.overrides), job.world_size,
                          placement.describe(), submitted.job_id)
@@ -320,14 +322,15 @@ class _Running:
     submitted: Any
     placement: Any
     started: float
-    earlier: list[int | None]  # each run's summary.json stamp before the start
+    attempts: list[str]  # the attempt id this launch gave each run
 
     def current(self, jobs: Sequence[SweepJob]) -> SweepJob | None:
         """The run the job is on (None: all of its runs wrote their summary)."""
-        done = runs_written([jobs[i] for i in self.unit], self.earlier)
+        done = runs_written([jobs[i] for i in self.unit], self.attempts)
         return jobs[self.unit[done]] if done < len(self.unit) else None
 
     def elapsed(self, job: SweepJob) -> float:
         """How long the run took: the job's time, or in a probe batch the run's own (summary.json wall_s)."""
-        wall = (read_summary(job.run_dir) or {}).get("wall_s") if len(self.unit) > 1 else None
+        summary = read_summary(job.run_dir) if len(self.unit) > 1 else None
+        wall = summary.wall_s if summary is not None else None
         return wall if isinstance(wall, (int, float)) else time.monotonic() - self.started

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from dpo_sweeps.launchers.optuna_sampler import constraints_per_trial
 from dpo_sweeps.launchers.optuna_space import SearchSpace
 from dpo_sweeps.launchers.trial_slots import SlotRun, TrialSlots
-from dpo_sweeps.rundir.summary import read_summary
+from dpo_sweeps.rundir.summary import Status, read_summary
 from dpo_sweeps.train.pruning import TrialLink
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
 
@@ -150,8 +150,8 @@ class AsyncStudy:
     def _tell(self, run: SlotRun) -> None:
         TrialState = self.optuna.trial.TrialState
         self.trials.history.append((run.job, run.job_return))
-        summary = read_summary(run.job.run_dir) or {}
-        if summary.get("status") == "pruned":
+        summary = read_summary(run.job.run_dir)
+        if summary is not None and summary.status == Status.PRUNED:
             self._finish(run.tag, TrialState.PRUNED)
             return
         ret = self.trials.with_objectives(run.job_return)
@@ -159,8 +159,9 @@ class AsyncStudy:
             values = ret.return_value if isinstance(ret.return_value, list) else [ret.return_value]
             self._finish(run.tag, TrialState.COMPLETE, values)
         else:
-            failure = summary.get("failure") or {}
-            log.warning("trial %d failed: %s", run.tag, failure.get("message") or "no finite objective in its metrics")
+            failure = summary.failure if summary is not None else None
+            log.warning("trial %d failed: %s", run.tag,
+                        (failure.message if failure is not None else "") or "no finite objective in its metrics")
             self._finish(run.tag, TrialState.FAIL)
 
     def _finish_infeasible(self, number: int) -> None:

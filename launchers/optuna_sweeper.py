@@ -48,7 +48,7 @@ from dpo_sweeps.launchers.preflight import (
     predicted_oom,
     record_predicted_oom,
 )
-from dpo_sweeps.rundir.summary import write_summary
+from dpo_sweeps.rundir.summary import Status, Summary, write_summary
 from dpo_sweeps.train.pruning import make_pruner
 
 DIRECTIONS = ("maximize", "minimize")
@@ -120,9 +120,9 @@ class TrialLauncher(Launcher):
         log.warning("trial %d not run: %s: %s", point.num, point.kind, point.message)
         refusal = failed_return(point.overrides, JobNotRun(f"{point.kind}: {point.message}"), point.job)
         if point.job is not None:
-            write_summary(point.job.run_dir, status="failed", failure=Failure(FailureKind(point.kind), point.message).brief(),
-                          overrides=task_overrides(point.job), config=point.job.task_config, metrics={},
-                          extra={"written_by": "optuna sweeper: not run"})
+            write_summary(point.job.run_dir, Summary(
+                Status.FAILED, Failure(FailureKind(point.kind), point.message, started=False),
+                task_overrides(point.job), point.job.task_config, {}, written_by="optuna sweeper: not run"))
             self.history.append((point.job, refusal))
         return PreparedTrial(point.job, refusal)
 

@@ -18,7 +18,7 @@ from hydra.errors import CompactHydraException
 
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob
 from dpo_sweeps.rundir.cost import device_time_text
-from dpo_sweeps.rundir.summary import read_summary
+from dpo_sweeps.rundir.summary import Status, read_summary
 
 MAX_FAILED_LISTED = 20
 
@@ -41,9 +41,9 @@ class Outcome:
 def outcome_of(job: SweepJob, job_return: JobReturn | None) -> Outcome:
     """What a launched job came to, from its summary.json, else from its JobReturn."""
     summary = read_summary(job.run_dir)
-    if summary is not None and summary.get("status") in ("completed", "failed", "pruned", "skipped"):
-        failure = summary.get("failure") or {}
-        return Outcome(job, summary["status"], job.run_dir, failure.get("kind"), failure.get("message"))
+    if summary is not None:
+        failure = summary.failure
+        return Outcome(job, str(summary.status), job.run_dir, failure and str(failure.kind), failure and failure.message)
     if job_return is not None and job_return.status == JobStatus.COMPLETED:
         # A launcher whose task function wrote no summary (not dpo_sweeps.app.run): trust the return.
         return Outcome(job, "completed", job.run_dir)
@@ -69,19 +69,19 @@ def sweep_cost(outcomes: Sequence[Outcome]) -> tuple[dict[str, float], dict[str,
     saved = {"fit_check": 0.0, "pruning": 0.0}
     skipped = 0
     for o in outcomes:
-        summary = read_summary(o.run_dir) or {}
-        seconds = summary.get("device_seconds")
+        summary = read_summary(o.run_dir)
         if o.status == "skipped":
             skipped += 1
-        if not isinstance(seconds, (int, float)):
+        if summary is None or not isinstance(summary.device_seconds, (int, float)):
             continue
-        kind = summary.get("device_kind") or "cpu"
+        seconds = summary.device_seconds
+        kind = summary.device_kind or "cpu"
         spent[kind] = spent.get(kind, 0.0) + seconds
-        if summary.get("status") == "completed":
+        if summary.status == Status.COMPLETED:
             completed.append(seconds)
-        steps = (summary.get("metrics") or {}).get("steps")
-        max_steps = ((summary.get("config") or {}).get("train") or {}).get("max_steps")
-        if summary.get("status") == "pruned" and steps and max_steps:
+        steps = summary.metrics.get("steps")
+        max_steps = (summary.config.get("train") or {}).get("max_steps")
+        if summary.status == Status.PRUNED and steps and max_steps:
             saved["pruning"] += seconds * (max_steps / steps - 1)
     if skipped and completed:
         saved["fit_check"] = skipped * sorted(completed)[len(completed) // 2]

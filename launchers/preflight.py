@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpo_sweeps.config.unused import SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
-from dpo_sweeps.rundir.summary import write_summary
+from dpo_sweeps.rundir.summary import Status, Summary, write_summary
 
 log = logging.getLogger("launchers")
 
@@ -203,11 +203,10 @@ def record_predicted_oom(point: PredictedOOM) -> None:
     """Its summary.json: status skipped, kind oom_predicted, with the estimate and the limit."""
     job = point.job
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    write_summary(job.run_dir, status="skipped", failure=Failure(FailureKind.OOM_PREDICTED, point.message).brief(),
-                  overrides=list(job.overrides), config=job.task_config,
-                  metrics={"perf/peak_memory_estimate_gib": point.estimate_gib,
-                           "fit/device_memory_gib": point.limit_gib},
-                  extra={"written_by": "sweeper: fit check", "wall_s": 0.0, "device_seconds": 0.0})
+    write_summary(job.run_dir, Summary(
+        Status.SKIPPED, Failure(FailureKind.OOM_PREDICTED, point.message, started=False), list(job.overrides),
+        job.task_config, {"perf/peak_memory_estimate_gib": point.estimate_gib, "fit/device_memory_gib": point.limit_gib},
+        written_by="sweeper: fit check", wall_s=0.0, device_seconds=0.0))
 
 
 def refusal_message(invalid: Sequence[InvalidPoint], points: Sequence[Sequence[str]]) -> str:

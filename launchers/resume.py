@@ -20,7 +20,7 @@ import yaml
 
 from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.rundir.lock import LOCK, RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.summary import SUMMARY, read_summary
+from dpo_sweeps.rundir.summary import SUMMARY, Status, read_summary
 
 
 @dataclass
@@ -40,8 +40,8 @@ def completed_runs(sweep_dir: Path) -> dict[str, Path]:
         if SUMMARY not in files:
             continue
         summary = read_summary(Path(root))
-        if summary and summary.get("status") == "completed" and summary.get("config_hash"):
-            found.setdefault(summary["config_hash"], Path(root))
+        if summary is not None and summary.status == Status.COMPLETED and summary.config_hash:
+            found.setdefault(summary.config_hash, Path(root))
     return found
 
 
@@ -51,7 +51,7 @@ def _holds_other_run(run_dir: Path, job: SweepJob) -> bool:
         return False
     summary = read_summary(run_dir)
     if summary is not None:
-        return summary.get("config_hash") != job.config_hash
+        return summary.config_hash != job.config_hash
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     if overrides_file.exists():
         try:
@@ -106,8 +106,8 @@ def wait_for_earlier_runs(plan: ResumePlan, timeout_s: float = 300.0, poll_s: fl
         time.sleep(poll_s)
         waiting = [job for job in waiting if _in_use(job.run_dir)]
     for job in held:
-        summary = read_summary(job.run_dir) or {}
-        if summary.get("status") == "completed" and summary.get("config_hash") == job.config_hash:
+        summary = read_summary(job.run_dir)
+        if summary is not None and summary.status == Status.COMPLETED and summary.config_hash == job.config_hash:
             plan.to_run.remove(job)
             plan.skipped.append((job, job.run_dir))
 

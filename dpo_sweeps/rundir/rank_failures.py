@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from dpo_sweeps.errors import Failure, FailureKind
@@ -12,36 +15,54 @@ from dpo_sweeps.rundir.atomic import write_json_atomic
 RANK_FAILURES = "rank_failures"
 
 
-def write_rank_failure(run_dir: Path, reported_by: int, failure: dict, *, collective: bool) -> None:
+@dataclass(frozen=True)
+class RankReport:
+    """rank_failures/rankN.json (INTERFACE.md): a failure as rank `reported_by` saw it, its own or its
+    verdict about another rank (a hang); or, from first_failure, what a supervisor saw end (reported_by
+    None)."""
+
+    failure: Failure
+    reported_by: int | None
+    time: float = 0.0
+    collective: bool = False
+    """It only saw a peer go away: the cause is another rank's."""
+
+    def to_json(self) -> dict:
+        return {**self.failure.to_json(), "reported_by": self.reported_by, "time": self.time,
+                "collective": self.collective}
+
+    @classmethod
+    def from_json(cls, record: dict) -> RankReport:
+        return cls(Failure.from_json(record), record.get("reported_by"), float(record.get("time") or 0.0),
+                   bool(record.get("collective")))
+
+
+def write_rank_failure(run_dir: Path, reported_by: int, failure: Failure, *, collective: bool) -> None:
     """Record what rank `reported_by` saw: its own failure (`failure` without a `rank`), or a verdict
     about another rank (a hang). `collective`: it only saw a peer go away. Best effort: a full disk
     must not hide the failure being handled."""
-    import time
-
-    record = dict(failure)
-    if record.get("rank") is None:  # this rank's own failure
-        record.update(rank=reported_by, cause=failure["message"], message=f"rank {reported_by}: {failure['message']}")
-    record.update(reported_by=reported_by, time=time.time(), collective=collective)
+    if failure.rank is None:  # this rank's own failure
+        failure = dataclasses.replace(failure, rank=reported_by, cause=failure.message,
+                                      message=f"rank {reported_by}: {failure.message}")
+    report = RankReport(failure, reported_by, time.time(), collective)
     try:
-        write_json_atomic(Path(run_dir) / RANK_FAILURES / f"rank{reported_by}.json", record)
+        write_json_atomic(Path(run_dir) / RANK_FAILURES / f"rank{reported_by}.json", report.to_json())
     except OSError:
         pass
 
 
-def read_rank_failures(run_dir: Path) -> list[dict]:
+def read_rank_failures(run_dir: Path) -> list[RankReport]:
     folder = Path(run_dir) / RANK_FAILURES
     out = []
     for path in sorted(folder.glob("rank*.json")) if folder.exists() else []:
         try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            out.append(RankReport.from_json(json.loads(path.read_text())))
+        except (OSError, ValueError, AttributeError):
             continue
     return out
 
-FAILURE_FIELDS = ("kind", "message", "rank", "step", "cause")
 
-
-def first_failure(run_dir: Path, ended: Sequence[tuple[int, str]] = ()) -> dict | None:
+def first_failure(run_dir: Path, ended: Sequence[tuple[int, str]] = ()) -> RankReport | None:
     """The failure of the rank that failed first on its own: the one place that works it out.
 
     By evidence, best first: the earliest failure a rank recorded of itself; else the earliest verdict
@@ -50,12 +71,12 @@ def first_failure(run_dir: Path, ended: Sequence[tuple[int, str]] = ()) -> dict 
     that only saw a peer go away never count. `reported_by` is the rank that recorded it (None: it
     comes from `ended`). None: nobody knows.
     """
-    reports = [r for r in read_rank_failures(run_dir) if not r.get("collective")]
-    own = [r for r in reports if r.get("rank") == r.get("reported_by")]
-    found = min(own or reports, key=lambda r: r["time"], default=None)
+    reports = [r for r in read_rank_failures(run_dir) if not r.collective]
+    own = [r for r in reports if r.failure.rank == r.reported_by]
+    found = min(own or reports, key=lambda r: r.time, default=None)
     if found is not None:
-        return {k: found.get(k) for k in (*FAILURE_FIELDS, "reported_by")}
+        return found
     if not ended:
         return None
     message = "; ".join(how for _, how in ended)
-    return {**Failure(FailureKind.CRASH, message, rank=ended[0][0]).record(), "reported_by": None}
+    return RankReport(Failure(FailureKind.CRASH, message, rank=ended[0][0]), reported_by=None)

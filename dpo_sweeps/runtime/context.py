@@ -6,8 +6,24 @@ it. It imports nothing of the project, so no module that needs it has to import 
 
 from __future__ import annotations
 
+import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# The attempt id a launcher gives the job it starts (launchers/job_side.py), so that it knows which
+# summary.json is this attempt's (rundir/summary.py read_summary); a run started otherwise makes its own.
+ATTEMPT_ENV = "DPO_SWEEPS_ATTEMPT"
+
+
+def new_attempt() -> str:
+    """A fresh attempt id: whoever starts an attempt makes one and tells the run (ATTEMPT_ENV)."""
+    return uuid.uuid4().hex
+
+
+def attempt_id() -> str:
+    """This attempt's id: the one its launcher gave it, else a new one."""
+    return os.environ.get(ATTEMPT_ENV) or new_attempt()
 
 
 @dataclass
@@ -21,6 +37,7 @@ class RunContext:
     run_name: str = "run"
     group: str = "run"
     attempt: str = ""
+    """Whoever started the attempt named it (attempt_id); summary.json's `attempt`."""
     started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)
     # The run's .hydra/ files (rundir/hydra_record.py), written by the job that takes the run directory's lock.
     hydra_record: dict[str, str] = field(default_factory=dict)

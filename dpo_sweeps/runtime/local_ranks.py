@@ -6,6 +6,7 @@ summary.json, this process writes it from the ranks' failure records and exit co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import shutil
@@ -18,8 +19,8 @@ from omegaconf import DictConfig
 
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
-from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, first_failure
-from dpo_sweeps.rundir.summary import read_summary, rewrite_summary
+from dpo_sweeps.rundir.rank_failures import first_failure
+from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.rank import run_rank, write_failed
 from dpo_sweeps.runtime.signals import (
@@ -46,10 +47,10 @@ def _rank_process(ctx: RunContext, env: RankEnv) -> None:
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
     summary = run_rank(ctx, env, bind_cores=True)
-    sys.exit(0 if summary["status"] == "completed" else 1)
+    sys.exit(0 if summary.status == Status.COMPLETED else 1)
 
 
-def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict:
+def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> Summary:
     """Start one process per rank on this machine; a rank that dies takes the others down."""
     port = cfg.resources.master_port or free_port()
     if cfg.resources.master_port is None:
@@ -69,32 +70,32 @@ def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> dict
         _wait_for_ranks(procs)
     shutil.rmtree(heartbeat_dir(ctx.run_dir), ignore_errors=True)  # those of ranks that were killed
 
-    summary = read_summary(ctx.run_dir)
-    if summary is None or summary.get("attempt") != ctx.attempt:
+    summary = read_summary(ctx.run_dir, attempt=ctx.attempt)
+    if summary is None:  # rank 0 wrote none for this attempt
         failure = _failure_from_exit_codes(ctx.run_dir, procs)
-        if watch.signum is not None and failure["kind"] == "crash":  # the ranks died of the signal itself
+        if watch.signum is not None and failure.kind == FailureKind.CRASH:  # the ranks died of the signal itself
             words = TERMINAL_SIGNAL_WORDS.get(watch.signum, signal.Signals(watch.signum).name)
-            kind = "interrupted" if watch.signum in TERMINAL_SIGNALS else "preempted"
-            failure = {**failure, "kind": kind, "message": f"{words} received; {failure['message']}"}
+            kind = FailureKind.INTERRUPTED if watch.signum in TERMINAL_SIGNALS else FailureKind.PREEMPTED
+            failure = dataclasses.replace(failure, kind=kind, message=f"{words} received; {failure.message}")
         return write_failed(ctx, failure)
     killed = [p for p in procs if p.exitcode is not None and p.exitcode < 0]
-    if summary["status"] == "failed" and killed and summary["failure"].get("rank", 0) is None:
+    if summary.status == Status.FAILED and killed and summary.failure.started and summary.failure.rank is None:
         # Rank 0 only saw its peer vanish; the exit codes say how.
         found = _failure_from_exit_codes(ctx.run_dir, killed)
-        summary["failure"] = {**found, "step": found["step"] or summary["failure"].get("step")}
-        summary = rewrite_summary(ctx.run_dir, summary)
-    failure = summary.get("failure") or {}
-    if watch.signum is not None and failure.get("kind") in ("preempted", "timeout"):
+        summary = rewrite_summary(ctx.run_dir, summary,
+                                  failure=dataclasses.replace(found, step=found.step or summary.failure.step))
+    failure = summary.failure
+    if watch.signum is not None and failure is not None and failure.kind in ("preempted", "timeout"):
         # This launcher may be a submitit task: submitit judges time-out or preemption, and requeues.
         # The ranks got a terminal signal as a SIGTERM: say which it was.
         reason = (STOP_PREEMPT_SIGNAL if watch.signum == preemption_signal()
                   else STOP_INTERRUPT if watch.signum in TERMINAL_SIGNALS else STOP_SIGTERM)
-        kind = watch.failure_kind(reason) if failure["kind"] == "preempted" else failure["kind"]
-        if kind != failure["kind"]:
+        kind = watch.failure_kind(reason) if failure.kind == FailureKind.PREEMPTED else failure.kind
+        if kind != failure.kind:
             said = f"{TERMINAL_SIGNAL_WORDS.get(watch.signum, 'SIGTERM')} received"
-            summary["failure"] = {**failure, "kind": kind, "message": failure["message"].replace("SIGTERM received", said),
-                                  "cause": (failure.get("cause") or "").replace("SIGTERM received", said)}
-            summary = rewrite_summary(ctx.run_dir, summary)
+            summary = rewrite_summary(ctx.run_dir, summary, failure=dataclasses.replace(
+                failure, kind=FailureKind(kind), message=failure.message.replace("SIGTERM received", said),
+                cause=(failure.cause or "").replace("SIGTERM received", said)))
         watch.leave(reason, is_main=True)  # exits here when the job is requeued
     return summary
 
@@ -121,7 +122,7 @@ def _wait_for_ranks(procs: list) -> None:
             p.join()
 
 
-def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
+def _failure_from_exit_codes(run_dir: Path, procs: list) -> Failure:
     """The first failed rank's failure: its own record, else the first rank that exited abnormally."""
     ended = [
         (rank, f"rank {rank} killed by {signal.Signals(-code).name}" if code < 0 else f"rank {rank} exited with {code}")
@@ -129,6 +130,5 @@ def _failure_from_exit_codes(run_dir: Path, procs: list) -> dict:
     ]
     found = first_failure(run_dir, ended)
     if found is not None:
-        return {k: found.get(k) for k in FAILURE_FIELDS}
-    message = "rank 0 ended without writing summary.json"
-    return Failure(FailureKind.CRASH, message).record()
+        return found.failure
+    return Failure(FailureKind.CRASH, "rank 0 ended without writing summary.json")

@@ -8,6 +8,7 @@ that ends a failed or hung run.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import multiprocessing
@@ -38,8 +39,8 @@ from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.rundir.cost import run_cost
 from dpo_sweeps.rundir.hydra_record import write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, RANK_FAILURES, first_failure, write_rank_failure
-from dpo_sweeps.rundir.summary import reserve_summary_space, write_summary
+from dpo_sweeps.rundir.rank_failures import RANK_FAILURES, first_failure, write_rank_failure
+from dpo_sweeps.rundir.summary import Status, Summary, reserve_summary_space, write_summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
@@ -53,9 +54,10 @@ log = logging.getLogger("dpo_sweeps")
 PEER_REPORT_WAIT_S = 5.0
 
 
-def refused_summary(exc: RunDirInUse) -> dict:
+def refused_summary(ctx: RunContext, exc: RunDirInUse, rank: int = 0) -> Summary:
     """Another job owns the run directory: report it, and write nothing there."""
-    return {"status": "failed", "failure": failure_of(exc), "metrics": {}, "refused": True}
+    return Summary(Status.FAILED, failure_of(exc), ctx.overrides, ctx.config, {}, attempt=ctx.attempt, rank=rank,
+                   written=False)
 
 
 def prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
@@ -94,15 +96,15 @@ def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
 
 
 def _cost(ctx: RunContext) -> dict[str, Any]:
-    """This attempt's cost fields (rundir.run_cost) from the config's ranks and device."""
+    """This attempt's cost fields (rundir/cost.py run_cost) from the config's ranks and device."""
     res = ctx.config["resources"]
     return run_cost(ctx.started_at, int(res["nodes"]) * int(res["nproc_per_node"]), wants_cuda(res["device"]))
 
 
-def write_failed(ctx: RunContext, failure: dict) -> dict:
+def write_failed(ctx: RunContext, failure: Failure) -> Summary:
     """The failed summary.json of a run whose ranks could not report (or never started)."""
-    return write_summary(ctx.run_dir, status="failed", failure=failure, overrides=ctx.overrides,
-                         config=ctx.config, metrics={}, extra={"attempt": ctx.attempt, **_cost(ctx)})
+    return write_summary(ctx.run_dir, Summary(Status.FAILED, failure, ctx.overrides, ctx.config, {},
+                                              attempt=ctx.attempt, **_cost(ctx)))
 
 
 def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
@@ -131,7 +133,7 @@ def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
     return max(1, len(allowed) // env.local_world_size)
 
 
-def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_cores: bool = False) -> dict:
+def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_cores: bool = False) -> Summary:
     """Train as rank `env.rank`. Rank 0 writes and returns the summary; other ranks return what they
     saw (`status`, their own `failure`, and `rank`), writing nothing but their failure record.
 
@@ -156,24 +158,20 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     failure = None
     interrupted: RunInterrupted | None = None
 
-    def summary_of(failure: dict | None, metrics: dict[str, Any]) -> dict:
-        extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
+    def summary_of(failure: Failure | None, metrics: dict[str, Any]) -> Summary:
+        summary = Summary(_status_of(failure), failure, ctx.overrides, ctx.config, metrics, attempt=ctx.attempt,
+                          **_cost(ctx))
         if trainer is not None:
-            extra["resumed_from_step"] = trainer.resumed_from
-            if trainer.data_counts is not None:
-                extra["data"] = trainer.data_counts
-            if trainer.layout is not None:
-                extra["layout"] = trainer.layout
-            extra["plan"] = trainer.plan.as_dict()
-            extra.update(trainer.checkpointer_report())
-        return write_summary(ctx.run_dir, status=_status_of(failure), failure=failure,
-                             overrides=ctx.overrides, config=ctx.config, metrics=metrics, extra=extra)
+            summary = dataclasses.replace(
+                summary, resumed_from_step=trainer.resumed_from, data=trainer.data_counts, layout=trainer.layout,
+                plan=trainer.plan.as_dict(), broken_checkpoints=trainer.broken_checkpoints() or None)
+        return write_summary(ctx.run_dir, summary)
 
-    def on_verdict(verdict: dict) -> None:  # rank 0's watchdog, when a peer failed or the run hung
+    def on_verdict(verdict: Failure) -> None:  # rank 0's watchdog, when a peer failed or the run hung
         partial = _partial_metrics(trainer) if trainer is not None and trainer.state.step else {}
-        summary_of({k: verdict.get(k) for k in FAILURE_FIELDS}, partial)
+        summary_of(verdict, partial)
         if multiprocessing.parent_process() is None:  # not one of our local ranks: nobody else will say it
-            print(f"error: run failed ({verdict['kind']}): {verdict['message']}  [{ctx.run_dir / 'summary.json'}]",
+            print(f"error: run failed ({verdict.kind}): {verdict.message}  [{ctx.run_dir / 'summary.json'}]",
                   file=sys.stderr, flush=True)
 
     try:
@@ -196,35 +194,38 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             if env.is_main and not trainer.checkpointer.keep_when_completed:
                 remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
         except RunDirInUse as exc:
-            return refused_summary(exc) if env.is_main else {**refused_summary(exc), "rank": env.rank}
+            return refused_summary(ctx, exc, env.rank)
         except Exception as exc:
             if watchdog is not None:
                 watchdog.begin_ending()
             failure = failure_of(exc)
             interrupted = exc if isinstance(exc, RunInterrupted) else None
-            if failure["kind"] == "oom":
-                failure["message"] += f" [{_oom_context(cfg, env)}]"
-            if failure["kind"] == "disk_full" and str(ctx.run_dir) not in failure["message"]:
-                failure["message"] += f" [run directory {ctx.run_dir}]"
+            message = failure.message
+            if failure.kind == FailureKind.OOM:
+                message += f" [{_oom_context(cfg, env)}]"
+            if failure.kind == FailureKind.DISK_FULL and str(ctx.run_dir) not in message:
+                message += f" [run directory {ctx.run_dir}]"
             collective = is_collective_error(exc)
-            failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])
+            failure = dataclasses.replace(failure, message=message, cause=message,
+                                          step=watchdog.step if watchdog is not None else None)
             if env.world_size > 1:
                 write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
-            failure["rank"] = env.rank
+            failure = dataclasses.replace(failure, rank=env.rank)
             if env.is_main and collective:
                 # A stop signal now means the job step is being torn down (srun ends a step whose task
                 # died, and kills what is left after KillWait): write the summary at once, not after the wait.
                 failure = _root_cause(ctx.run_dir, failure, watchdog, ending=lambda: watch.signum is not None)
             if trainer is not None and trainer.state.step:
                 metrics = _partial_metrics(trainer)
-            log.error("rank %d failed: %s", env.rank, failure["message"])
+            log.error("rank %d failed: %s", env.rank, failure.message)
         finally:
             if trainer is not None:
                 trainer.close(metrics, failure is not None)
         if not env.is_main:
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
-            return {"status": _status_of(failure), "failure": failure, "metrics": {}, "rank": env.rank}
+            return Summary(_status_of(failure), failure, ctx.overrides, ctx.config, {}, attempt=ctx.attempt,
+                           rank=env.rank, written=False)
         summary = summary_of(failure, metrics)
         if interrupted is not None:
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
@@ -241,9 +242,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             lock.release()
 
 
-def _status_of(failure: dict | None) -> str:
+def _status_of(failure: Failure | None) -> Status:
     # A pruned trial is no failure of the config: its own status, so sweeps and reports can tell.
-    return "completed" if failure is None else "pruned" if failure["kind"] == "pruned" else "failed"
+    return Status.COMPLETED if failure is None else Status.PRUNED if failure.kind == FailureKind.PRUNED else Status.FAILED
 
 
 def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
@@ -254,20 +255,21 @@ def _partial_metrics(trainer: Trainer) -> dict[str, Any]:
     return metrics
 
 
-def _root_cause(run_dir: Path, own: dict, watchdog: Watchdog | None, ending: Callable[[], bool]) -> dict:
+def _root_cause(run_dir: Path, own: Failure, watchdog: Watchdog | None, ending: Callable[[], bool]) -> Failure:
     """The failure of the rank that failed first on its own (or hung), rather than rank 0's 'peer went away'.
 
     Waits up to PEER_REPORT_WAIT_S for that rank's report, less when `ending()` says the process is being
     stopped (a peer killed outright never reports; the launcher then names it from the job's tasks)."""
     deadline = time.monotonic() + PEER_REPORT_WAIT_S
     while True:
-        found = first_failure(run_dir) or (watchdog.verdict if watchdog is not None else None)
+        report = first_failure(run_dir)
+        found = report.failure if report is not None else watchdog.verdict if watchdog is not None else None
         if found or ending() or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     if not found:  # the launcher may know more (an exit code, SLURM's state): rank stays None for it
-        return Failure(FailureKind.CRASH, f"{PEER_STOPPED}: {own['message']}", step=own["step"], cause=own["cause"]).record()
-    return {k: found.get(k) for k in FAILURE_FIELDS}
+        return Failure(FailureKind.CRASH, f"{PEER_STOPPED}: {own.message}", step=own.step, cause=own.cause)
+    return found
 
 
 def is_collective_error(exc: BaseException) -> bool:

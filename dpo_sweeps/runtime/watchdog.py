@@ -74,7 +74,7 @@ def _write_heartbeat(path: Path, beat: dict) -> None:
     os.replace(tmp, path)
 
 
-def hang_failure(beats: dict[int, dict], stale: set[int], bound_s: float) -> dict:
+def hang_failure(beats: dict[int, dict], stale: set[int], bound_s: float) -> Failure:
     """The `hang` failure for ranks that made no progress for bound_s: which rank held the others up."""
     if stale:
         culprits, how = sorted(stale), "stopped responding (its process is stopped or lost)"
@@ -85,10 +85,10 @@ def hang_failure(beats: dict[int, dict], stale: set[int], bound_s: float) -> dic
     beat = beats[rank]
     who = f"rank {rank}" if len(culprits) == 1 else f"ranks {', '.join(map(str, culprits))}"
     cause = f"{who} {how} at step {beat['step']} ({beat['phase']}) for {bound_s:.0f} s (resources.hang_timeout_s)"
-    return Failure(FailureKind.HANG, cause, rank=rank, step=beat["step"]).record()
+    return Failure(FailureKind.HANG, cause, rank=rank, step=beat["step"])
 
 
-def hang_verdict(run_dir: Path, bound_s: float, world_size: int) -> dict | None:
+def hang_verdict(run_dir: Path, bound_s: float, world_size: int) -> Failure | None:
     """For a launcher on the ranks' host: the hang failure when every rank's heartbeat is older than
     bound_s (all stopped or hung with their watchdogs), else None."""
     beats = read_heartbeats(run_dir)
@@ -104,11 +104,11 @@ class Watchdog:
     """This rank's heartbeat writer and watcher of its peers (a daemon thread)."""
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, bound_s: float,
-                 on_verdict: Callable[[dict], None]):
+                 on_verdict: Callable[[Failure], None]):
         self.run_dir, self.rank, self.world_size, self.bound_s = Path(run_dir), rank, world_size, float(bound_s)
         self.on_verdict = on_verdict  # rank 0: write the failed summary (then this thread exits the process)
         self.path = heartbeat_dir(run_dir) / f"rank{rank}.json"
-        self.verdict: dict | None = None
+        self.verdict: Failure | None = None
         self.step: int | None = None  # the step this rank works on (None: before training)
         self.phase = "setup"
         self._progress = 0
@@ -188,14 +188,14 @@ class Watchdog:
             self.verdict = self._judge(beats, now)
             self._verdict_at = now
             if self.verdict is not None:
-                log.error("watchdog of rank %d: %s", self.rank, self.verdict["message"])
+                log.error("watchdog of rank %d: %s", self.rank, self.verdict.message)
         if self.verdict is not None:
             self._act(beats, now)
 
-    def _judge(self, beats: dict[int, dict], now: float) -> dict | None:
+    def _judge(self, beats: dict[int, dict], now: float) -> Failure | None:
         failed = first_failure(self.run_dir)
-        if failed is not None and failed.get("reported_by") != self.rank:
-            return {k: failed[k] for k in ("kind", "message", "rank", "step", "cause") if k in failed}
+        if failed is not None and failed.reported_by != self.rank:
+            return failed.failure
         expected = self.world_size if self.rank == 0 else 1
         armed = len(beats) == expected and all(b["armed"] for b in beats.values())
         if not armed or now - self._progress_at < self.bound_s:
@@ -208,7 +208,7 @@ class Watchdog:
     def _act(self, beats: dict[int, dict], now: float) -> None:
         verdict = self.verdict
         assert verdict is not None
-        hang = verdict["kind"] == "hang" and verdict.get("reported_by") is None
+        hang = verdict.kind == FailureKind.HANG
         if not hang and now - self._verdict_at < PEER_GRACE_S:
             return
         if hang and not self._reported:
@@ -221,7 +221,7 @@ class Watchdog:
             self.on_verdict(verdict)
         else:
             time.sleep(EXIT_DELAY_S)
-        log.error("rank %d ends: %s", self.rank, verdict["message"])
+        log.error("rank %d ends: %s", self.rank, verdict.message)
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(1)

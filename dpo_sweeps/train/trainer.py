@@ -437,10 +437,9 @@ class Trainer:
             all_reduce([0.0])  # the other ranks wait for rank 0's samples
         return path
 
-    def checkpointer_report(self) -> dict[str, Any]:
-        """summary.json extras: the broken checkpoints skipped at resume, if any."""
-        broken = self.checkpointer.broken if self.checkpointer is not None else []
-        return {"broken_checkpoints": broken} if broken else {}
+    def broken_checkpoints(self) -> list[str]:
+        """summary.json's broken_checkpoints: those skipped at resume (empty: none)."""
+        return list(self.checkpointer.broken) if self.checkpointer is not None else []
 
     def close(self, metrics: dict[str, Any], failed: bool) -> None:
         if self.tracker is not None:

@@ -7,27 +7,29 @@ no SLURM state and no srun log, and gets a crash or what its ranks recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.rank_failures import FAILURE_FIELDS, first_failure
-from dpo_sweeps.rundir.summary import rewrite_summary
+from dpo_sweeps.errors import FailureKind
+from dpo_sweeps.rundir.rank_failures import first_failure
+from dpo_sweeps.rundir.summary import Summary, rewrite_summary
 
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
                "NODE_FAIL": "node_failure"}
 
 
-def name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
+def name_the_dead_rank(run_dir: Path, summary: Summary, submitted: Any) -> None:
     """Rank 0 saw only that a peer went away; say which rank failed first (its record, if it came
     late, else the first task of the job that ended without a result), and what SLURM says of the
     job (an out-of-memory kill, the time limit)."""
-    failure = summary.get("failure") or {}
-    if "rank" not in failure or failure["rank"] is not None:  # the failed rank is known
+    failure = summary.failure
+    if failure is None or not failure.started or failure.rank is not None:  # the failed rank is known
         return
     # the node each rank ran on, where the run got as far as recording it (summary.json "layout")
-    nodes = {r["rank"]: r["node"] for r in (summary.get("layout") or {}).get("ranks", [])}
+    nodes = {r["rank"]: r["node"] for r in (summary.layout or {}).get("ranks", [])}
     ended = []
     for i in range(1, getattr(submitted, "num_tasks", 1)):
         task = submitted.task(i)
@@ -37,12 +39,12 @@ def name_the_dead_rank(run_dir: Path, summary: dict, submitted: Any) -> None:
     found = first_failure(run_dir, ended)
     if found is None:
         return
-    rewritten = {k: found.get(k) for k in FAILURE_FIELDS}
-    if found["reported_by"] is None:  # no rank recorded why: what the job's tasks and SLURM say
+    rewritten = found.failure
+    if found.reported_by is None:  # no rank recorded why: what the job's tasks and SLURM say
         state = state_of(submitted)
-        rewritten.update(kind=STATE_KINDS.get(state.split()[0] if state else "", failure.get("kind", "crash")),
-                         message=f"{found['message']}; rank 0 saw: {failure.get('message')}",
-                         step=failure.get("step"))
+        rewritten = dataclasses.replace(
+            rewritten, kind=FailureKind(STATE_KINDS.get(state.split()[0] if state else "", failure.kind)),
+            message=f"{found.failure.message}; rank 0 saw: {failure.message}", step=failure.step)
     rewrite_summary(run_dir, summary, failure=rewritten)
 
 

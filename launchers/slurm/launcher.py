@@ -21,6 +21,7 @@ Ctrl-C cancels the sweep's jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 from collections import defaultdict
@@ -38,11 +39,12 @@ from dpo_sweeps.launchers.base import (
     probes_per_job_of,
     task_overrides,
 )
-from dpo_sweeps.launchers.collect import collect_unit, runs_written, summary_stamp
+from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
-from dpo_sweeps.rundir.summary import read_summary, rewrite_summary, write_summary
+from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary, write_summary
+from dpo_sweeps.runtime.context import new_attempt
 
 # Launcher keys submitit knows without the "slurm_" prefix (hydra-submitit-launcher does the same).
 GENERIC_KEYS = ("timeout_min", "cpus_per_task", "mem_gb", "name", "stderr_to_stdout")
@@ -55,9 +57,8 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else type(error).__name__)
     message = f"sbatch refused the job: {reason}"
-    write_summary(job.run_dir, status="failed", failure=Failure(FailureKind.CRASH, message).brief(),
-                  overrides=task_overrides(job), config=job.task_config, metrics={},
-                  extra={"written_by": "launcher: not submitted"})
+    write_summary(job.run_dir, Summary(Status.FAILED, Failure(FailureKind.CRASH, message, started=False),
+                                       task_overrides(job), job.task_config, {}, written_by="launcher: not submitted"))
     return failed_return(job.overrides, JobNotRun(message), job)
 
 
@@ -65,13 +66,13 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
 REQUEUED_KINDS = ("preempted", "timeout")
 
 
-def failed_but_held(job: SweepJob, submitted: Any, earlier_stamp: int | None) -> bool:
+def failed_but_held(job: SweepJob, submitted: Any, attempt: str) -> bool:
     """Rank 0 recorded this attempt failed for good, yet SLURM holds the job pending again: it requeued it
     after a node failure."""
-    summary = read_summary(job.run_dir)
-    if summary is None or summary.get("status") != "failed" or summary_stamp(job.run_dir) == earlier_stamp:
+    summary = read_summary(job.run_dir, attempt)
+    if summary is None or summary.status != Status.FAILED:
         return False
-    if (summary.get("failure") or {}).get("kind") in REQUEUED_KINDS:
+    if summary.failure is not None and summary.failure.kind in REQUEUED_KINDS:
         return False
     return str(submitted.state).upper().startswith(("PENDING", "REQUEUED"))
 
@@ -92,9 +93,9 @@ def node_failed(job_ids: Sequence[str]) -> set[str]:
 def record_node_failure(run_dir: Any) -> None:
     """The run's failed summary.json, with the failure kind node_failure."""
     summary = read_summary(run_dir)
-    if summary is None or summary.get("status") != "failed":
+    if summary is None or summary.status != Status.FAILED:
         return
-    rewrite_summary(run_dir, summary, failure={**summary["failure"], "kind": "node_failure"})
+    rewrite_summary(run_dir, summary, failure=dataclasses.replace(summary.failure, kind=FailureKind.NODE_FAILURE))
 
 
 class SlurmLauncher(SweepLauncher):
@@ -176,7 +177,8 @@ class SlurmLauncher(SweepLauncher):
         label = PointLabels([job.overrides for job in jobs])
         results: dict[int, JobReturn] = {}
         pending = probe_batches(jobs, lambda job: self.array_parallelism, self.probes_per_job)
-        running: dict[int, tuple[list[int], Any, float, list[int | None]]] = {}  # by the first job of each
+        # by the first job of each: its jobs, the SLURM job, when it was submitted, the attempt id of each run
+        running: dict[int, tuple[list[int], Any, float, list[str]]] = {}
         cancelled: set[int] = set()  # jobs SLURM requeued after their run failed (failed_but_held)
         try:
             while pending or running:
@@ -187,10 +189,10 @@ class SlurmLauncher(SweepLauncher):
                 # so that a job that ended is collected within poll_interval_s.
                 if running:
                     next(iter(running.values()))[1].watcher.update()
-                for key, (unit, sj, _started, earlier) in running.items():
-                    last = runs_written([jobs[i] for i in unit], earlier) - 1  # the run that wrote last
+                for key, (unit, sj, _started, attempts) in running.items():
+                    last = runs_written([jobs[i] for i in unit], attempts) - 1  # the run that wrote last
                     if (key not in cancelled and last >= 0 and not sj.done()
-                            and failed_but_held(jobs[unit[last]], sj, earlier[last])):
+                            and failed_but_held(jobs[unit[last]], sj, attempts[last])):
                         log.warning("#%d: SLURM requeued SLURM job %s after its run failed: cancelling it",
                                     jobs[unit[last]].num, sj.job_id)
                         sj.cancel(check=False)
@@ -198,9 +200,9 @@ class SlurmLauncher(SweepLauncher):
                 ended = [key for key, (_unit, sj, *_rest) in running.items() if sj.done()]
                 lost_nodes = node_failed([str(running[key][1].job_id) for key in ended])  # one sacct call
                 for key in ended:
-                    unit, sj, started, earlier = running.pop(key)
+                    unit, sj, started, attempts = running.pop(key)
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
-                    returns, not_run = collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
+                    returns, not_run = collect_unit([jobs[i] for i in unit], sj, started, attempts, timeout_min=0)
                     lost_node = str(sj.job_id) in lost_nodes
                     for i, ret in zip(unit, returns):
                         results[i] = ret
@@ -230,12 +232,12 @@ class SlurmLauncher(SweepLauncher):
             by_shape[self._shape(jobs[unit[0]])].append(unit)  # a probe batch's jobs need the same ranks
         for shape, shape_units in by_shape.items():
             executor.update_parameters(**self.executor_parameters(shape))
-            earlier = {}
+            attempts = {}
             for unit in shape_units:
                 for i in unit:
                     jobs[i].run_dir.mkdir(parents=True, exist_ok=True)
-                earlier[unit[0]] = [summary_stamp(jobs[i].run_dir) for i in unit]
-            args = [self._submit_args([jobs[i] for i in unit]) for unit in shape_units]
+                attempts[unit[0]] = [new_attempt() for _ in unit]
+            args = [self._submit_args([jobs[i] for i in unit], attempts[unit[0]]) for unit in shape_units]
             try:
                 submitted = executor.map_array(self, *zip(*args))
             except Exception as exc:  # sbatch refused (unknown partition, over a limit) or SLURM is down
@@ -246,7 +248,7 @@ class SlurmLauncher(SweepLauncher):
                 continue
             now = time.monotonic()
             for unit, sj in zip(shape_units, submitted):
-                running[unit[0]] = (unit, sj, now, earlier[unit[0]])
+                running[unit[0]] = (unit, sj, now, attempts[unit[0]])
                 log.info("#%s submitted: %s  (%d node(s) x %d tasks%s; SLURM job %s)",
                          ", #".join(str(jobs[i].num) for i in unit), "; ".join(label(jobs[i].overrides) for i in unit),
                          shape[0], shape[1], f", {shape[2]} GPUs/node" if shape[2] else "", sj.job_id)

@@ -30,8 +30,9 @@ try:
 except RunFailure as exc:
     refused = [exc.kind, str(exc)]
 report = api.report(where / "sweep")
-print(json.dumps({"heavy_at_import": heavy, "first": first, "again": again, "invalid": invalid, "refused": refused,
-                  "html": str(report.html), "text": report.text}))
+print(json.dumps({"heavy_at_import": heavy, "status": [first.status, invalid.status, invalid.failure.kind],
+                  "first": first.to_json(), "again": again.to_json(), "invalid": invalid.to_json(),
+                  "refused": refused, "html": str(report.html), "text": report.text}))
 """
 
 
@@ -41,9 +42,10 @@ def test_compose_train_and_report_from_python(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["heavy_at_import"] == []
+    assert out["status"] == ["completed", "failed", "invalid_config"]  # a Summary, read by attribute
     first = out["first"]
     on_disk = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
-    assert first == on_disk  # the summary is summary.json's record
+    assert first == on_disk  # the Summary is summary.json's record
     assert first["status"] == "completed" and first["metrics"]["steps"] == 4 and first["metrics"]["world_size"] == 1
     assert first["config"]["train"]["batch_size"] == 8 and "train.max_steps=4" in first["overrides"]
     assert out["again"] == first and "run already complete" in proc.stderr

@@ -66,7 +66,7 @@ def test_each_fault_kind_is_recorded_and_the_sweep_goes_on(matrix):
     rank_logs = "".join(p.read_text() for p in sweep_dir.glob(".submitit/*/*_log.out"))  # each rank logs there
     fault_to_summary(runs["hang"], injected_at(rank_logs, "hang"), "hang (local launcher)", MATRIX)
     for kind in ("nan_loss", "crash", "oom"):  # from the first rank's own record of it
-        fault_at = min(r["time"] for r in read_rank_failures(runs[kind]) if r["rank"] == r["reported_by"])
+        fault_at = min(r.time for r in read_rank_failures(runs[kind]) if r.failure.rank == r.reported_by)
         fault_to_summary(runs[kind], fault_at, f"{kind} (local launcher)", MATRIX)
     for kind in ("sigkill", "sigkill_in_checkpoint"):  # killed in step 4: from the last record, of step 3
         fault_to_summary(runs[kind], (runs[kind] / "metrics.jsonl").stat().st_mtime, f"{kind} (local launcher)", MATRIX)

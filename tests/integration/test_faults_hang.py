@@ -87,7 +87,7 @@ def test_under_torchrun_a_failing_or_hung_rank_still_gets_its_summary(tmp_path, 
     assert (failure["rank"], failure["step"]) == (1, 3), failure
     if fault == "crash":
         assert failure["kind"] == "crash" and failure["cause"] == "RuntimeError: injected crash at step 3 on rank 1"
-        fault_at = min(r["time"] for r in _reports(run_dir) if r["reported_by"] == 1)
+        fault_at = min(r.time for r in _reports(run_dir) if r.reported_by == 1)
     else:
         assert failure["kind"] == "hang"
         fault_at = injected_at(run.output, "hang")

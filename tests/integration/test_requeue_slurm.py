@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import summary_json  # noqa: E402
 from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 
-from dpo_sweeps.rundir.summary import read_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -51,7 +51,7 @@ def test_requeued_job_resumes_from_its_checkpoint_and_completes(tmp_path):
         # 1. The preemption signal: checkpoint, summary `preempted`, requeued by submitit.
         wait_for("a first checkpoint", lambda: checkpoint_after(run_dir, 0), proc, log, WAIT_S)
         slurm("scancel", "--signal=USR2", job_id, env=env)
-        first = wait_for("the first attempt's summary", lambda: read_summary(run_dir), proc, log, WAIT_S)
+        first = wait_for("the first attempt's summary", lambda: summary_json(run_dir), proc, log, WAIT_S)
         assert first["failure"]["kind"] == "preempted" and "SIGUSR2" in first["failure"]["message"]
         first_stop = first["metrics"]["steps"]
         assert latest_checkpoint(run_dir).step == first_stop < MAX_STEPS
@@ -67,7 +67,7 @@ def test_requeued_job_resumes_from_its_checkpoint_and_completes(tmp_path):
             proc.kill()
             subprocess.run(["scancel", "-n", name], env=env, timeout=30)
 
-    summary = read_summary(run_dir)
+    summary = summary_json(run_dir)
     context = f"first stop {first_stop}, second checkpoint {second_ckpt}, summary {summary}"
     assert summary["status"] == "completed", context
     assert summary["metrics"]["steps"] == MAX_STEPS, context

@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support import QUIET, REPO, run_cli  # noqa: E402
+from support import QUIET, REPO, run_cli, summary_json  # noqa: E402
 from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 from support.sweeps import FAST, SweepResult, run_sweep  # noqa: E402
 
+from dpo_sweeps.errors import Failure, FailureKind  # noqa: E402
 from dpo_sweeps.launchers.jobs import SweepJob  # noqa: E402
-from dpo_sweeps.rundir.summary import read_summary, write_summary  # noqa: E402
+from dpo_sweeps.rundir.summary import Status, Summary, write_summary  # noqa: E402
 from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=20",
@@ -238,13 +239,13 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
         wait_for("a first checkpoint of run #0", lambda: checkpoint_after(preempted, 0), proc, log, WAIT_S)
         slurm("scancel", "--signal=USR2", f"{array_id}_0", env=env)
 
-        failed = wait_for("run #1's failed summary", lambda: (read_summary(lost) or {}).get("status") == "failed",
+        failed = wait_for("run #1's failed summary", lambda: (summary_json(lost) or {}).get("status") == "failed",
                        proc, log, WAIT_S)
         lost_after_s = time.monotonic() - killed_at
         assert failed and lost_after_s <= COLLECTIVE_TIMEOUT_S + 30, lost_after_s
         print(f"node lost -> failed summary.json in {lost_after_s:.1f} s")
 
-        first = wait_for("run #0's preempted summary", lambda: read_summary(preempted), proc, log, WAIT_S)
+        first = wait_for("run #0's preempted summary", lambda: summary_json(preempted), proc, log, WAIT_S)
         assert first["failure"]["kind"] == "preempted", first
         first_stop = first["metrics"]["steps"]
         assert latest_checkpoint(preempted).step == first_stop < MAX_STEPS
@@ -261,7 +262,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     output = log.read_text()
 
     # The lost node: run #1 failed naming the node and a rank there; nothing of the sweep is left anywhere.
-    failure = read_summary(lost)["failure"]
+    failure = summary_json(lost)["failure"]
     assert failure["kind"] in ("node_failure", "crash"), failure
     assert "dpo-n2" in failure["message"] and ("rank 2" in failure["message"] or "rank 3" in failure["message"]), failure
     # SLURM records a job's end while its processes still exit: give them a bound to be gone in
@@ -272,7 +273,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     assert left == {}, "processes of the sweep's jobs are still running"
 
     # The preempted run resumed twice and ends where the uninterrupted one does.
-    done, ref = read_summary(preempted), read_summary(reference)
+    done, ref = summary_json(preempted), summary_json(reference)
     assert done["status"] == "completed" and ref["status"] == "completed", output[-3000:]
     assert done["resumed_from_step"] >= second_ckpt > first_stop
     assert done["layout"]["nodes"] == ref["layout"]["nodes"] == ["dpo-n1", "dpo-n2"]
@@ -317,7 +318,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
                         slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]], check=True, capture_output=True, timeout=300)
     print(f"node killed -> sweep ended in {ended_after_s:.1f} s")
     assert ended_after_s <= COLLECTIVE_TIMEOUT_S + 30, log.read_text()[-3000:]
-    failure = read_summary(run_dir)["failure"]
+    failure = summary_json(run_dir)["failure"]
     assert failure["kind"] == "node_failure", failure
     assert node in failure["message"] and f"rank {first_rank}" in failure["message"], failure
     assert slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
@@ -326,22 +327,20 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
 
 def test_a_failed_run_that_slurm_requeued_is_cancelled_but_a_preempted_one_is_not(tmp_path):
     """No cluster needed: the launcher's rule for a job SLURM holds pending again after a node failure."""
-    from dpo_sweeps.launchers.collect import summary_stamp
     from dpo_sweeps.launchers.slurm.launcher import failed_but_held
 
     class Held:  # what the launcher reads of a submitit job: its SLURM state
         state = "PENDING"
 
+    def failed(kind: FailureKind, message: str, attempt: str) -> None:
+        write_summary(tmp_path, Summary(Status.FAILED, Failure(kind, message), [], {}, {}, attempt=attempt))
+
     job = SweepJob(num=0, overrides=[], config=None, task_config={}, config_hash="", run_dir=tmp_path)
-    assert not failed_but_held(job, Held(), None)  # no summary yet: the job has not run
-    write_summary(tmp_path, status="failed", failure={"kind": "preempted", "message": "SIGUSR2"}, overrides=[],
-                  config={}, metrics={})
-    assert not failed_but_held(job, Held(), None)  # requeued to resume: leave it
-    before = summary_stamp(tmp_path)
-    time.sleep(0.01)
-    write_summary(tmp_path, status="failed", failure={"kind": "crash", "message": "a peer rank stopped"},
-                  overrides=[], config={}, metrics={})
-    assert not failed_but_held(job, Held(), summary_stamp(tmp_path))  # a summary of an earlier sweep
-    assert failed_but_held(job, Held(), before)
+    assert not failed_but_held(job, Held(), "a1")  # no summary yet: the job has not run
+    failed(FailureKind.PREEMPTED, "SIGUSR2", "a1")
+    assert not failed_but_held(job, Held(), "a1")  # requeued to resume: leave it
+    failed(FailureKind.CRASH, "a peer rank stopped", "a0")
+    assert not failed_but_held(job, Held(), "a1")  # the summary of an earlier attempt (an earlier sweep's)
+    assert failed_but_held(job, Held(), "a0")
     Held.state = "RUNNING"
-    assert not failed_but_held(job, Held(), before)
+    assert not failed_but_held(job, Held(), "a0")

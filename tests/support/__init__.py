@@ -39,6 +39,14 @@ class RunResult:
         return [r["train/loss"] for r in self.records if "train/loss" in r]
 
 
+def summary_json(run_dir: Path) -> dict | None:
+    """run_dir's summary.json as the file has it (INTERFACE.md), None while there is none (or half of one)."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
