@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.plan import resolve_plan
 
@@ -268,8 +269,8 @@ def plan_of(config: dict[str, Any]) -> dict[str, Any] | None:
     """The parallel plan block (summary.json's `plan`) a resolved config resolves to; None for a config
     without the groups it needs (a run that ended before it wrote one, a trimmed config)."""
     try:
-        return resolve_plan(config).as_dict()
-    except (KeyError, TypeError, ValueError, InvalidConfig):
+        return resolve_plan(Config.of(config)).as_dict()
+    except (AttributeError, KeyError, TypeError, ValueError, InvalidConfig):
         return None
 
 

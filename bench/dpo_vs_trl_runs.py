@@ -34,11 +34,15 @@ def ours_overrides(w: dict, extra: list[str] = ()) -> list[str]:
 
 
 def compose(overrides: list[str]):
+    """The typed config a run of these overrides trains with (Config.of of the resolved composition)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dpo_sweeps.config.schema import Config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        return hydra_compose(config_name="config", overrides=overrides)
+        return Config.of(OmegaConf.to_container(hydra_compose(config_name="config", overrides=overrides), resolve=True))
 
 
 def prepare(workdir: Path, w: dict) -> None:

@@ -85,13 +85,13 @@ def prelaunch_estimate(overrides: list[str]) -> float:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from dpo_sweeps.config.schema import Config
     from dpo_sweeps.parallel.fit import predicted_peak_gib
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*COMMON, *overrides])
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    world = cfg.resources.nodes * cfg.resources.nproc_per_node
-    return predicted_peak_gib(cfg, world)
+    cfg = Config.of(OmegaConf.to_container(cfg, resolve=True))
+    return predicted_peak_gib(cfg, cfg.world_size)
 
 
 def main() -> None:

@@ -21,9 +21,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.config.unused import check_settings_used
-from dpo_sweeps.config.validate import validate_config, world_size_of
+from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
@@ -123,7 +124,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
     if not multirun:  # a sweep checks its settings over all its points before launch (launchers/preflight.py)
         try:
-            check_settings_used(cfg, ctx.overrides)
+            check_settings_used(Config.of(config), ctx.overrides)
         except InvalidConfig as exc:
             # torchrun: rank 0 says it
             raise RunRefused(exc, nothing_written=True, quiet=os.environ.get("RANK", "0") != "0") from None
@@ -148,7 +149,7 @@ def completed_run(ctx: RunContext) -> Summary | None:
     `checkpoint.resume=false` trains the directory again.
     """
     summary = read_summary(ctx.run_dir)
-    if summary is None or summary.status != Status.COMPLETED or not ctx.config["checkpoint"]["resume"]:
+    if summary is None or summary.status != Status.COMPLETED or not Config.of(ctx.config).checkpoint.resume:
         return None
     if summary.config_hash == config_hash(scrub_secrets(ctx.config)):
         return summary
@@ -161,8 +162,7 @@ def completed_run(ctx: RunContext) -> Summary | None:
 
 def run_config(ctx: RunContext) -> Summary:
     """Validate, then train on as many ranks as the config asks for; returns the summary."""
-    cfg = OmegaConf.create(ctx.config)
-    OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it
+    cfg = Config.of(ctx.config)  # typed and frozen: nothing changes it
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     rank_env = from_torchrun_env() or from_submitit_env()
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock
@@ -178,8 +178,8 @@ def run_config(ctx: RunContext) -> Summary:
             validate_config(cfg, ctx.base_dir)
         except RunFailure as exc:
             return write_failed(ctx, failure_of(exc))
-        if world_size_of(cfg) > 1:
-            return spawn_local_ranks(ctx, world_size_of(cfg), cfg)
+        if cfg.world_size > 1:
+            return spawn_local_ranks(ctx, cfg)
         port = cfg.resources.master_port or free_port()
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)

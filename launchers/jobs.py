@@ -23,6 +23,7 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.launchers.compose import PointRecipe, SweepComposer, run_dir_of
 from dpo_sweeps.rundir.hashing import config_hash
@@ -36,7 +37,7 @@ class SweepJob:
     builds its config from its recipe (launchers/compose.py) each time it is asked for it.
     """
 
-    __slots__ = ("num", "overrides", "_config", "recipe", "task_config", "config_hash", "run_dir")
+    __slots__ = ("num", "overrides", "_config", "recipe", "task_config", "config_hash", "run_dir", "_sections")
 
     def __init__(self, num: int, overrides: list[str], config: DictConfig | None, task_config: dict[str, Any],
                  config_hash: str, run_dir: Path, recipe: PointRecipe | None = None):
@@ -49,6 +50,13 @@ class SweepJob:
         self.task_config = task_config
         self.config_hash = config_hash
         self.run_dir = run_dir
+        self._sections: dict[str, Any] = {}
+
+    def section(self, name: str) -> Any:
+        """One section of the job's resolved config, typed as a rank reads it (Config.section), made once."""
+        if name not in self._sections:
+            self._sections[name] = Config.section(name, self.task_config[name])
+        return self._sections[name]
 
     @property
     def config(self) -> DictConfig:
@@ -66,8 +74,7 @@ class SweepJob:
 
     @property
     def world_size(self) -> int:
-        res = self.task_config["resources"]
-        return res["nodes"] * res["nproc_per_node"]
+        return self.section("resources").world_size
 
     def renumbered(self, num: int) -> SweepJob:
         """The same job under another number, hence (usually) another run directory."""
@@ -93,7 +100,7 @@ def probe_batches(jobs: Sequence[SweepJob], slots: Callable[[SweepJob], int],
     units: list[list[int]] = []
     groups: dict[str, list[int]] = {}
     for i, job in enumerate(jobs):
-        if job.task_config["probe"]["steps"]:
+        if job.section("probe").steps:
             groups.setdefault(json.dumps(job.task_config["resources"], sort_keys=True), []).append(i)
         else:
             units.append([i])

@@ -61,8 +61,8 @@ IGNORE_TERMINAL_SIGNALS = "trap '' INT HUP"
 
 def _every_rank_stopped(job: SweepJob) -> Failure | None:
     """The `hang` failure of a job none of whose ranks can say it (all stopped: no watchdog runs), or None."""
-    res = job.task_config["resources"]
-    bound = (res["hang_timeout_s"] or res["collective_timeout_s"]) + STALE_S
+    resources = job.section("resources")
+    bound = (resources.hang_timeout_s or resources.collective_timeout_s) + STALE_S
     return hang_verdict(job.run_dir, bound, job.world_size)
 
 
@@ -136,7 +136,7 @@ class LocalLauncher(SweepLauncher):
 
     @staticmethod
     def _uses_gpus(job: SweepJob, pool: DevicePool) -> bool:
-        device = job.task_config["resources"]["device"]
+        device = job.section("resources").device
         return device == "cuda" or (device == "auto" and bool(pool.gpus))
 
     def describe(self) -> str:
@@ -153,12 +153,12 @@ class LocalLauncher(SweepLauncher):
         return self._checked[key]
 
     def _check_resources(self, job: SweepJob) -> str | None:
-        res = job.task_config["resources"]
-        if res["nodes"] != 1:
-            return (f"resources.nodes: got {res['nodes']!r}; the local launcher runs a job on this machine only "
+        resources = job.section("resources")
+        if resources.nodes != 1:
+            return (f"resources.nodes: got {resources.nodes!r}; the local launcher runs a job on this machine only "
                     "(accepted: 1; for several nodes use hydra/launcher=slurm)")
         pool = self._pool()
-        if res["device"] == "cuda" and not pool.gpus:
+        if resources.device == "cuda" and not pool.gpus:
             return "resources.device: cuda, but this machine has no visible GPU (accepted here: cpu or auto)"
         return pool.cannot_hold(job.world_size, self._uses_gpus(job, pool))
 

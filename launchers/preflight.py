@@ -1,27 +1,30 @@
 """Check every point of a sweep before any job starts.
 
-Each point is composed (`launchers.jobs.compose_job`), checked by `dpo_sweeps.config.validate.validate_config`
-(cheap: no data or model is loaded) and by the launcher (`check_job`: what this launcher can place,
-e.g. a 2-node job on the local launcher). A sweep with any invalid point is refused as a whole,
-with the first invalid points listed beside their overrides and the count of the rest.
+Each point is composed (`launchers.jobs.compose_job`), read as its typed Config and checked by
+`dpo_sweeps.config.validate.validate_config` (cheap: no data or model is loaded) and by the launcher
+(`check_job`: what this launcher can place, e.g. a 2-node job on the local launcher). A sweep with any
+invalid point is refused as a whole, with the first invalid points listed beside their overrides and
+the count of the rest.
 
-A sweep may have thousands of points: the checks read each point's config from one `CheckedConfig`
-that is rebuilt only where a point differs from the one before, and the fit check is computed once
-per distinct estimate (dpo_sweeps/parallel/fit.py `fit_key`).
+A sweep may have thousands of points: the checks read each point's typed config from one
+`CheckedConfig`, whose sections are typed again only where a point differs from the one before;
+validation runs once per distinct `validation_key`, the fit check once per distinct estimate
+(dpo_sweeps/parallel/fit.py `fit_key`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.unused import SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
@@ -49,24 +52,22 @@ class InvalidSweep(CompactHydraException):
 
 
 class CheckedConfig:
-    """The config the checks read, as `OmegaConf.create(job.task_config)` would make it: one DictConfig
-    for a sweep's points in turn, whose top-level sections are rebuilt only where a point's differ from
-    the previous point's (creating a whole DictConfig per point is most of what checking costs).
-    `validate` gives validate_config's verdict, once per distinct `validation_key`."""
+    """The typed config the checks read (Config.of of a point's task config) for a sweep's points in turn:
+    a section is typed again only where a point's differs from the previous point's, and `validate` gives
+    validate_config's verdict once per distinct `validation_key`."""
 
     def __init__(self) -> None:
-        self.config: DictConfig | None = None
-        self.sections: dict[str, Any] = {}
+        self.config: Config | None = None  # the previous point's
+        self.sections: dict[str, Any] = {}  # the previous point's plain sections
         self.verdicts: dict[str, RunFailure | None] = {}
 
-    def of(self, task_config: dict[str, Any]) -> DictConfig:
-        if self.config is None or list(self.sections) != list(task_config):
-            self.config, self.sections = OmegaConf.create(task_config), dict(task_config)
-            return self.config
-        for key, value in task_config.items():
-            if self.sections[key] is not value and self.sections[key] != value:
-                self.config[key] = value
-                self.sections[key] = value
+    def of(self, task_config: dict[str, Any]) -> Config:
+        changed = {key for key, value in task_config.items()
+                   if key not in self.sections or (self.sections[key] is not value and self.sections[key] != value)}
+        if self.config is None or changed or len(self.sections) != len(task_config):
+            typed = {key: Config.section(key, task_config[key]) if key in changed else getattr(self.config, key)
+                     for key in SECTIONS if key in task_config}
+            self.config, self.sections = Config(**typed), dict(task_config)
         return self.config
 
     def validate(self, task_config: dict[str, Any], base_dir: Path) -> RunFailure | None:
@@ -81,6 +82,10 @@ class CheckedConfig:
             except RunFailure as exc:
                 self.verdicts[key] = exc
         return self.verdicts[key]
+
+
+# The sections of a task config that are Config's (a top-level key added with `+` is none).
+SECTIONS = tuple(f.name for f in fields(Config))
 
 
 def check_job(job: SweepJob, base_dir: Path,
@@ -144,8 +149,9 @@ def _start_fit_measurements(job: SweepJob) -> None:
     """What the fit check measures once (a fresh rank process's memory) starts while the points compose."""
     from dpo_sweeps.parallel.fit import may_have_limit, measure_in_background
 
-    if may_have_limit(job.task_config["resources"]):
-        measure_in_background(job.task_config["model"])
+    config = Config.of(job.task_config)
+    if may_have_limit(config.resources):
+        measure_in_background(config.model)
 
 
 @dataclass

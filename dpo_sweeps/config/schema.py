@@ -1,32 +1,47 @@
 """The typed schema of a dpo-sweeps config: one dataclass per section, a docstring under every field.
 
-conf/ chooses values; these dataclasses say which keys exist, what type each has and what it does.
-Hydra validates every composed config against them (conf/config.yaml's defaults list starts with
-`dpo_sweeps_schema`; each group file starts with its own `/schema/<group>/...`), so an unknown key
-(`train.lr_rate=1`) or a wrong type (`train.batch_size=abc`) is refused while the config is composed,
-before anything runs. Range checks that need several keys at once are in validate.py.
+conf/ chooses values; these dataclasses say which keys exist, what type each has, what it does and
+which values it accepts. Hydra validates every composed config against them (conf/config.yaml's
+defaults list starts with `dpo_sweeps_schema`; each group file starts with its own `/schema/<group>/...`),
+so an unknown key (`train.lr_rate=1`) or a wrong type (`train.batch_size=abc`) is refused while the
+config is composed, before anything runs.
+
+Once resolved, a config is read as these same dataclasses: `Config.of(resolved)` is the frozen, typed
+config every rank trains with. Each
+section checks its own fields' ranges in `check`, beside them; the checks that span sections are in
+validate.py, which runs both.
 
 `loss` is typed per loss, as `data` is per source: each loss has its own hyperparameters, so its
 dataclass is made from the loss registry (dpo/losses/schema.py, `schema/loss/NAME`) and conf/config.yaml
 types the chosen loss with it. `model.from_config` is a mapping: the transformers config of a model family.
 
-This module imports only dataclasses, omegaconf and hydra: every process that composes a config
-(the CLI, a sweep's job, a test) registers it by importing `dpo_sweeps`.
+This module imports only dataclasses, omegaconf, hydra and dpo_sweeps.config: every process that
+composes a config (the CLI, a sweep's job, a test) registers it by importing `dpo_sweeps`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from dpo_sweeps.config.data_schema import DATA_SCHEMAS
+from dpo_sweeps.config.data_schema import DATA_SCHEMAS, data_config
+from dpo_sweeps.config.section import Section, at_least, positive_number, refuse, section_types
+
+DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("adamw", "rmsprop")
+TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
+# A BPE's vocabulary holds the 256 bytes and the special tokens before any merge.
+MIN_BPE_VOCAB = 259
+WANDB_MODES = ("offline", "online", "disabled")
+STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     batch_size: int = MISSING
     """Global batch, in preference pairs, summed over all ranks and accumulation steps (>= 1)."""
     micro_batch_size: int = MISSING
@@ -77,18 +92,52 @@ class TrainConfig:
     sample_max_new_tokens: int = 64
     """With sample_prompts: the longest reply generated, in tokens (>= 1)."""
 
+    def check(self) -> None:
+        at_least(self.batch_size, 1, "train.batch_size")
+        at_least(self.micro_batch_size, 1, "train.micro_batch_size")
+        at_least(self.max_steps, 1, "train.max_steps")
+        positive_number(self.lr, "train.lr", "a number > 0")
+        if self.optimizer not in OPTIMIZERS:
+            refuse("train.optimizer", f"unknown optimizer '{self.optimizer}'", ", ".join(OPTIMIZERS))
+        if self.weight_decay < 0:
+            refuse("train.weight_decay", f"got {self.weight_decay!r}", "a number >= 0")
+        at_least(self.warmup_steps, 0, "train.warmup_steps")
+        at_least(self.eval_every, 0, "train.eval_every", "an integer >= 0 (0: only at the end)")
+        if self.eval_max_pairs is not None:
+            at_least(self.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
+        at_least(self.log_every, 1, "train.log_every")
+        at_least(self.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
+        if self.sample_prompts:
+            at_least(self.sample_max_new_tokens, 1, "train.sample_max_new_tokens")
+            if not self.save_model:
+                refuse("train.sample_prompts", f"{self.sample_prompts} with train.save_model=false",
+                       "0, or train.save_model=true (the replies after training come from the saved model)")
+        positive_number(self.max_grad_norm, "train.max_grad_norm", "a number > 0, or null for no clipping")
+        positive_number(self.time_limit_min, "train.time_limit_min", "a number of minutes > 0, or null for none")
+        at_least(self.logps_chunk_size, 0, "train.logps_chunk_size", "an integer >= 1, or 0 for full logits")
+        if self.share_prompt and self.logps_chunk_size == 0:
+            refuse("train.share_prompt", "true with train.logps_chunk_size=0",
+                   "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
+
 
 @dataclass
-class TokenizerConfig:
+class TokenizerConfig(Section):
     kind: str = MISSING
     """byte: 256 byte tokens + specials; bpe: a byte-level BPE trained on the run's training text
     (cached); pretrained: AutoTokenizer.from_pretrained(model.name_or_path)."""
     vocab_size: int | None = MISSING
     """bpe only: the vocabulary size (> 258); null for byte and pretrained."""
 
+    def check(self) -> None:
+        if self.kind not in TOKENIZER_KINDS:
+            refuse("model.tokenizer.kind", f"unknown kind '{self.kind}'", ", ".join(TOKENIZER_KINDS))
+        if self.kind == "bpe":
+            at_least(self.vocab_size, MIN_BPE_VOCAB, "model.tokenizer.vocab_size",
+                     f"an integer >= {MIN_BPE_VOCAB} for kind=bpe")
+
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     name_or_path: str = MISSING
     """A hub model name or local folder for from_pretrained, or a label when from_config builds it."""
     block_name: str = MISSING
@@ -110,9 +159,22 @@ class ModelConfig:
     install_hint: str | None = None
     """How to get the model's files where they are missing (e.g. a pip command), shown in the error."""
 
+    def check(self) -> None:
+        """Its own settings; whether the GGUF file is there is validate.py's (it looks on disk)."""
+        if self.block_name in (None, ""):
+            refuse("model.block_name", "not set", "the transformer block class FSDP wraps, e.g. GPT2Block")
+        self.tokenizer.check()
+        if self.gguf_file is not None:
+            if self.from_config is not None:
+                refuse("model.from_config", "set together with model.gguf_file",
+                       "null with model.gguf_file (the GGUF file holds the architecture)")
+            if self.tokenizer.kind != "pretrained":
+                refuse("model.tokenizer.kind", f"{self.tokenizer.kind} with model.gguf_file",
+                       "pretrained (the GGUF file's own tokenizer)")
+
 
 @dataclass
-class FsdpConfig:
+class FsdpConfig(Section):
     sharding_strategy: str = MISSING
     """full_shard | shard_grad_op | hybrid_shard | no_shard."""
     reshard_after_forward: bool = MISSING
@@ -124,9 +186,14 @@ class FsdpConfig:
     cpu_offload: bool = MISSING
     """Keep parameters, gradients and optimizer state in CPU memory (CUDA runs only)."""
 
+    def check(self) -> None:
+        """The strategy; the mesh it makes of the ranks is the plan's (parallel/plan.py, with resources)."""
+        if self.sharding_strategy not in STRATEGIES:
+            refuse("fsdp.sharding_strategy", f"unknown strategy '{self.sharding_strategy}'", ", ".join(STRATEGIES))
+
 
 @dataclass
-class PrecisionConfig:
+class PrecisionConfig(Section):
     name: str = MISSING
     """The label of this precision in reports and the FLOPs table: fp32 | bf16 | fp16."""
     param_dtype: str = MISSING
@@ -140,9 +207,15 @@ class PrecisionConfig:
     loss_scale_growth_interval: int = 200
     """With loss_scaling: steps without overflow before the scale doubles (>= 1)."""
 
+    def check(self) -> None:
+        """The loss-scaling settings; the dtypes are the plan's (parallel/plan.py DTYPES)."""
+        if self.loss_scaling:
+            positive_number(self.initial_loss_scale, "precision.initial_loss_scale", "a number > 0")
+            at_least(self.loss_scale_growth_interval, 1, "precision.loss_scale_growth_interval")
+
 
 @dataclass
-class ResourcesConfig:
+class ResourcesConfig(Section):
     nodes: int = MISSING
     """Nodes of the run (>= 1)."""
     nproc_per_node: int = MISSING
@@ -166,18 +239,43 @@ class ResourcesConfig:
     """Bind the CPU ranks dpo-sweeps starts itself each to its own block of the job's cores (torchrun and
     SLURM tasks are bound by their launcher, e.g. srun --cpu-bind; GPU ranks are not bound)."""
 
+    @property
+    def world_size(self) -> int:
+        """The run's ranks: nodes x ranks per node."""
+        return int(self.nodes) * int(self.nproc_per_node)
+
+    def check(self) -> None:
+        at_least(self.nodes, 1, "resources.nodes")
+        at_least(self.nproc_per_node, 1, "resources.nproc_per_node")
+        if self.device not in DEVICES:
+            refuse("resources.device", f"got {self.device!r}", ", ".join(DEVICES))
+        positive_number(self.device_memory_gib, "resources.device_memory_gib",
+                        "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)")
+        positive_number(self.collective_timeout_s, "resources.collective_timeout_s", "a number of seconds > 0")
+        positive_number(self.hang_timeout_s, "resources.hang_timeout_s",
+                        "a number of seconds > 0, or null for resources.collective_timeout_s")
+        if self.threads_per_rank is not None:
+            at_least(self.threads_per_rank, 1, "resources.threads_per_rank", "an integer >= 1, or null")
+
 
 @dataclass
-class PerfConfig:
+class PerfConfig(Section):
     warmup_steps: int = MISSING
     """Steps ignored before timing starts (compilation, allocator warm-up) (>= 0)."""
 
+    def check(self) -> None:
+        at_least(self.warmup_steps, 0, "perf.warmup_steps")
+
 
 @dataclass
-class ProbeConfig:
+class ProbeConfig(Section):
     steps: int = MISSING
     """> 0: train only this many steps (the first perf.warmup_steps untimed) to measure speed and peak
     memory; no periodic eval, saved model, checkpoints or reference pass. 0: a normal run."""
+
+    def check(self) -> None:
+        """probe.steps >= 0; that it leaves timed steps after perf.warmup_steps is validate.py's."""
+        at_least(self.steps, 0, "probe.steps", "0 (a normal run) or the number of steps to probe")
 
 
 # faults.kind's accepted values (besides null); train/faults.py injects them.
@@ -185,7 +283,7 @@ FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkp
 
 
 @dataclass
-class FaultsConfig:
+class FaultsConfig(Section):
     """Fault injection, for tests (train/faults.py): at optimizer step `step` on rank `rank`, `kind` happens:
     nan_loss (the loss becomes NaN), crash (an exception), oom (an out-of-memory error), sigkill (the rank
     process is killed), hang (the rank sleeps forever in the step), sigkill_in_checkpoint (the rank is
@@ -199,9 +297,13 @@ class FaultsConfig:
     rank: int = MISSING
     """The rank it fires on."""
 
+    def check(self) -> None:
+        if self.kind is not None and self.kind not in FAULT_KINDS:
+            refuse("faults.kind", f"unknown fault '{self.kind}'", f"null, {', '.join(FAULT_KINDS)}")
+
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Section):
     """Sharded checkpoints (torch.distributed.checkpoint) under <run dir>/checkpoints/step_N. A run started
     again in the same run directory (the same command and hydra.run.dir, or a requeued SLURM job) resumes
     from the latest complete one, with identical results; a SIGTERM or submitit's preemption signal also
@@ -217,9 +319,14 @@ class CheckpointConfig:
     keep_when_completed: bool = MISSING
     """Keep the checkpoints of a run that completed (false: delete them; the model stays in model/)."""
 
+    def check(self) -> None:
+        at_least(self.every_steps, 0, "checkpoint.every_steps", "an integer >= 0 (0: no periodic checkpoints)")
+        if self.keep_last is not None:
+            at_least(self.keep_last, 1, "checkpoint.keep_last", "an integer >= 1, or null to keep all")
+
 
 @dataclass
-class WandbConfig:
+class WandbConfig(Section):
     mode: str = MISSING
     """offline | online | disabled."""
     project: str = MISSING
@@ -229,9 +336,13 @@ class WandbConfig:
     group: str | None = MISSING
     """The W&B group; null: the sweep directory's name for sweeps, the run name otherwise."""
 
+    def check(self) -> None:
+        if self.mode not in WANDB_MODES:
+            refuse("wandb.mode", f"got {self.mode!r}", ", ".join(WANDB_MODES))
+
 
 @dataclass
-class Config:
+class Config(Section):
     """The whole task config a run receives (`hydra` is Hydra's own node, typed by Hydra)."""
 
     model: ModelConfig = MISSING
@@ -252,6 +363,36 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Config:
+        """The frozen, typed Config of a resolved config (plain containers: what the Hydra task resolves,
+        summary.json's `config`). A section the config lacks keeps the schema's default (the report reads
+        summaries of every age; their plan needs only fsdp, precision and resources)."""
+        return cls(**{f.name: cls.section(f.name, values[f.name]) for f in fields(cls)
+                      if isinstance(values.get(f.name), Mapping)})
+
+    @classmethod
+    def section(cls, name: str, values: Mapping[str, Any]) -> Any:
+        """One section of a resolved config, typed: `data` and `loss` by what they hold (BUILDERS)."""
+        build = BUILDERS.get(name) or section_types(cls)[name].of
+        return build(values)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.world_size
+
+    def check(self) -> None:
+        """Each section's own checks, in the order a reader meets them; validate.py adds those that span
+        sections."""
+        for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
+                        self.perf, self.probe, self.checkpoint, self.wandb, self.faults):
+            section.check()
+
+
+# The sections typed by what they hold, read from a resolved config by their own module's builder:
+# `data` by its source's keys (data_schema.py); `loss` by its loss (dpo/losses/schema.py adds it on import,
+# as `import dpo_sweeps` does).
+BUILDERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {"data": data_config}
 
 # Where each schema sits in the ConfigStore; the YAML files name these in their defaults lists.
 ROOT_SCHEMA = "dpo_sweeps_schema"

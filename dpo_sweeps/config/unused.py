@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import InvalidConfig
 
 SYNTHETIC_OWN_SPLIT = "the synthetic task generates its own train and eval pairs"
@@ -24,21 +23,20 @@ SYNTHETIC_OWN_SPLIT = "the synthetic task generates its own train and eval pairs
 @dataclass(frozen=True)
 class UsedOnlyWhen:
     keys: tuple[str, ...]
-    unused: Callable[[DictConfig], bool]  # true: the chosen config does not read these keys
+    unused: Callable[[Config], bool]  # true: the chosen config does not read these keys
     why: str  # why not, for the message
     instead: str  # what would make them act, or what acts instead
 
 
-def _local_path(cfg: DictConfig) -> bool:
+def _local_path(cfg: Config) -> bool:
     from dpo_sweeps.data.sources import looks_local
 
     path = cfg.data.path
     return bool(path) and (looks_local(str(path)) or Path(str(path)).expanduser().exists())
 
 
-def _nll_unused(cfg: DictConfig) -> bool:
-    loss = cfg.loss
-    return "sft_weight" in loss and loss.sft_weight == 0
+def _nll_unused(cfg: Config) -> bool:
+    return getattr(cfg.loss, "sft_weight", None) == 0  # a loss without sft_weight has no nll_average either
 
 
 RULES = (
@@ -87,7 +85,7 @@ def unread(key: str, where: str) -> InvalidConfig:
     return InvalidConfig(key, f"set, but not read {where}: {rule.why}", f"{rule.instead}; or leave {key} out")
 
 
-def check_settings_used(cfg: DictConfig, overrides: list[str]) -> None:
+def check_settings_used(cfg: Config, overrides: list[str]) -> None:
     """Raise InvalidConfig for the first setting in `overrides` the chosen config would not read."""
     given = given_keys(overrides)
     for rule in RULES:
@@ -105,7 +103,7 @@ class SettingsRead:
         self.unread: dict[str, int] = {}  # key -> points that give it without reading it
         self.read: set[str] = set()
 
-    def add(self, overrides: list[str], config: Callable[[], DictConfig]) -> None:
+    def add(self, overrides: list[str], config: Callable[[], Config]) -> None:
         pending = given_keys(overrides) - self.read
         if not pending:
             return

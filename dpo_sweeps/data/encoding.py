@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from dpo_sweeps.config.data_schema import TRUNCATION_MODES, chat_template_setting, check_lengths
 from dpo_sweeps.errors import DataError, InvalidConfig
 
 IGNORE_INDEX = -100
-TRUNCATION_MODES = ("keep_start", "keep_end")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,6 @@ def render_messages_plain(messages: list[dict]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
 
-CHAT_TEMPLATE_SETTINGS = ("auto", "true", "false")
 # An HH transcript's turns: "\n\nHuman: ..." and "\n\nAssistant: ...".
 HH_TURN = re.compile(r"\n\n(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
@@ -83,14 +82,6 @@ class ChatFormat:
         if self.end_of_turn is not None and self.end_of_turn in reply:
             reply = reply[: reply.rindex(self.end_of_turn) + len(self.end_of_turn)]
         return reply
-
-
-def chat_template_setting(setting) -> str:
-    """`data.chat_template` as auto | true | false (a YAML or command-line true arrives as "True")."""
-    value = str(setting).lower()
-    if value not in CHAT_TEMPLATE_SETTINGS:
-        raise InvalidConfig("data.chat_template", f"got {setting!r}", ", ".join(CHAT_TEMPLATE_SETTINGS))
-    return value
 
 
 def no_chat_template(tokenizer_described: str) -> InvalidConfig:
@@ -157,16 +148,6 @@ def _as_messages(value, default_role: str) -> list[dict]:
     raise DataError(
         f"data: a prompt/chosen/rejected value is neither text nor a list of {{'role', 'content'}} messages: {str(value)[:80]!r}"
     )
-
-
-def check_lengths(max_length: int, max_prompt_length: int) -> None:
-    if not isinstance(max_length, int) or max_length < 2:
-        raise InvalidConfig("data.max_length", f"got {max_length!r}", "an integer >= 2")
-    if not isinstance(max_prompt_length, int) or not 0 < max_prompt_length < max_length:
-        raise InvalidConfig(
-            "data.max_prompt_length", f"{max_prompt_length!r} with data.max_length={max_length}",
-            f"an integer in [1, {max_length - 1}] (less than data.max_length)",
-        )
 
 
 def encode_pairs(

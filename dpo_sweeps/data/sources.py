@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
 
+from dpo_sweeps.config.data_schema import DataConfig, check_eval_size
 from dpo_sweeps.data.readers import DATA_SOURCES, LOCAL_SUFFIXES, read_table
 from dpo_sweeps.data.row_checks import DroppedRows, pair_problem
 from dpo_sweeps.data.synthetic import generate_pairs
@@ -46,7 +46,7 @@ class PreferenceRows:
     described: str = ""  # how messages name the source
 
 
-def load_preference_rows(data_cfg: DictConfig, base_dir: Path) -> PreferenceRows:
+def load_preference_rows(data_cfg: DataConfig, base_dir: Path) -> PreferenceRows:
     """Train and eval rows for `data_cfg`; relative `data.path` values resolve against `base_dir`.
 
     Rows that cannot be a pair are dropped and counted (`dropped`, row_checks.py); none left is a DataError."""
@@ -95,7 +95,7 @@ def load_preference_rows(data_cfg: DictConfig, base_dir: Path) -> PreferenceRows
                           dropped=dropped, described=described)
 
 
-def _synthetic(data_cfg: DictConfig) -> PreferenceRows:
+def _synthetic(data_cfg: DataConfig) -> PreferenceRows:
     common = dict(
         seed=data_cfg.seed,
         num_topics=data_cfg.num_topics,
@@ -110,7 +110,7 @@ def _synthetic(data_cfg: DictConfig) -> PreferenceRows:
                           eval_where=[f"eval pair {i}" for i in range(len(eval_rows))], described="synthetic data")
 
 
-def _read_source(data_cfg: DictConfig, base_dir: Path) -> tuple[dict[str, Records], str]:
+def _read_source(data_cfg: DataConfig, base_dir: Path) -> tuple[dict[str, Records], str]:
     """Records by split name, and how to name the source in messages."""
     path = data_cfg.path
     if not path:
@@ -222,14 +222,6 @@ def _require_columns(records: dict[str, Records], columns: dict[str, str], descr
             raise DataError(
                 f"{setting or key}: column '{column}' not in {described} (columns there: {', '.join(sorted(present))})"
             )
-
-
-def check_eval_size(eval_size: Any) -> None:
-    if eval_size == "auto":
-        return
-    if isinstance(eval_size, bool) or not isinstance(eval_size, (int, float)) or eval_size <= 0:
-        raise InvalidConfig("data.eval_size", f"got {eval_size!r}",
-                            "auto, a number of pairs >= 1 or a fraction in (0, 1)")
 
 
 def held_out_count(eval_size: float | int | str, num_rows: int) -> int:

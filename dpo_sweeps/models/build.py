@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from dpo_sweeps.config.schema import ModelConfig
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.models import gguf
 from dpo_sweeps.models.tokenizers import bpe_tokenizer, byte_tokenizer
@@ -55,7 +55,7 @@ def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool)
     return path if is_main else None
 
 
-def _init_source(model_cfg: DictConfig) -> Path | None:
+def _init_source(model_cfg: ModelConfig) -> Path | None:
     if model_cfg.init_from is None:
         return None
     path = saved_model_path(model_cfg.init_from)
@@ -68,7 +68,7 @@ def _init_source(model_cfg: DictConfig) -> Path | None:
     return path
 
 
-def build_tokenizer(model_cfg: DictConfig, training_texts: list[str]) -> PreTrainedTokenizerBase:
+def build_tokenizer(model_cfg: ModelConfig, training_texts: list[str]) -> PreTrainedTokenizerBase:
     """The run's tokenizer; a BPE is trained on `training_texts` (and cached)."""
     source = _init_source(model_cfg)
     if source is not None:
@@ -98,18 +98,18 @@ def build_tokenizer(model_cfg: DictConfig, training_texts: list[str]) -> PreTrai
     return tokenizer
 
 
-def _gguf_source(model_cfg: DictConfig) -> tuple[Path, Path | None]:
+def _gguf_source(model_cfg: ModelConfig) -> tuple[Path, Path | None]:
     """The GGUF file and its cache folder (None: the cache cannot be written); fills the cache once."""
     path = gguf.resolve_gguf_file(model_cfg.gguf_file, model_cfg.install_hint)
     return path, gguf.cached_folder(path)
 
 
-def _gguf_tokenizer(model_cfg: DictConfig) -> PreTrainedTokenizerBase:
+def _gguf_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     path, folder = _gguf_source(model_cfg)
     return AutoTokenizer.from_pretrained(folder) if folder is not None else gguf.load_tokenizer(path)
 
 
-def build_policy(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> torch.nn.Module:
+def build_policy(model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> torch.nn.Module:
     """The policy in fp32 on CPU (FSDP moves and casts it). Same seed, same weights on every rank."""
     source = _init_source(model_cfg)
     if source is not None:
@@ -120,7 +120,7 @@ def build_policy(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed
             return gguf.load_model(path)
         return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if model_cfg.from_config is not None:
-        spec = OmegaConf.to_container(model_cfg.from_config, resolve=True)
+        spec = copy.deepcopy(model_cfg.from_config)
         model_type = spec.pop("model_type", None)
         try:
             config = AutoConfig.for_model(model_type, **spec)

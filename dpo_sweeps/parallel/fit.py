@@ -40,8 +40,8 @@ class FitCheck:
 
 
 def may_have_limit(resources) -> bool:
-    """Whether a config with these `resources` may have a limit to check (device_memory_limit_gib)."""
-    return resources["device_memory_gib"] is not None or (resources["device"] != "cpu" and gpu_driver_present())
+    """Whether a config with these `resources` (its typed section) may have a limit to check (device_memory_limit_gib)."""
+    return resources.device_memory_gib is not None or (resources.device != "cpu" and gpu_driver_present())
 
 
 def device_memory_limit_gib(cfg) -> float | None:
@@ -220,17 +220,13 @@ def serve_model_shapes() -> None:
 
 
 def _architecture_key(model_cfg) -> tuple:
-    """What decides the architecture, hashable (sweep points often share their model); `model_cfg` a
-    DictConfig or the plain dict of a resolved config."""
+    """What decides the architecture, hashable (sweep points often share their model); `model_cfg` the
+    typed `model` section of a resolved config."""
     import json
 
-    from omegaconf import OmegaConf
-
-    spec = model_cfg["from_config"]
-    spec = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
-    tokenizer = model_cfg["tokenizer"]
-    return (model_cfg["init_from"], model_cfg["name_or_path"], json.dumps(spec, sort_keys=True),
-            tokenizer["kind"], tokenizer["vocab_size"], model_cfg["gguf_file"])
+    tokenizer = model_cfg.tokenizer
+    return (model_cfg.init_from, model_cfg.name_or_path, json.dumps(model_cfg.from_config, sort_keys=True),
+            tokenizer.kind, tokenizer.vocab_size, model_cfg.gguf_file)
 
 
 @lru_cache(maxsize=64)

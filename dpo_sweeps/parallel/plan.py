@@ -19,19 +19,18 @@ The label users see is derived from the mesh and the reshard policy that result,
 FULL_SHARD (resharded after forward) or SHARD_GRAD_OP (kept gathered), several are HYBRID_SHARD or
 HYBRID_SHARD_ZERO2.
 
-This module imports nothing heavy (no torch): launchers and analysis read plans too. Dtypes are held
+This module imports nothing heavy (no torch): launchers and analysis read plans too (analysis of a
+summary's plain config through Config.of). Dtypes are held
 by torch's names; `torch_dtype` turns one into a torch.dtype where a rank needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dpo_sweeps.config.schema import STRATEGIES, Config, FsdpConfig, PrecisionConfig
 from dpo_sweeps.errors import InvalidConfig
-
-STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 
 @dataclass(frozen=True)
@@ -142,13 +141,13 @@ class ParallelPlan:
         }
 
 
-def mesh_of(fsdp: Mapping, world_size: int, nproc_per_node: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def mesh_of(fsdp: FsdpConfig, world_size: int, nproc_per_node: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The device mesh's shape and dimension names for `fsdp.sharding_strategy` on `world_size` ranks."""
-    strategy = fsdp["sharding_strategy"]
+    strategy = fsdp.sharding_strategy
     if strategy not in STRATEGIES:
         raise InvalidConfig("fsdp.sharding_strategy", f"unknown strategy '{strategy}'", ", ".join(STRATEGIES))
     if strategy == "hybrid_shard":
-        group = fsdp["hybrid_group_size"] or nproc_per_node
+        group = fsdp.hybrid_group_size or nproc_per_node
         if not isinstance(group, int) or isinstance(group, bool) or group < 1 or world_size % group:
             raise InvalidConfig(
                 "fsdp.hybrid_group_size", f"{group!r} does not divide the {world_size} ranks",
@@ -163,39 +162,40 @@ def mesh_of(fsdp: Mapping, world_size: int, nproc_per_node: int) -> tuple[tuple[
     return (world_size,), ("shard",)
 
 
-def check_fsdp_config(fsdp: Mapping, world_size: int, nproc_per_node: int, device_type: str | None) -> None:
+def check_fsdp_config(fsdp: FsdpConfig, world_size: int, nproc_per_node: int, device_type: str | None) -> None:
     """The fsdp group's checks that need no model. `device_type`: cpu or cuda, or None where it is not
     known yet (resources.device=auto before the job is on its node: the rank checks again with the
     device it got)."""
     mesh_of(fsdp, world_size, nproc_per_node)
-    if fsdp["cpu_offload"] and device_type == "cpu":
+    if fsdp.cpu_offload and device_type == "cpu":
         raise InvalidConfig("fsdp.cpu_offload", "true on a CPU-only run (parameters are already in CPU memory)",
                             "false, or true on GPUs (resources.device=cuda, or auto where there is a GPU)")
 
 
-def _loss_scale_setting(precision: Mapping, key: str):
-    """A loss-scaling setting, which a precision preset without loss scaling need not have."""
-    if key not in precision or precision[key] is None:
+def _loss_scale_setting(precision: PrecisionConfig, key: str):
+    """A loss-scaling setting (the schema gives every precision one; a config of an older run may hold null)."""
+    value = getattr(precision, key)
+    if value is None:
         raise InvalidConfig(f"precision.{key}", "not set while precision.loss_scaling is true",
                             "a number > 0 (conf/precision/fp16.yaml sets one)")
-    return precision[key]
+    return value
 
 
-def resolve_plan(cfg: Mapping, world_size: int | None = None) -> ParallelPlan:
-    """The plan of a resolved config, from its `fsdp`, `precision` and `resources` groups (a DictConfig,
-    or plain dicts as summary.json's `config` holds them). `world_size`: the ranks the run has (default:
-    resources.nodes x resources.nproc_per_node). Raises InvalidConfig for a setting that cannot be planned."""
-    fsdp, precision, resources = cfg["fsdp"], cfg["precision"], cfg["resources"]
-    world = int(world_size if world_size is not None else resources["nodes"] * resources["nproc_per_node"])
-    shape, names = mesh_of(fsdp, world, resources["nproc_per_node"])
-    scaling = bool(precision["loss_scaling"])
+def resolve_plan(cfg: Config, world_size: int | None = None) -> ParallelPlan:
+    """The plan of a resolved, typed config (Config.of), from its `fsdp`, `precision` and `resources`
+    sections. `world_size`: the ranks the run has (default: resources.nodes x resources.nproc_per_node).
+    Raises InvalidConfig for a setting that cannot be planned."""
+    fsdp, precision, resources = cfg.fsdp, cfg.precision, cfg.resources
+    world = int(world_size if world_size is not None else resources.world_size)
+    shape, names = mesh_of(fsdp, world, resources.nproc_per_node)
+    scaling = bool(precision.loss_scaling)
     return ParallelPlan(
-        sharding_strategy=fsdp["sharding_strategy"], world_size=world, mesh_shape=shape, mesh_dim_names=names,
-        reshard_after_forward=bool(fsdp["reshard_after_forward"]),
-        param_dtype=check_dtype(precision["param_dtype"], "precision.param_dtype"),
-        reduce_dtype=check_dtype(precision["reduce_dtype"], "precision.reduce_dtype"),
+        sharding_strategy=fsdp.sharding_strategy, world_size=world, mesh_shape=shape, mesh_dim_names=names,
+        reshard_after_forward=bool(fsdp.reshard_after_forward),
+        param_dtype=check_dtype(precision.param_dtype, "precision.param_dtype"),
+        reduce_dtype=check_dtype(precision.reduce_dtype, "precision.reduce_dtype"),
         loss_scaling=scaling,
         initial_loss_scale=float(_loss_scale_setting(precision, "initial_loss_scale")) if scaling else 1.0,
         loss_scale_growth_interval=int(_loss_scale_setting(precision, "loss_scale_growth_interval")) if scaling else 0,
-        cpu_offload=bool(fsdp["cpu_offload"]), activation_checkpointing=bool(fsdp["activation_checkpointing"]),
+        cpu_offload=bool(fsdp.cpu_offload), activation_checkpointing=bool(fsdp.activation_checkpointing),
     )

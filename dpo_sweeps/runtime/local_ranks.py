@@ -15,8 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.parallel.distributed import RankEnv, free_port
 from dpo_sweeps.rundir.rank_failures import first_failure
@@ -50,8 +49,9 @@ def _rank_process(ctx: RunContext, env: RankEnv) -> None:
     sys.exit(0 if summary.status == Status.COMPLETED else 1)
 
 
-def spawn_local_ranks(ctx: RunContext, world_size: int, cfg: DictConfig) -> Summary:
-    """Start one process per rank on this machine; a rank that dies takes the others down."""
+def spawn_local_ranks(ctx: RunContext, cfg: Config) -> Summary:
+    """Start one process per rank on this machine (cfg.world_size of them); a rank that dies takes the others down."""
+    world_size = cfg.world_size
     port = cfg.resources.master_port or free_port()
     if cfg.resources.master_port is None:
         log.info("rendezvous on 127.0.0.1:%d (set resources.master_port to choose)", port)

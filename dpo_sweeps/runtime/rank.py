@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import PEER_STOPPED, Failure, FailureKind, RunFailure, failure_of
 from dpo_sweeps.parallel.distributed import (
@@ -60,7 +60,7 @@ def refused_summary(ctx: RunContext, exc: RunDirInUse, rank: int = 0) -> Summary
                    written=False)
 
 
-def prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
+def prepare_run_dir(run_dir: Path, cfg: Config) -> None:
     """What the owner of a run directory does before any rank starts: forget the previous attempt's
     rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
     shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
@@ -71,7 +71,7 @@ def prepare_run_dir(run_dir: Path, cfg: DictConfig) -> None:
         remove_checkpoints(run_dir, "checkpoint.resume=false")
 
 
-def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock | None:
+def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: Config) -> RunDirLock | None:
     """Rank 0 takes the run directory's lock; every rank raises RunDirInUse when it cannot (collective)."""
     lock, refusal = None, None
     if env.is_main:
@@ -86,7 +86,7 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
     return lock
 
 
-def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
+def _oom_context(cfg: Config, env: RankEnv) -> str:
     """The settings that decide memory, for an out-of-memory message."""
     plan = resolve_plan(cfg, env.world_size)
     return (f"model={cfg.model.name_or_path}, plan={plan.label} (fsdp={cfg.fsdp.sharding_strategy}), "
@@ -97,8 +97,8 @@ def _oom_context(cfg: DictConfig, env: RankEnv) -> str:
 
 def _cost(ctx: RunContext) -> dict[str, Any]:
     """This attempt's cost fields (rundir/cost.py run_cost) from the config's ranks and device."""
-    res = ctx.config["resources"]
-    return run_cost(ctx.started_at, int(res["nodes"]) * int(res["nproc_per_node"]), wants_cuda(res["device"]))
+    resources = Config.of(ctx.config).resources
+    return run_cost(ctx.started_at, resources.world_size, wants_cuda(resources.device))
 
 
 def write_failed(ctx: RunContext, failure: Failure) -> Summary:
@@ -107,7 +107,7 @@ def write_failed(ctx: RunContext, failure: Failure) -> Summary:
                                               attempt=ctx.attempt, **_cost(ctx)))
 
 
-def _rank_threads(cfg: DictConfig, env: RankEnv, bind_cores: bool) -> int:
+def _rank_threads(cfg: Config, env: RankEnv, bind_cores: bool) -> int:
     """CPU threads for this rank, after binding it to its own cores when it may (`bind_cores`)."""
     # The cores this process may run on (a launcher may pin each job to its own), not the machine's.
     if hasattr(os, "sched_getaffinity"):
@@ -147,8 +147,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         # freed reference) need not scan it. Not in a probe batch, whose later runs' objects would be
         # frozen with it (even this frame's cells): sharing_ranks() freezes once, before its first run.
         gc.freeze()
-    cfg = OmegaConf.create(ctx.config)
-    OmegaConf.set_readonly(cfg, True)  # resolved: nothing changes it (a probe derives its own, train/probe.py)
+    cfg = Config.of(ctx.config)  # typed and frozen: nothing changes it (a probe derives its own, train/probe.py)
     torch.set_num_threads(_rank_threads(cfg, env, bind_cores))
     watch = StopWatch(cfg.train.time_limit_min).install()
     trainer: Trainer | None = None

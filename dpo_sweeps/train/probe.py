@@ -19,23 +19,21 @@ only. bench/probe_vs_full.py compares the probes' ranking of the quickstart grid
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from dataclasses import replace
+
+from dpo_sweeps.config.schema import Config
 
 
-def is_probe(cfg: DictConfig) -> bool:
+def is_probe(cfg: Config) -> bool:
     return cfg.probe.steps > 0
 
 
-def probe_config(cfg: DictConfig, world_size: int) -> DictConfig:
+def probe_config(cfg: Config, world_size: int) -> Config:
     """The config a probe trains with, derived from `cfg` (which stays as it was resolved: summary.json
     records it); `cfg` itself when probe.steps is 0. probe.steps was checked by config/validate.py (>= 0,
     and more than perf.warmup_steps when set)."""
     if not is_probe(cfg):
         return cfg
-    probe = OmegaConf.merge(cfg, {
-        "train": {"max_steps": cfg.probe.steps, "eval_every": 0, "save_model": False,
-                  "eval_max_pairs": cfg.train.micro_batch_size * world_size},
-        "checkpoint": {"every_steps": 0},
-    })
-    OmegaConf.set_readonly(probe, True)
-    return probe
+    train = replace(cfg.train, max_steps=cfg.probe.steps, eval_every=0, save_model=False,
+                    eval_max_pairs=cfg.train.micro_batch_size * world_size)
+    return replace(cfg, train=train, checkpoint=replace(cfg.checkpoint, every_steps=0))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from dpo_sweeps.config.schema import Config, TrainConfig
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
 from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
 from dpo_sweeps.data.sources import load_preference_rows
@@ -78,13 +78,13 @@ class _Encoded:
 _previous: tuple[str, _Encoded] | None = None
 
 
-def _encode(cfg, base_dir: Path) -> _Encoded:
+def _encode(cfg: Config, base_dir: Path) -> _Encoded:
     """The run's pairs, tokenized; in a probe batch, the previous run's when made from the same settings."""
     global _previous
     if not sharing():
         _previous = None
         return _load_and_encode(cfg, base_dir)
-    key = json.dumps({"data": OmegaConf.to_container(cfg.data), "model": OmegaConf.to_container(cfg.model),
+    key = json.dumps({"data": asdict(cfg.data), "model": asdict(cfg.model),
                       "eval_max_pairs": cfg.train.eval_max_pairs, "base_dir": str(base_dir)},
                      sort_keys=True, default=str)
     if _previous is None or _previous[0] != key:
@@ -93,7 +93,7 @@ def _encode(cfg, base_dir: Path) -> _Encoded:
     return _previous[1]
 
 
-def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
+def _load_and_encode(cfg: Config, base_dir: Path) -> _Encoded:
     rows = load_preference_rows(cfg.data, base_dir)
     plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
     tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
@@ -122,7 +122,7 @@ def _load_and_encode(cfg, base_dir: Path) -> _Encoded:
                     chat.end_of_turn if chat else None, dropped, rows.described)
 
 
-def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
+def build_data(cfg: Config, base_dir: Path, env: RankEnv) -> TrainingData:
     share_prompt = cfg.train.share_prompt
     encoded = _encode(cfg, base_dir)
     tokenizer, train_pairs, eval_pairs, counts = encoded.tokenizer, encoded.train_pairs, encoded.eval_pairs, encoded.counts
@@ -150,7 +150,7 @@ def build_data(cfg, base_dir: Path, env: RankEnv) -> TrainingData:
     )
 
 
-def build_models(cfg, env: RankEnv, plan: ParallelPlan, device: torch.device, tokenizer,
+def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.device, tokenizer,
                  with_reference: bool) -> Models:
     """Policy and reference, sharded (or moved) onto this rank's device as the parallel plan says."""
     check_fsdp_config(cfg.fsdp, env.world_size, cfg.resources.nproc_per_node, device.type)
@@ -172,9 +172,9 @@ def build_models(cfg, env: RankEnv, plan: ParallelPlan, device: torch.device, to
                   layout=layout)
 
 
-def build_optimizer(train, policy: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(train: TrainConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = {"adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}[train.optimizer]  # validate.OPTIMIZERS
+    optimizer = {"adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}[train.optimizer]  # schema.OPTIMIZERS
     return optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
 
 
@@ -183,7 +183,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> torch.opti
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
 
 
-def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, cfg, env: RankEnv,
+def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, cfg: Config, env: RankEnv,
                                device: torch.device, probing: bool,
                                score: Callable[[list[EncodedPair]], torch.Tensor]) -> float:
     """Score every pair under the reference once (`score`: the reference's log-probs of some pairs) and

@@ -14,12 +14,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.rundir.secrets import scrub_secrets
 from dpo_sweeps.train.pruning import TRIAL_FILE  # the Optuna sweeper writes it into every trial's run
 
 log = logging.getLogger(__name__)
-WANDB_MODES = ("offline", "online", "disabled")
 # Hydra's default sweep directory, multirun/DATE/TIME: the time alone does not name the sweep.
 _DATE, _TIME = re.compile(r"\d{4}-\d{2}-\d{2}"), re.compile(r"\d{2}-\d{2}-\d{2}")
 
@@ -33,34 +32,31 @@ def sweep_group(sweep_dir: Path) -> str:
     return sweep_dir.name
 
 
-def job_type_of(config: dict, run_dir: Path) -> str:
+def job_type_of(cfg: Config, run_dir: Path) -> str:
     """What the run is: a `probe` (probe.steps > 0), an Optuna `trial`, or a `train` run."""
-    if config["probe"]["steps"] > 0:
+    if cfg.probe.steps > 0:
         return "probe"
     return "trial" if (Path(run_dir) / TRIAL_FILE).exists() else "train"
-
-
-def check_wandb_config(wandb_cfg: dict) -> None:
-    if wandb_cfg["mode"] not in WANDB_MODES:
-        raise InvalidConfig("wandb.mode", f"got {wandb_cfg['mode']!r}", ", ".join(WANDB_MODES))
 
 
 class Tracker:
     """A wandb run, or nothing when disabled or not rank 0."""
 
-    def __init__(self, wandb_cfg: dict, *, run_dir: Path, name: str, group: str, config: dict, enabled: bool):
+    def __init__(self, cfg: Config, *, run_dir: Path, name: str, group: str, config: dict, enabled: bool):
+        """`cfg`: the run's typed config; `config`: the same as plain containers, logged (secrets scrubbed)."""
         self._run = None
-        if not enabled or wandb_cfg["mode"] == "disabled":
+        wandb_cfg = cfg.wandb
+        if not enabled or wandb_cfg.mode == "disabled":
             return
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         self._run = wandb.init(
-            mode=wandb_cfg["mode"],
-            project=wandb_cfg["project"],
-            entity=wandb_cfg["entity"],
-            group=wandb_cfg["group"] or group,
-            job_type=job_type_of(config, run_dir),
+            mode=wandb_cfg.mode,
+            project=wandb_cfg.project,
+            entity=wandb_cfg.entity,
+            group=wandb_cfg.group or group,
+            job_type=job_type_of(cfg, run_dir),
             name=name,
             dir=str(run_dir),
             config=scrub_secrets(config),

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair, eval_micro_batch_indices, rank_micro_batch_indices
 from dpo_sweeps.dpo.losses import ld_alpha_of, metric_names, uses_reference
@@ -67,7 +68,7 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, ctx: RunContext, cfg, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
+    def __init__(self, ctx: RunContext, cfg: Config, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
                  heartbeat: Callable[[int, str], None] | None = None):
         # probe.steps: a few steps for speed and memory only, with a config derived for it (probe.py).
         self.probing = is_probe(cfg)
@@ -131,7 +132,7 @@ class Trainer:
         self.optimizer = build_optimizer(cfg.train, self.policy)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.warmup_steps)
         self.scaler = loss_scaler(self.plan)
-        self.tracker = Tracker(self.ctx.config["wandb"], run_dir=self.ctx.run_dir, name=self.ctx.run_name,
+        self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:

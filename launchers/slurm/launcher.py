@@ -132,8 +132,8 @@ class SlurmLauncher(SweepLauncher):
         """One GPU per rank for device=cuda, and for auto where the partition has GPUs (gpus.py)."""
         if self.gpus_per_node is not None:
             return self.gpus_per_node
-        res = job.task_config["resources"]
-        device = res["device"]
+        resources = job.section("resources")
+        device = resources.device
         if device == "auto":
             partition = self.sbatch_params.get("partition")
             if partition not in self._partition_gpus:
@@ -141,11 +141,11 @@ class SlurmLauncher(SweepLauncher):
                 log.info("resources.device=auto: %s has %d GPUs per node, so jobs ask for %s",
                          partition or "the default partition", found, "one per rank" if found else "none (CPU)")
             device = "cuda" if self._partition_gpus[partition] else "cpu"
-        return res["nproc_per_node"] if device == "cuda" else 0
+        return resources.nproc_per_node if device == "cuda" else 0
 
     def _shape(self, job: SweepJob) -> tuple[int, int, int]:
-        res = job.task_config["resources"]
-        return res["nodes"], res["nproc_per_node"], self._gpus_per_node(job)
+        resources = job.section("resources")
+        return resources.nodes, resources.nproc_per_node, self._gpus_per_node(job)
 
     def executor_parameters(self, shape: tuple[int, int, int]) -> dict[str, Any]:
         """submitit parameters for jobs of one shape (nodes, tasks per node, GPUs per node)."""

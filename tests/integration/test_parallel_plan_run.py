@@ -9,6 +9,7 @@ import sys
 
 from support import QUIET, REPO, cli_env
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.parallel.plan import resolve_plan
 
 
@@ -28,7 +29,7 @@ def test_a_two_rank_run_records_the_plan_it_trained_with(tmp_path):
     assert plan["mesh"] == summary["layout"]["mesh"] == {"shard": 2}
     assert plan["reshard_after_forward"] is False and plan["sharding_strategy"] == "full_shard"
     config = summary["config"]
-    shard_grad_op = resolve_plan({**config, "fsdp": {**config["fsdp"], "sharding_strategy": "shard_grad_op"}})
+    shard_grad_op = resolve_plan(Config.of({**config, "fsdp": {**config["fsdp"], "sharding_strategy": "shard_grad_op"}}))
     assert {k: v for k, v in plan.items() if k != "sharding_strategy"} == \
            {k: v for k, v in shard_grad_op.as_dict().items() if k != "sharding_strategy"}
     assert summary["metrics"]["perf/peak_memory_estimate_gib"] > 0

@@ -9,6 +9,7 @@ from support import REPO, cli_env
 from support.sweeps import run_sweep
 from support.wandb_records import run_config_and_history, run_group_and_job_type
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.train.tracking import job_type_of, sweep_group
 
 SHORT = ["train.max_steps=4", "train.eval_every=2", "data.num_train_pairs=256", "data.num_eval_pairs=32",
@@ -85,6 +86,6 @@ def test_the_group_names_the_sweep_and_the_job_type_what_a_run_is(tmp_path):
     trial_dir = tmp_path / "trial"
     trial_dir.mkdir()
     (trial_dir / "trial.json").write_text("{}")
-    assert job_type_of({"probe": {"steps": 3}}, tmp_path) == "probe"  # find_best's stage 2
-    assert job_type_of({"probe": {"steps": 0}}, tmp_path) == "train"  # its stage 3, a grid run, one run
-    assert job_type_of({"probe": {"steps": 0}}, trial_dir) == "trial"
+    assert job_type_of(Config.of({"probe": {"steps": 3}}), tmp_path) == "probe"  # find_best's stage 2
+    assert job_type_of(Config.of({"probe": {"steps": 0}}), tmp_path) == "train"  # its stage 3, a grid run, one run
+    assert job_type_of(Config.of({"probe": {"steps": 0}}), trial_dir) == "trial"

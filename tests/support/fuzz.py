@@ -147,6 +147,7 @@ def check_overrides(overrides: list[str]) -> str:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import CompactHydraException
 
+    from dpo_sweeps.config.schema import Config
     from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
     from dpo_sweeps.config.unused import check_settings_used
     from dpo_sweeps.config.validate import validate_config
@@ -155,7 +156,7 @@ def check_overrides(overrides: list[str]) -> str:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         try:
             cfg = compose(config_name="config", overrides=overrides)
-            config = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+            config = Config.of(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
         except Exception as exc:  # what the CLI prints in one line, or a traceback
             refusal = schema_refusal(exc)
             assert refusal is not None or isinstance(exc, CompactHydraException), f"{overrides}: {exc!r}"

@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import REPO, cli_env
 
-from dpo_sweeps.config import data_schema, schema
+from dpo_sweeps.config import data_schema, schema, section
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.dpo.losses import LOSS_SCHEMAS
@@ -29,6 +30,11 @@ GROUP_OPTIONS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 def _compose(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+def _typed(cfg) -> Config:
+    """The composed config resolved and typed, as a rank reads it."""
+    return Config.of(OmegaConf.to_container(cfg, resolve=True))
 
 
 def _refusal(*overrides: str) -> InvalidConfig:
@@ -72,11 +78,11 @@ def test_every_conf_file_fits_the_schema_and_passes_validation(group, tmp_path):
             # The preset's package is not installed here: its refusal says how to install it, and the rest
             # of the preset is checked against a file that exists.
             with pytest.raises(InvalidConfig) as refused:
-                validate_config(cfg, REPO)
+                validate_config(_typed(cfg), REPO)
             assert refused.value.setting == "model.gguf_file" and cfg.model.install_hint in str(refused.value)
             (tmp_path / "model.gguf").touch()
             cfg.model.gguf_file = str(tmp_path / "model.gguf")
-        validate_config(cfg, REPO)
+        validate_config(_typed(cfg), REPO)
 
 
 def test_each_data_source_has_its_own_keys():
@@ -104,7 +110,7 @@ def test_a_wrong_type_or_unknown_key_is_refused_naming_the_key(override, setting
 def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
     cfg = _compose("loss=dpo", "+loss.gamma=0.5")  # `+` adds the key; the loss check refuses it
     with pytest.raises(InvalidConfig, match=r"^loss.gamma: is not a hyperparameter of loss=dpo"):
-        validate_config(cfg, REPO)
+        validate_config(_typed(cfg), REPO)
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -119,10 +125,10 @@ def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
 def test_config_only_checks_run_before_any_process(override, message):
     cfg = _compose(override)
     if message is None:
-        validate_config(cfg, REPO)
+        validate_config(_typed(cfg), REPO)
         return
     with pytest.raises(InvalidConfig) as caught:
-        validate_config(cfg, REPO)
+        validate_config(_typed(cfg), REPO)
     assert str(caught.value).startswith(message)
 
 
@@ -175,10 +181,27 @@ def test_a_setting_the_config_does_not_read_is_refused_for_a_run_and_for_a_sweep
 
 
 def test_the_schema_modules_import_only_dataclasses_omegaconf_and_hydra():
-    allowed = {"__future__", "dataclasses", "typing", "omegaconf", "hydra", "dpo_sweeps"}
-    for module in (schema, data_schema):
+    allowed = {"__future__", "collections", "dataclasses", "typing", "omegaconf", "hydra", "dpo_sweeps"}
+    for module in (schema, data_schema, section):
         tree = ast.parse(Path(module.__file__).read_text())
         imported = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
         imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert {name.split(".")[0] for name in imported} <= allowed, imported
-        assert all(not name.startswith("dpo_sweeps") or name.startswith("dpo_sweeps.config") for name in imported)
+        # dpo_sweeps.errors imports only the standard library (InvalidConfig, the one-line refusal)
+        assert all(not name.startswith("dpo_sweeps") or name.startswith("dpo_sweeps.config")
+                   or name == "dpo_sweeps.errors" for name in imported), imported
+
+
+def test_a_resolved_config_is_read_as_frozen_typed_sections():
+    from dpo_sweeps.train.probe import probe_config
+
+    cfg = _typed(_compose("loss=mix", "data=hh", "data.path=x.jsonl", "probe.steps=8", "resources.nproc_per_node=2"))
+    assert isinstance(cfg.train, schema.TrainConfig) and isinstance(cfg.model.tokenizer, schema.TokenizerConfig)
+    assert isinstance(cfg.data, data_schema.HubDataConfig)  # data as its source's, loss as its loss's
+    assert isinstance(cfg.loss, LOSS_SCHEMAS["mix"]) and all(t.name and t.weight >= 0 for t in cfg.loss.terms)
+    assert cfg.world_size == 2 and cfg.loss.beta == 0.1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.lr = 1.0  # resolved: nothing changes it
+    probe = probe_config(cfg, cfg.world_size)  # a probe derives its own
+    assert (probe.train.max_steps, probe.checkpoint.every_steps, cfg.train.max_steps) == (8, 0, 120)
+

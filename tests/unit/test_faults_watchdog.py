@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from support import REPO
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig
 from dpo_sweeps.rundir.rank_failures import first_failure, write_rank_failure
@@ -76,11 +78,11 @@ def test_hang_timeout_must_be_a_positive_number():
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["resources.hang_timeout_s=0"])
     with pytest.raises(InvalidConfig, match=r"resources.hang_timeout_s: got 0 \(accepted: a number of seconds > 0"):
-        validate_config(cfg, Path("."))
+        validate_config(Config.of(OmegaConf.to_container(cfg, resolve=True)), Path("."))
 
 
 def test_an_unknown_fault_kind_is_refused_before_launch():
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["faults.kind=explode"])
     with pytest.raises(InvalidConfig, match=r"faults.kind: unknown fault 'explode' \(accepted: null, nan_loss, crash"):
-        validate_config(cfg, Path("."))
+        validate_config(Config.of(OmegaConf.to_container(cfg, resolve=True)), Path("."))

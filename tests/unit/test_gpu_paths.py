@@ -4,6 +4,8 @@ loss scaler (tests/integration/test_gpu_launch.py: SLURM, rank devices, torchrun
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,6 +13,7 @@ from omegaconf import OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.models.build import build_reference
 from dpo_sweeps.parallel.fsdp import needs_fully_shard, shard_model
 from dpo_sweeps.parallel.plan import resolve_plan
@@ -47,8 +50,8 @@ def plan_of(precision: str = "fp32", cpu_offload: bool = False):
     """The one-rank full_shard plan of `precision` (plan.resolve_plan)."""
     fsdp = {"sharding_strategy": "full_shard", "reshard_after_forward": True, "hybrid_group_size": None,
             "activation_checkpointing": False, "cpu_offload": cpu_offload}
-    return resolve_plan({"fsdp": fsdp, "precision": {**PRECISIONS[precision], "loss_scaling": False},
-                         "resources": {"nodes": 1, "nproc_per_node": 1}})
+    return resolve_plan(Config.of({"fsdp": fsdp, "precision": {**PRECISIONS[precision], "loss_scaling": False},
+                                   "resources": {"nodes": 1, "nproc_per_node": 1}}))
 
 
 def roles(precision: str) -> dict[str, MixedPrecisionPolicy]:
@@ -111,7 +114,7 @@ def compose_run_config(*overrides: str):
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*QUIET, *overrides])
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    return Config.of(OmegaConf.to_container(cfg, resolve=True))
 
 
 def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_group, tmp_path, monkeypatch):
@@ -127,7 +130,7 @@ def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_g
     monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
     cfg = compose_run_config("model=tiny_llama", "precision=bf16", "train.max_steps=2", "data.num_train_pairs=32",
                              "data.num_eval_pairs=8", "train.batch_size=8", "train.micro_batch_size=4")
-    ctx = RunContext(run_dir=tmp_path / "run", config=OmegaConf.to_container(cfg), overrides=[], base_dir=tmp_path)
+    ctx = RunContext(run_dir=tmp_path / "run", config=asdict(cfg), overrides=[], base_dir=tmp_path)
     env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1", master_port=0)
     gc.collect()
     gc.disable()  # what the trainer frees must be freed by the trainer, not by a collection that happens to run

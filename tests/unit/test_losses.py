@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpo_sweeps.dpo.losses import LOSSES, NAMES, check_loss_config, loss_keys, uses_reference
+from dpo_sweeps.dpo.losses import LOSSES, NAMES, loss_config, loss_keys, uses_reference
 from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.dpo.token_logps import labelled_token_logps, length_desensitized_sums
 from dpo_sweeps.errors import InvalidConfig
@@ -29,11 +29,10 @@ def logsig(x):
 
 
 def config(name, **overrides):
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
-    for key, value in overrides.items():
-        cfg[key] = value
-    check_loss_config(cfg)
-    return cfg
+    """The typed, checked `loss` of conf/loss/NAME.yaml with `overrides`, as a rank reads it."""
+    loss = loss_config({**OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml")), **overrides})
+    loss.check()
+    return loss
 
 
 def loss_of(name, x=ONE, **overrides):
@@ -145,17 +144,17 @@ def test_every_loss_has_a_conf_file_with_exactly_its_keys_that_passes_the_checks
     assert files == set(NAMES)
     for name in NAMES:
         text = (CONF / f"{name}.yaml").read_text()
-        cfg = OmegaConf.load(CONF / f"{name}.yaml")
-        assert cfg.name == name
-        assert tuple(cfg) == loss_keys(cfg), name  # the registry's keys, in its order
-        check_loss_config(cfg)
+        keys = tuple(OmegaConf.load(CONF / f"{name}.yaml"))
+        loss = config(name)
+        assert loss.name == name and type(loss).__name__.lower().startswith(name.replace("_", ""))
+        assert keys == loss_keys(loss), name  # the registry's keys, in its order
         assert text.startswith("# ") and f"python -m dpo_sweeps loss={name}" in text, name
 
 
 def test_reference_free_losses_need_no_reference():
     for name in ("sft", "simpo", "orpo"):
-        assert not uses_reference(OmegaConf.load(CONF / f"{name}.yaml"))
-    assert uses_reference(OmegaConf.load(CONF / "sigmoid.yaml"))
+        assert not uses_reference(config(name))
+    assert uses_reference(config("sigmoid"))
     assert not uses_reference(config("sigmoid", reference_free=True))
     assert not uses_reference(config("mix", terms=[{"name": "sft", "weight": 1.0}], reference_free=False))
 
@@ -184,7 +183,7 @@ def test_bad_loss_settings_name_the_setting(name, overrides, setting):
 
 def test_an_unknown_loss_lists_the_known_ones():
     with pytest.raises(InvalidConfig, match="loss.name.*sigmoid, hinge") as info:
-        check_loss_config(OmegaConf.create({"name": "kto", "beta": 0.1}))
+        loss_config({"name": "kto", "beta": 0.1}).check()
     assert all(name in str(info.value) for name in LOSSES)
 
 

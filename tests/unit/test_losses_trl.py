@@ -24,7 +24,7 @@ from support import REPO
 
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair
-from dpo_sweeps.dpo.losses import check_loss_config, ld_alpha_of
+from dpo_sweeps.dpo.losses import ld_alpha_of, loss_config
 from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.models.tokenizers import byte_tokenizer
@@ -95,11 +95,9 @@ def _report():
 
 
 def _loss_config(name: str, **overrides):
-    cfg = OmegaConf.load(REPO / "conf" / "loss" / f"{name}.yaml")
-    for key, value in overrides.items():
-        cfg[key] = value
-    check_loss_config(cfg)  # every case is a config validate.py accepts
-    return cfg
+    loss = loss_config({**OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "loss" / f"{name}.yaml")), **overrides})
+    loss.check()  # every case is a config validate.py accepts
+    return loss
 
 
 def ours(bench, cfg, uniform_reference: bool = False, full_logits: bool = False):

@@ -21,6 +21,7 @@ from dpo_sweeps.analysis.figures import heatmap_figure
 from dpo_sweeps.analysis.ranking import rank_sweep
 from dpo_sweeps.analysis.runs import read_run
 from dpo_sweeps.analysis.tables import run_rows
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.fit import predicted_peak_gib
 from dpo_sweeps.parallel.memory_estimate import run_shape_of
@@ -34,10 +35,16 @@ TECHNIQUES = ((False, False), (True, True))  # (fsdp.cpu_offload, fsdp.activatio
 
 
 @pytest.fixture(scope="module")
-def composer():
-    """Compose the real conf/ with overrides, as `python -m dpo_sweeps OVERRIDES` would resolve it."""
+def plain():
+    """Compose the real conf/ with overrides and resolve it, as `python -m dpo_sweeps OVERRIDES` would."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
+        yield lambda *overrides: OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+@pytest.fixture(scope="module")
+def composer(plain):
+    """The same, as the typed config a rank reads (Config.of)."""
+    return lambda *overrides: Config.of(plain(*overrides))
 
 
 def plan_of(cfg) -> ParallelPlan:
@@ -136,17 +143,16 @@ def test_a_setting_the_plan_cannot_resolve_is_named(composer, overrides, setting
     assert error.value.setting == setting and str(error.value).startswith(f"{setting}: ")
 
 
-def test_the_report_labels_runs_by_their_plan(tmp_path, composer):
+def test_the_report_labels_runs_by_their_plan(tmp_path, plain):
     """A run dir's summary `plan` names its heatmap row; a run without one is labelled from its config."""
     for job, overrides in enumerate([["fsdp=full_shard", "fsdp.reshard_after_forward=false"], ["fsdp=shard_grad_op"],
                                      ["fsdp=full_shard"]]):
-        cfg = composer("resources.nproc_per_node=2", "precision=bf16", *overrides)
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = plain("resources.nproc_per_node=2", "precision=bf16", *overrides)
         run_dir = write_run(tmp_path / str(job), job, overrides, config, status="completed",
                             metrics={"perf/speed_per_memory": 1.0 + job, "eval/rewards/accuracies": 0.5})
         if job == 0:  # the trainer's plan block, as written by a rank
             summary = json.loads((run_dir / "summary.json").read_text())
-            (run_dir / "summary.json").write_text(json.dumps({**summary, "plan": plan_of(cfg).as_dict()}))
+            (run_dir / "summary.json").write_text(json.dumps({**summary, "plan": plan_of(Config.of(config)).as_dict()}))
     runs = [read_run(tmp_path / str(job), str(job), tmp_path) for job in range(3)]
     assert [r.strategy_label for r in runs] == ["SHARD_GRAD_OP", "SHARD_GRAD_OP", "FULL_SHARD"]
     assert {r.precision_label for r in runs} == {"bf16"}
@@ -159,11 +165,12 @@ def test_the_report_labels_runs_by_their_plan(tmp_path, composer):
 
 def test_reading_a_plan_imports_no_training_stack():
     """Launchers and the report resolve plans too: the plan module costs no torch import."""
-    code = ("import sys, dpo_sweeps.parallel.plan as plan, analysis.runs; "
-            "plan.resolve_plan({'fsdp': {'sharding_strategy': 'no_shard', 'reshard_after_forward': False, "
+    code = ("import sys, dpo_sweeps.parallel.plan as plan, dpo_sweeps.analysis.runs; "
+            "from dpo_sweeps.config.schema import Config; "
+            "plan.resolve_plan(Config.of({'fsdp': {'sharding_strategy': 'no_shard', 'reshard_after_forward': False, "
             "'hybrid_group_size': None, 'cpu_offload': False, 'activation_checkpointing': False}, "
             "'precision': {'param_dtype': 'bfloat16', 'reduce_dtype': 'float32', 'loss_scaling': False}, "
-            "'resources': {'nodes': 1, 'nproc_per_node': 2}}); "
+            "'resources': {'nodes': 1, 'nproc_per_node': 2}})); "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'wandb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                          timeout=120, check=True).stdout

@@ -14,18 +14,37 @@ group of conf/ chooses the values of its schema. The fields here are MISSING unt
 
 `loss=mix` is the one loss whose keys depend on its settings: its terms bring their own hyperparameters
 (`+loss.label_smoothing=0.1` for a robust term). Its dataclass types the keys every mix has, `terms` a
-list of typed `MixTerm`s; the terms' own keys are checked against the terms by `check_loss_config`.
+list of typed `MixTerm`s; a resolved mix is read as the dataclass of its terms (`mix_schema`), which adds
+their keys. `loss_config` reads a resolved config's `loss` as its loss's dataclass; its `check` refuses
+what check_loss_config refuses (dpo/losses/__init__.py): an unknown loss, a key that is not the loss's, a
+key it lacks, a value out of its field's range, a mix whose weights are all 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, make_dataclass
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from functools import cache
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from dpo_sweeps.dpo.losses.registry import HYPERPARAMETERS, LOSSES, MIX, Hyperparameter, LossSpec, mix_keys
+from dpo_sweeps.config.schema import BUILDERS
+from dpo_sweeps.config.section import Section, refuse
+from dpo_sweeps.dpo.losses.registry import (
+    F_DIVERGENCE_TERMS,
+    HYPERPARAMETERS,
+    LOSSES,
+    MIX,
+    MIX_TERMS,
+    NAMES,
+    Hyperparameter,
+    LossSpec,
+    mix_keys,
+)
+from dpo_sweeps.errors import InvalidConfig
 
 # A field's metadata key for its accepted values (a registry Hyperparameter).
 ACCEPTED = "accepted"
@@ -37,7 +56,7 @@ def hyperparameter(hp: Hyperparameter) -> Any:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Section):
     """`loss.*` of one loss: `name` and exactly its hyperparameters (a subclass per loss, LOSS_SCHEMAS)."""
 
     name: str = MISSING
@@ -47,9 +66,22 @@ class LossConfig:
     def accepted(cls, key: str) -> Hyperparameter | None:
         return next((f.metadata.get(ACCEPTED) for f in fields(cls) if f.name == key), None)
 
+    def check(self) -> None:
+        """check_loss_config of the keys the config gave (`given`: a key added with `+` that the loss does not
+        have is refused, as one it lacks), then a mix's weights."""
+        check_loss_config(self.given)
+        if self.name == MIX and all(term.weight == 0 for term in self.terms):
+            refuse("loss.terms", "every weight is 0: there is no loss to learn from", "at least one term with a weight > 0")
+
+    @property
+    def given(self) -> Mapping[str, Any]:
+        """The keys and values the resolved config gave, as it gave them (loss_config; a loss Hydra composed:
+        its fields)."""
+        return getattr(self, "_given", None) or asdict(self)
+
 
 @dataclass
-class MixTerm:
+class MixTerm(Section):
     """One term of `loss=mix`: a TRL loss type and its weight in the sum."""
 
     name: str = MISSING
@@ -94,8 +126,123 @@ LOSS_SCHEMAS: dict[str, type[LossConfig]] = {name: _schema_of(spec) for name, sp
 LOSS_SCHEMAS[MIX] = _mix_schema()
 
 
+@cache
+def mix_schema(terms: tuple[str, ...]) -> type[LossConfig]:
+    """The dataclass of a mix of these terms: MixLoss's keys and the terms' own hyperparameters."""
+    base = LOSS_SCHEMAS[MIX]
+    have = {f.name for f in fields(base)}
+    own = [key for key in mix_keys(list(terms)) if key not in have]
+    return make_dataclass(
+        "MixLoss_" + "_".join(dict.fromkeys(terms)),
+        [(key, _field_type(HYPERPARAMETERS[key]), hyperparameter(HYPERPARAMETERS[key])) for key in own],
+        bases=(base,), namespace={"__module__": __name__, "__doc__": f"`loss=mix` of {', '.join(terms)}."},
+    )
+
+
+def _term_names(terms: Any) -> tuple[str, ...] | None:
+    """The names of a mix's terms, when they are terms a mix takes (else check refuses them)."""
+    if not isinstance(terms, Sequence) or isinstance(terms, str) or not terms:
+        return None
+    names = tuple(t.get("name") if isinstance(t, Mapping) else None for t in terms)
+    ok = all(isinstance(t, Mapping) and set(t) == {"name", "weight"} for t in terms) and set(names) <= set(MIX_TERMS)
+    return names if ok else None
+
+
+def loss_config(values: Mapping[str, Any]) -> LossConfig:
+    """A resolved config's `loss` as its loss's dataclass (a mix's: of its terms), whatever keys it has:
+    the keys it gave are kept (`given`) for `check`, which refuses what does not fit the loss."""
+    name = values.get("name")
+    terms = _term_names(values.get("terms")) if name == MIX else None
+    schema = mix_schema(terms) if terms else LOSS_SCHEMAS.get(name, LossConfig)
+    known = {f.name for f in fields(schema)}
+    kwargs = {key: value for key, value in values.items() if key in known}
+    if terms:
+        kwargs["terms"] = [MixTerm.of(term) for term in values["terms"]]
+    loss = schema(**kwargs)
+    object.__setattr__(loss, "_given", dict(values))
+    return loss
+
+
 def register() -> None:
     """Store each loss's dataclass as `schema/loss/NAME` (idempotent); conf/config.yaml types `loss` with it."""
     store = ConfigStore.instance()
     for name, node in LOSS_SCHEMAS.items():
         store.store(group="schema/loss", name=name, node=node)
+
+
+# ------------------------------------------------------------------ checks (LossConfig.check runs them)
+def _refuse(key: str, problem: str, accepted: str) -> None:
+    raise InvalidConfig(f"loss.{key}", problem, accepted)
+
+
+def _check_terms(terms: Any) -> list[str]:
+    example = "e.g. 'loss.terms=[{name: sigmoid, weight: 1.0}, {name: sft, weight: 0.2}]'"
+    if not isinstance(terms, Sequence) or isinstance(terms, str) or not terms:
+        _refuse("terms", f"got {terms!r}", f"a non-empty list of {{name, weight}}, {example}")
+    for i, term in enumerate(terms):
+        if not isinstance(term, Mapping) or set(term) != {"name", "weight"}:
+            _refuse(f"terms[{i}]", f"got {term!r}", f"{{name: <loss>, weight: <number>}}, {example}")
+        if term["name"] not in MIX_TERMS:
+            _refuse(f"terms[{i}].name", f"'{term['name']}' cannot be a term", ", ".join(MIX_TERMS))
+        weight = term["weight"]
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
+            _refuse(f"terms[{i}].weight", f"got {weight!r}", "a number >= 0")
+    return [term["name"] for term in terms]
+
+
+def _given_terms(given: Mapping) -> list[str]:
+    return [term["name"] for term in given["terms"]]
+
+
+def _ranges(given: Mapping, key: str) -> list[Hyperparameter]:
+    """The accepted values of `loss.<key>` for this loss: its schema field's (for a mix, the field's of every
+    term that takes the key, as each term's own schema declares it)."""
+    if given["name"] != MIX:
+        return [LOSS_SCHEMAS[given["name"]].accepted(key)]
+    ranges = [LOSS_SCHEMAS[t].accepted(key) for t in _given_terms(given) if key in LOSSES[t].keys]
+    return ranges or [LOSS_SCHEMAS[MIX].accepted(key) or HYPERPARAMETERS[key]]
+
+
+def _where(name: str, terms: list[str]) -> str:
+    return f"loss={name}" + (f" with terms {', '.join(terms)}" if name == MIX else "")
+
+
+def foreign_key(key: str, name: str, keys: Sequence[str]) -> InvalidConfig:
+    """`loss.<key>` given to a loss that has no such hyperparameter (`keys`: the loss's, `name` first)."""
+    return InvalidConfig(f"loss.{key}", f"is not a hyperparameter of loss={name}",
+                         f"its keys: {', '.join(keys[1:])} (conf/loss/{name}.yaml); leave loss.{key} out "
+                         f"(~loss.{key}), or set it only with a loss that has it")
+
+
+def check_loss_config(given: Mapping) -> None:
+    """Refuse an unknown loss, a key that is not this loss's (or one it lacks), and values out of range, in
+    `loss.*` as the config gives it (LossConfig.check)."""
+    name = given.get("name")  # absent or unknown: refused just below
+    if name not in NAMES:
+        _refuse("name", f"unknown loss '{name}'", ", ".join(NAMES))
+    terms = _check_terms(given.get("terms")) if name == MIX else []
+    expected = mix_keys(terms) if name == MIX else LOSSES[name].keys
+    where = _where(name, terms)
+    extra = [key for key in given if key not in expected]
+    missing = [key for key in expected if key not in given]
+    if name == MIX and (extra or missing):  # changed terms: say every key to add and to leave out at once
+        changes = [f"+loss.{k}=<{_ranges(given, k)[0].accepted}>" for k in missing] + [f"~loss.{k}" for k in extra]
+        _refuse("terms", f"{where} has keys {', '.join(expected[1:])}", "these changes: " + " ".join(shlex.quote(c) for c in changes))
+    for key in extra:  # added with +loss.<key> (Hydra refuses loss.<key> itself: the loss's schema lacks it)
+        raise foreign_key(key, name, expected)
+    for key in missing:
+        _refuse(key, f"missing: {where} needs it", f"+loss.{key}=<{_ranges(given, key)[0].accepted}>")
+    settings = [key for key in expected if key not in ("name", "terms")]
+    for key in settings:
+        for hp in _ranges(given, key):
+            if not hp.check(given[key]):
+                _refuse(key, f"got {given[key]!r} for {where}", hp.accepted)
+    if name == MIX and given["f_divergence"] != "reverse_kl":
+        unfit = [t for t in terms if t not in F_DIVERGENCE_TERMS]
+        if unfit:
+            _refuse("f_divergence", f"'{given['f_divergence']}' with terms {', '.join(unfit)} (no f-divergence form)",
+                    f"reverse_kl, or terms among {', '.join(F_DIVERGENCE_TERMS)}")
+
+
+# A resolved config's `loss` is read by its loss (Config.of).
+BUILDERS["loss"] = loss_config
