@@ -26,7 +26,8 @@ from dpo_sweeps.models.gguf import resolve_gguf_file
 from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
 
 # Settings no check reads (any value is valid): a sweep's points that differ only in them are checked once.
-NOT_CHECKED = {"train": ("seed", "progress_bar", "save_model")}
+# (train.save_model is read: train.sample_prompts needs it.)
+NOT_CHECKED = {"train": ("seed", "progress_bar")}
 
 
 def validation_key(task_config: dict) -> str:

@@ -205,3 +205,16 @@ def test_a_resolved_config_is_read_as_frozen_typed_sections():
     probe = probe_config(cfg, cfg.world_size)  # a probe derives its own
     assert (probe.train.max_steps, probe.checkpoint.every_steps, cfg.train.max_steps) == (8, 0, 120)
 
+
+def test_a_sweep_checks_again_where_its_points_differ_in_a_setting_a_check_reads(tmp_path):
+    """Points are validated once per validation_key: a setting a section's check reads must be in it."""
+    from dpo_sweeps.launchers.preflight import CheckedConfig
+
+    checked = CheckedConfig()
+    points = [OmegaConf.to_container(_compose("train.sample_prompts=2", f"train.save_model={saved}"), resolve=True)
+              for saved in ("true", "false")]
+    assert checked.validate(points[0], tmp_path) is None
+    refused = checked.validate(points[1], tmp_path)
+    assert isinstance(refused, InvalidConfig) and str(refused).startswith(
+        "train.sample_prompts: 2 with train.save_model=false"), refused
+    assert checked.of(points[0]).train.save_model is True  # the typed config follows the point asked for
