@@ -49,8 +49,8 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:
         refusal = schema_refusal(exc)
-        if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory
-            refusal = unwritable_path(exc, Path(exc.filename), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
+        if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory, multirun.yaml
+            refusal = unwritable_path(exc, _output_dir(exc), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
         if refusal is None and not isinstance(exc, (CompactHydraException, RunFailure)):
             raise
         # Hydra's own errors span lines (options, search path); ours (a sweep's refusal lists its points) are kept.
@@ -63,6 +63,18 @@ def main() -> None:
 
 def _multirun() -> bool:
     return any(a in ("-m", "--multirun") for a in sys.argv[1:])
+
+
+def _output_dir(exc: OSError) -> Path | None:
+    """The run (or sweep) directory a failed write of Hydra's was in: the path it names, else Hydra's."""
+    if exc.filename is not None:
+        return Path(os.fsdecode(exc.filename))
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    return Path(str(hydra_cfg.sweep.dir if _multirun() else hydra_cfg.runtime.output_dir))
 
 
 

@@ -64,6 +64,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         config=config,
         overrides=list(hydra_cfg.overrides.task),
         base_dir=Path.cwd(),
+        dir_setting="hydra.sweep.dir" if multirun else "hydra.run.dir",
         run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
         group=sweep_group(Path(hydra_cfg.sweep.dir)) if multirun else run_dir.name,
         attempt=uuid.uuid4().hex,
@@ -90,10 +91,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return done["metrics"]
     try:
         summary = run_config(ctx)
-    except OSError as exc:
+    except OSError as exc:  # before the ranks started (the lock, .hydra/, a refusal's summary): nothing trained
         if not is_path_error(exc):
             raise
-        refuse(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir"), multirun)
+        refuse(unwritable_path(exc, run_dir, ctx.dir_setting), multirun, run_dir)
     if summary["status"] != "completed":
         failure = summary["failure"]
         if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
@@ -157,6 +158,10 @@ def run_config(ctx: RunContext) -> dict:
         return refused_summary(exc)
     try:
         write_hydra_record(ctx.run_dir, ctx.hydra_record)
+    except OSError:  # refused (app.run): it leaves nothing here
+        lock.release(refused=True)
+        raise
+    try:
         prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)
