@@ -93,7 +93,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return done["metrics"]
     try:
         summary = run_config(ctx)
-    except OSError as exc:  # before the ranks started (the lock, .hydra/, a refusal's summary): nothing trained
+    except OSError as exc:  # the lock, .hydra/ (nothing written then), a summary.json that cannot be written
         if not is_path_error(exc):
             raise
         refuse(unwritable_path(exc, run_dir, ctx.dir_setting), multirun, run_dir)

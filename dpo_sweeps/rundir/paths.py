@@ -72,9 +72,13 @@ def writing(path: Path | str) -> Iterator[None]:
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
 
 
-def is_path_error(exc: BaseException) -> bool:
-    """A write that failed for its path (a folder's place, permissions, a read-only or full file system)."""
-    return isinstance(exc, OSError) and exc.errno in PROBLEMS and (exc.filename is not None or exc.errno in WRITE_ONLY)
+def is_path_error(exc: BaseException, within: Path | None = None) -> bool:
+    """A write that failed for its path (a folder's place, permissions, a read-only or full file system);
+    `within`: of a path under that folder (one that names no file counts as there)."""
+    if not (isinstance(exc, OSError) and exc.errno in PROBLEMS
+            and (exc.filename is not None or exc.errno in WRITE_ONLY)):
+        return False
+    return within is None or _under(failed_path(exc, Path(within)), Path(within))
 
 
 def failed_path(exc: OSError, run_dir: Path | None) -> Path | None:
@@ -106,7 +110,7 @@ def unwritable_path(exc: OSError, run_dir: Path | None, setting: str) -> Unwrita
 def failed_write_message(exc: BaseException, message: str, run_dir: Path, setting: str) -> str:
     """A run's failure `message` for a write that failed during the run (a full disk, mostly): the
     path, the problem and what moves it. `exc`: a path error, or one already naming its path (DiskFull)."""
-    if isinstance(exc, OSError) and is_path_error(exc):
+    if is_path_error(exc, within=run_dir):
         _, problem, accepted = unwritable_text(exc, run_dir, setting)
         return f"{problem} ({accepted})"
     if str(run_dir) not in message:

@@ -220,7 +220,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             interrupted = exc if isinstance(exc, RunInterrupted) else None
             if failure["kind"] == "oom":
                 failure["message"] += f" [{_oom_context(cfg, env)}]"
-            if failure["kind"] == "disk_full" or is_path_error(exc):  # the path, and what moves it
+            if failure["kind"] == "disk_full" or is_path_error(exc, within=ctx.run_dir):  # the path, what moves it
                 failure["message"] = failed_write_message(exc, failure["message"], ctx.run_dir, ctx.dir_setting)
             collective = is_collective_error(exc)
             failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])

@@ -3,6 +3,8 @@ path and the setting that moves it; a cache that cannot be written is skipped wi
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -135,6 +137,30 @@ def test_a_disk_that_fills_during_the_run_is_one_line_naming_the_file_and_the_su
     assert result.summary["failure"]["kind"] == "disk_full"
     assert (run_dir / "metrics.jsonl").read_text() == ""  # no half line
     assert not (run_dir / ".summary_reserve").exists()
+
+
+# Root without the capability to override file permissions: a folder's mode bits hold for it too.
+NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("where", ["run_dir", pytest.param("checkpoints", marks=pytest.mark.slow)])
+def test_no_permission_to_write_is_one_line_naming_the_path_and_setting(tmp_path, where):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (to drop the capability that overrides file permissions)")
+    run_dir = tmp_path / "run"
+    locked = run_dir if where == "run_dir" else run_dir / "checkpoints"
+    locked.mkdir(parents=True)
+    locked.chmod(0o555)
+    args = [*NO_DAC, sys.executable, "-m", "dpo_sweeps", *QUIET, *TINY, "checkpoint.every_steps=1",
+            f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    line = one_error_line(result.stderr)
+    written = f"{run_dir / '.lock'}" if where == "run_dir" else f"{locked / 'step_1.tmp'}"
+    assert f"cannot write '{written}': permission denied" in line and "hydra.run.dir moves it" in line, line
+    if where == "checkpoints":  # during the run: recorded, the step's metrics kept
+        assert line.startswith("error: run failed (crash): ")
+        assert [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())] == [1, 1]
 
 
 def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path):
