@@ -61,9 +61,9 @@ def test_a_device_memory_that_is_not_a_positive_number_is_refused_before_launch(
 
 def test_a_single_run_gets_the_fit_check_too_and_one_that_does_not_fit_is_refused_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(run_dir, "model=llama_1b", "resources.device=cpu", "resources.device_memory_gib=4")
+    result = run_cli(run_dir, "resources.device=cpu", "resources.device_memory_gib=0.01")  # the tiny GPT-2
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(
         "error: resources.device_memory_gib: the estimated peak, "), result.stderr[-2000:]
-    assert "GiB per device, exceeds 4 GiB (accepted: a limit the run fits in" in result.stderr
+    assert "GiB per device, exceeds 0.01 GiB (accepted: a limit the run fits in" in result.stderr
     assert "Traceback" not in result.stderr and not run_dir.exists()  # refused before anything was written
