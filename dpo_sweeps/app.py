@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.config.unused import check_settings_used
+from dpo_sweeps.config.unused import Launch, check_settings_used
 from dpo_sweeps.config.validate import validate_config, world_size_of
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
@@ -64,6 +64,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         config=config,
         overrides=list(hydra_cfg.overrides.task),
         base_dir=Path.cwd(),
+        dir_setting="hydra.sweep.dir" if multirun else "hydra.run.dir",
         run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
         group=sweep_group(Path(hydra_cfg.sweep.dir)) if multirun else run_dir.name,
         attempt=uuid.uuid4().hex,
@@ -77,7 +78,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
     if not multirun:  # a sweep checks its settings over all its points before launch (launchers/preflight.py)
         try:
-            check_settings_used(cfg, ctx.overrides)
+            launch = Launch.TORCHRUN if from_torchrun_env() is not None else Launch.DPO_SWEEPS
+            check_settings_used(cfg, ctx.overrides, launch)
+            check_device_memory(ctx)
         except InvalidConfig as exc:
             if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 says it
                 sys.exit(1)
@@ -90,10 +93,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return done["metrics"]
     try:
         summary = run_config(ctx)
-    except OSError as exc:
+    except OSError as exc:  # the lock, .hydra/ (nothing written then), a summary.json that cannot be written
         if not is_path_error(exc):
             raise
-        refuse(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir"), multirun)
+        refuse(unwritable_path(exc, run_dir, ctx.dir_setting), multirun, run_dir)
     if summary["status"] != "completed":
         failure = summary["failure"]
         if summary.get("rank", 0) != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
@@ -122,6 +125,27 @@ def refuse(exc: RunFailure, multirun: bool, run_dir: Path | None = None) -> NoRe
         raise RunFailed(str(exc))
     say(f"error: {exc}")
     sys.exit(1)
+
+
+def check_device_memory(ctx: RunContext) -> None:
+    """With `resources.device_memory_gib` set, a run gets the fit check a sweep's point gets
+    (parallel/fit.py): one estimated not to fit its device is refused before it starts. An invalid
+    config is left to validation, which names its setting."""
+    if ctx.config["resources"]["device_memory_gib"] is None:
+        return
+    from dpo_sweeps.parallel.fit import check_fit
+
+    cfg = OmegaConf.create(ctx.config)
+    try:
+        validate_config(cfg, ctx.base_dir)
+    except RunFailure:
+        return
+    fit = check_fit(cfg, world_size_of(cfg))
+    if fit is not None and not fit.fits:
+        raise InvalidConfig("resources.device_memory_gib",
+                            f"the estimated peak, {fit.estimate_gib:.2f} GiB per device, exceeds {fit.limit_gib:g} GiB",
+                            "a limit the run fits in, a config that fits (fewer tokens per micro-batch, more "
+                            "sharding), or leave resources.device_memory_gib out to start it anyway")
 
 
 def completed_run(ctx: RunContext) -> dict | None:
@@ -157,6 +181,10 @@ def run_config(ctx: RunContext) -> dict:
         return refused_summary(exc)
     try:
         write_hydra_record(ctx.run_dir, ctx.hydra_record)
+    except OSError:  # refused (app.run): it leaves nothing here
+        lock.release(refused=True)
+        raise
+    try:
         prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)

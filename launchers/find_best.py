@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text, read_summary, write_json_atomic
+from dpo_sweeps.rundir.outputs import FIND_BEST, device_time_text, read_summary, write_json_atomic, write_text_atomic
 from launchers.jobs import SweepJob, override_key
 from launchers.outcome import Outcome, sweep_cost, sweep_screen
 from launchers.preflight import (
@@ -100,7 +100,7 @@ class FindBest:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         from omegaconf import OmegaConf
 
-        OmegaConf.save(self.sweeper.config, self.sweep_dir / "multirun.yaml")
+        write_text_atomic(self.sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.sweeper.config))
 
         probe_outcomes = self._run_stage(probes)
         best_plans = self._best_plans(probe_outcomes)

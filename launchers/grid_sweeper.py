@@ -20,8 +20,9 @@ nonzero if any failed (`launchers.outcome`).
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
+from dpo_sweeps.rundir.outputs import write_text_atomic
+from dpo_sweeps.rundir.paths import writing
 from launchers.jobs import PointLabels, SweepJob
 from launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from launchers.preflight import (
@@ -43,6 +46,18 @@ from launchers.preflight import (
 from launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
 
 log = logging.getLogger("launchers")
+
+
+def writes_in_sweep_dir(sweep: Callable[..., Any]) -> Callable[..., Any]:
+    """A sweeper's `sweep`: a full disk reported without a file name (submitit's job files, multirun.yaml)
+    names the sweep directory, so that it is refused in one line naming it (dpo_sweeps/__main__.py)."""
+
+    @functools.wraps(sweep)
+    def wrapped(self: Any, arguments: list[str]) -> Any:
+        with writing(Path(str(self.config.hydra.sweep.dir))):
+            return sweep(self, arguments)
+
+    return wrapped
 
 
 class GridSweeper(BasicSweeper):
@@ -74,6 +89,7 @@ class GridSweeper(BasicSweeper):
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         return [point for batch in self.split_arguments(overrides, None) for point in batch]
 
+    @writes_in_sweep_dir
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         if self.stages:  # the staged search of +sweep=find_best
@@ -97,7 +113,7 @@ class GridSweeper(BasicSweeper):
             return []
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         if plan.skipped:
             log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
         try:

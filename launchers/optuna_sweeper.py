@@ -38,10 +38,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import Failure, FailureKind, RunFailure
-from dpo_sweeps.rundir.outputs import write_summary
+from dpo_sweeps.rundir.outputs import write_summary, write_text_atomic
 from dpo_sweeps.train.pruning import make_pruner
 from launchers.base import JobNotRun, failed_return, log, task_overrides
-from launchers.grid_sweeper import launch_numbered
+from launchers.grid_sweeper import launch_numbered, writes_in_sweep_dir
 from launchers.jobs import SweepJob
 from launchers.outcome import outcome_of, raise_if_failed, sweep_screen
 from launchers.preflight import InvalidSweep, compose_and_check, fit_checks, predicted_oom, record_predicted_oom
@@ -219,6 +219,7 @@ class OptunaSweeper(Sweeper):
                                "train.eval_every)")
         return pruner
 
+    @writes_in_sweep_dir
     def sweep(self, arguments: list[str]) -> None:
         from launchers.optuna_space import SearchSpace, SearchSpaceError
 
@@ -251,7 +252,7 @@ class OptunaSweeper(Sweeper):
             max_failure_rate=self.max_failure_rate, pruner=pruner, pruner_spec=(self.pruner, self.pruner_settings),
             constrained=constrained)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         log.info("optuna study '%s' (%s, %s): %d earlier trials; running %d more, %d at a time (pruner: %s)",
                  self.study_name, self.storage, name, existing, self.n_trials, self.n_jobs, self.pruner)
         study = AsyncStudy(settings, sampler, space, self.trials, self.config)

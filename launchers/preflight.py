@@ -22,7 +22,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
-from dpo_sweeps.config.unused import SettingsRead
+from dpo_sweeps.config.unused import Launch, SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.rundir.outputs import write_summary
 from launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
@@ -115,7 +115,7 @@ def compose_and_check(
     jobs: list[SweepJob] = []
     invalid: list[InvalidPoint] = []
     checked = CheckedConfig()
-    settings = SettingsRead()
+    settings = SettingsRead(Launch(getattr(launcher, "_EXECUTOR", Launch.LOCAL)))  # who starts the jobs' ranks
     for offset, overrides in enumerate(points):
         num = first_num + offset
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.errors import Failure, FailureKind
+from dpo_sweeps.rundir.paths import writing
 
 SCHEMA = 1
 SUMMARY = "summary.json"
@@ -191,7 +192,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with writing(path), os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, allow_nan=False)
             f.write("\n")
             f.flush()
@@ -199,6 +200,20 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`path` through a temporary file and a rename: a failed write (a full disk) leaves the previous
+    file whole and no temporary file behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with writing(path):
+            tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -298,9 +313,20 @@ class MetricsLog:
         self.path = Path(run_dir) / METRICS
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
+        line = (json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n").encode()
+        with writing(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                end = os.fstat(fd).st_size
+                try:
+                    rest = memoryview(line)
+                    while rest:  # one call, unless the disk fills in the middle of the line
+                        rest = rest[os.write(fd, rest):]
+                except OSError:
+                    os.ftruncate(fd, end)  # no half line after the whole ones
+                    raise
+            finally:
+                os.close(fd)
 
     def truncate_after(self, step: int) -> None:
         """Drop records past `step` (a resumed run rewrites them)."""
@@ -308,7 +334,12 @@ class MetricsLog:
             return
         keep = [line for line in self.path.read_text().splitlines(keepends=True) if _record_step(line) <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(keep))
+        try:
+            with writing(self.path):
+                tmp.write_text("".join(keep))
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.path)
 
 

@@ -46,6 +46,7 @@ from dpo_sweeps.rundir.outputs import (
     write_rank_failure,
     write_summary,
 )
+from dpo_sweeps.rundir.paths import UnwritablePath, failed_write_message, is_path_error, unwritable_path
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
@@ -59,8 +60,8 @@ log = logging.getLogger("dpo_sweeps")
 PEER_REPORT_WAIT_S = 5.0
 
 
-def refused_summary(exc: RunDirInUse) -> dict:
-    """Another job owns the run directory: report it, and write nothing there."""
+def refused_summary(exc: RunDirInUse | UnwritablePath) -> dict:
+    """Another job owns the run directory, or it cannot be written: report it, and write nothing there."""
     return {"status": "failed", "failure": failure_of(exc), "metrics": {}, "refused": True}
 
 
@@ -85,6 +86,12 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: DictConfig) -> RunDirLock
             prepare_run_dir(ctx.run_dir, cfg)
         except RunDirInUse as exc:
             refusal = exc
+        except OSError as exc:  # a full or read-only file system: refused, as the peers are told
+            if not is_path_error(exc):
+                raise
+            refusal = unwritable_path(exc, ctx.run_dir, ctx.dir_setting)
+            if lock is not None:
+                lock.release(refused=True)
     if all_reduce([1.0 if refusal else 0.0], "max")[0]:
         raise refusal or RunDirInUse(ctx.run_dir, {})
     return lock
@@ -146,6 +153,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     (so each may take its own block of them, `resources.bind_cores`); torchrun and SLURM tasks leave
     binding to their launcher (`srun --cpu-bind`).
     """
+    # A log handler that cannot write (a full disk) drops its records instead of printing a traceback for
+    # each; the run's own log file says so once (rundir/log_file.py), and W&B's debug log says nothing.
+    logging.raiseExceptions = False
     if not sharing():
         # What exists now (imported modules, the config) outlives the run: the collections it makes (the
         # freed reference) need not scan it. Not in a probe batch, whose later runs' objects would be
@@ -201,7 +211,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             watchdog.begin_ending()
             if env.is_main and not trainer.checkpointer.keep_when_completed:
                 remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
-        except RunDirInUse as exc:
+        except (RunDirInUse, UnwritablePath) as exc:
             return refused_summary(exc) if env.is_main else {**refused_summary(exc), "rank": env.rank}
         except Exception as exc:
             if watchdog is not None:
@@ -210,8 +220,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             interrupted = exc if isinstance(exc, RunInterrupted) else None
             if failure["kind"] == "oom":
                 failure["message"] += f" [{_oom_context(cfg, env)}]"
-            if failure["kind"] == "disk_full" and str(ctx.run_dir) not in failure["message"]:
-                failure["message"] += f" [run directory {ctx.run_dir}]"
+            if failure["kind"] == "disk_full" or is_path_error(exc, within=ctx.run_dir):  # the path, what moves it
+                failure["message"] = failed_write_message(exc, failure["message"], ctx.run_dir, ctx.dir_setting)
             collective = is_collective_error(exc)
             failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])
             if env.world_size > 1:
