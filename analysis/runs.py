@@ -214,12 +214,15 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, problems
 
 
-def _read_yaml(path: Path) -> Any:
+def _read_yaml(path: Path, problems: list[str]) -> Any:
+    """A run's .hydra/ file, parsed; None when absent or unreadable (then said in `problems`, naming it)."""
     if not path.is_file():
         return None
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        problems.append(f"{path.parent.name}/{path.name} is not readable YAML ({first}); not used")
         return None
 
 
@@ -229,10 +232,10 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
     steps = [r["step"] for r in log]
     run = Run(path=path, name=name, sweep=sweep, status="pending", has_log=bool(log),
               last_logged_step=max(steps) if steps else None, problems=problems)
-    hydra_overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    hydra_overrides = _read_yaml(path / ".hydra" / "overrides.yaml", run.problems)
     if isinstance(hydra_overrides, list):
         run.overrides = tuple(str(o) for o in hydra_overrides)
-    hydra_config = _read_yaml(path / ".hydra" / "config.yaml")
+    hydra_config = _read_yaml(path / ".hydra" / "config.yaml", run.problems)
     if isinstance(hydra_config, dict):
         run.config = flatten(hydra_config)
         run.plan = plan_of(hydra_config)

@@ -5,10 +5,11 @@
     python bench/find_best_vs_grid.py --model smollm2_135m    # pretrained SmolLM2-135M-Instruct on HH
     python bench/find_best_vs_grid.py --model smollm2_135m --smoke   # minutes: 2 points, 2 steps (it starts)
 
-Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps; or --model smollm2_135m, see MODELS): the parallel plan fsdp {full_shard,
-shard_grad_op} x precision {fp32, bf16} and the algorithm loss {dpo, ipo} x loss.beta {0.1, 0.5}.
-The full grid trains all 16 points. The staged search (hydra.sweeper.stages) probes the 4 plans and
-trains the 4 algorithm settings on the best `--top-k` plans. Both recommendations follow the same rule
+Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps; or --model smollm2_135m, see MODELS): the
+parallel plan fsdp {full_shard, shard_grad_op} x precision {fp32, bf16} and the algorithm loss {dpo, ipo}
+x loss.beta {0.1, 0.5} (SmolLM2: dpo x loss.beta {0.1, 0.5}; ALGORITHMS). The full grid trains all 16
+(SmolLM2: 8) points. The staged search (hydra.sweeper.stages) probes the 4 plans and
+trains the algorithm settings on the best `--top-k` plans. Both recommendations follow the same rule
 (launchers/find_best.py: the best preference accuracy; among the runs within one binomial standard
 error of it, the best speed per memory). Compute is the summed `device_seconds` of every run
 (ranks x wall time). The staged search's pick counts as equivalent when it is the grid's pick, or
@@ -44,7 +45,10 @@ MODELS = {
                      "train.eval_every=10"],
 }
 SYSTEMS = {"fsdp": "full_shard,shard_grad_op", "precision": "fp32,bf16"}
-ALGORITHM = {"loss": "dpo,ipo", "loss.beta": "0.1,0.5"}
+# The algorithm grid per --model: 4 settings on the toy (16 points with the 4 plans); 2 on SmolLM2, whose
+# runs cost minutes each on a CPU (8 points: the minimum).
+ALGORITHMS = {"tiny_gpt2": {"loss": "dpo,ipo", "loss.beta": "0.1,0.5"},
+              "smollm2_135m": {"loss": "dpo", "loss.beta": "0.1,0.5"}}
 # --smoke: that the comparison runs at all, in minutes.
 SMOKE_SYSTEMS, SMOKE_ALGORITHM = {"fsdp": "full_shard", "precision": "fp32"}, {"loss": "dpo", "loss.beta": "0.1,0.5"}
 SMOKE = ["train.max_steps=2", "train.eval_every=0", "perf.warmup_steps=0", "train.eval_max_pairs=8"]
@@ -74,7 +78,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="2 points of 2 steps: that it runs, no figures")
     args = parser.parse_args()
     base = [*MODELS[args.model], *COMMON, *(SMOKE if args.smoke else [])]
-    systems, algorithm = (SMOKE_SYSTEMS, SMOKE_ALGORITHM) if args.smoke else (SYSTEMS, ALGORITHM)
+    systems, algorithm = (SMOKE_SYSTEMS, SMOKE_ALGORITHM) if args.smoke else (SYSTEMS, ALGORITHMS[args.model])
     probe_steps, top_k = (2, 1) if args.smoke else (args.probe_steps, args.top_k)
     root = args.reuse or Path(tempfile.mkdtemp(prefix="find-best-vs-grid-"))
     grid_dir, staged_dir = root / "grid", root / "find_best"

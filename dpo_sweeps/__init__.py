@@ -1,8 +1,14 @@
 """dpo-sweeps: find the best FSDP setup for DPO training, one Hydra sweep at a time."""
 
-from dpo_sweeps.config.schema import register as register_schema
-from dpo_sweeps.dpo.losses.schema import register as register_loss_schemas
-from dpo_sweeps.runtime.launch_time import register_resolver
+# First, before the imports that take seconds: `python -m dpo_sweeps` stopped by Ctrl-C while it starts
+# says so in one line (dpo_sweeps/runtime/startup.py).
+from dpo_sweeps.runtime.startup import quiet_ctrl_c_while_starting
+
+quiet_ctrl_c_while_starting()
+
+from dpo_sweeps.config.schema import register as register_schema  # noqa: E402 (after the handler)
+from dpo_sweeps.dpo.losses.schema import register as register_loss_schemas  # noqa: E402
+from dpo_sweeps.runtime.launch_time import register_resolver  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,7 @@ from hydra.errors import CompactHydraException
 from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
 from dpo_sweeps.errors import RunFailure, say
 from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
+from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c
 from dpo_sweeps.task import run
 
 
@@ -38,6 +39,7 @@ def main() -> None:
     this function, which prints Hydra's compact errors as Hydra would and the schema's in one line.
     A user who sets HYDRA_FULL_ERROR=1 gets Hydra's full report as before.
     """
+    python_handles_ctrl_c()  # the imports are done: a Ctrl-C is caught below as KeyboardInterrupt
     if os.environ.get(FULL_ERROR) == "1":
         hydra_main()
         return
@@ -45,12 +47,12 @@ def main() -> None:
     try:
         hydra_main()
     except KeyboardInterrupt:  # before the run's own handlers were installed (a run stops with its summary)
-        say("error: interrupted (Ctrl-C) before the run started; nothing was trained")
+        say(INTERRUPTED_BEFORE_START)
         sys.exit(130)
     except Exception as exc:
         refusal = schema_refusal(exc)
-        if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory
-            refusal = unwritable_path(exc, Path(exc.filename), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
+        if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory, multirun.yaml
+            refusal = unwritable_path(exc, _output_dir(exc), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
         if refusal is None and not isinstance(exc, (CompactHydraException, RunFailure)):
             raise
         # Hydra's own errors span lines (options, search path); ours (a sweep's refusal lists its points) are kept.
@@ -63,6 +65,18 @@ def main() -> None:
 
 def _multirun() -> bool:
     return any(a in ("-m", "--multirun") for a in sys.argv[1:])
+
+
+def _output_dir(exc: OSError) -> Path | None:
+    """The run (or sweep) directory a failed write of Hydra's was in: the path it names, else Hydra's."""
+    if exc.filename is not None:
+        return Path(os.fsdecode(exc.filename))
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    return Path(str(hydra_cfg.sweep.dir if _multirun() else hydra_cfg.runtime.output_dir))
 
 
 

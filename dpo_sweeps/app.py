@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.config.unused import check_settings_used
+from dpo_sweeps.config.unused import Launch, check_settings_used
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
@@ -111,6 +111,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         config=config,
         overrides=list(hydra_cfg.overrides.task),
         base_dir=Path.cwd(),
+        dir_setting="hydra.sweep.dir" if multirun else "hydra.run.dir",
         run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
         group=sweep_group(Path(hydra_cfg.sweep.dir)) if multirun else run_dir.name,
         attempt=attempt_id(),
@@ -124,7 +125,10 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
     if not multirun:  # a sweep checks its settings over all its points before launch (launchers/preflight.py)
         try:
-            check_settings_used(Config.of(config), ctx.overrides)
+            launch = Launch.TORCHRUN if from_torchrun_env() is not None else Launch.DPO_SWEEPS
+            typed = Config.of(config)
+            check_settings_used(typed, ctx.overrides, launch)
+            check_device_memory(typed, ctx.base_dir)
         except InvalidConfig as exc:
             # torchrun: rank 0 says it
             raise RunRefused(exc, nothing_written=True, quiet=os.environ.get("RANK", "0") != "0") from None
@@ -136,10 +140,30 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         return done
     try:
         return run_config(ctx)
-    except OSError as exc:
+    except OSError as exc:  # the lock, .hydra/ (nothing written then), a summary.json that cannot be written
         if not is_path_error(exc):
             raise
-        raise RunRefused(unwritable_path(exc, run_dir, "hydra.sweep.dir" if multirun else "hydra.run.dir")) from None
+        raise RunRefused(unwritable_path(exc, run_dir, ctx.dir_setting), nothing_written=True) from None
+
+
+def check_device_memory(cfg: Config, base_dir: Path) -> None:
+    """With `resources.device_memory_gib` set, a run gets the fit check a sweep's point gets
+    (parallel/fit.py): one estimated not to fit its device is refused before it starts. An invalid
+    config is left to validation, which names its setting."""
+    if cfg.resources.device_memory_gib is None:
+        return
+    from dpo_sweeps.parallel.fit import check_fit
+
+    try:
+        validate_config(cfg, base_dir)
+    except RunFailure:
+        return
+    fit = check_fit(cfg, cfg.world_size)
+    if fit is not None and not fit.fits:
+        raise InvalidConfig("resources.device_memory_gib",
+                            f"the estimated peak, {fit.estimate_gib:.2f} GiB per device, exceeds {fit.limit_gib:g} GiB",
+                            "a limit the run fits in, a config that fits (fewer tokens per micro-batch, more "
+                            "sharding), or leave resources.device_memory_gib out to start it anyway")
 
 
 def completed_run(ctx: RunContext) -> Summary | None:
@@ -173,6 +197,10 @@ def run_config(ctx: RunContext) -> Summary:
         return refused_summary(ctx, exc)
     try:
         write_hydra_record(ctx.run_dir, ctx.hydra_record)
+    except OSError:  # refused (app.run): it leaves nothing here
+        lock.release(refused=True)
+        raise
+    try:
         prepare_run_dir(ctx.run_dir, cfg)
         try:
             validate_config(cfg, ctx.base_dir)

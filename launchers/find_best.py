@@ -31,7 +31,7 @@ from dpo_sweeps.launchers.preflight import (
     compose_and_check,
     refusal_message,
 )
-from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.atomic import write_json_atomic, write_text_atomic
 from dpo_sweeps.rundir.cost import device_time_text
 from dpo_sweeps.rundir.paths import FIND_BEST
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary
@@ -103,7 +103,7 @@ class FindBest:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         from omegaconf import OmegaConf
 
-        OmegaConf.save(self.sweeper.config, self.sweep_dir / "multirun.yaml")
+        write_text_atomic(self.sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.sweeper.config))
 
         probe_outcomes = self._run_stage(probes)
         best_plans = self._best_plans(probe_outcomes)

@@ -30,7 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
-from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered, writes_in_sweep_dir
 from dpo_sweeps.launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
@@ -41,6 +41,7 @@ from dpo_sweeps.launchers.preflight import (
     refusal_message,
 )
 from dpo_sweeps.launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
+from dpo_sweeps.rundir.atomic import write_text_atomic
 
 log = logging.getLogger("launchers")
 
@@ -74,6 +75,7 @@ class GridSweeper(BasicSweeper):
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         return [point for batch in self.split_arguments(overrides, None) for point in batch]
 
+    @writes_in_sweep_dir
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         if self.stages:  # the staged search of +sweep=find_best
@@ -97,7 +99,7 @@ class GridSweeper(BasicSweeper):
             return []
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         if plan.skipped:
             log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
         try:

@@ -1,7 +1,8 @@
 """One job of a sweep, composed before launch exactly as the job itself will compose it.
 
 A sweeper or launcher calls `compose_job` for each point of a sweep; both sweepers hand the jobs
-to the launcher with `launch_numbered`. The job's resolved task config and its `config_hash` are
+to the launcher with `launch_numbered`, and name their sweep directory in a failed write that names no
+file with `writes_in_sweep_dir`. The job's resolved task config and its `config_hash` are
 computed the way `dpo_sweeps.app.run` computes them inside the job (resolve, scrub secrets, hash),
 so a finished run's summary.json can be matched to a point of a later sweep. Values that depend on
 Hydra's job runtime (`${hydra:job.id}`, the output dir) are not known here: a task config key that
@@ -11,6 +12,7 @@ interpolates them cannot be matched on resume.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import shlex
@@ -27,6 +29,7 @@ from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.launchers.compose import PointRecipe, SweepComposer, run_dir_of
 from dpo_sweeps.rundir.hashing import config_hash
+from dpo_sweeps.rundir.paths import writing
 
 
 class SweepJob:
@@ -125,6 +128,18 @@ def launch_numbered(launcher: Any, jobs: list[SweepJob]) -> list[JobReturn]:
             returns += list(launcher.launch([j.overrides for j in segment], initial_job_idx=segment[0].num))
             start = end
     return returns
+
+
+def writes_in_sweep_dir(sweep: Callable[..., Any]) -> Callable[..., Any]:
+    """A sweeper's `sweep`: a full disk reported without a file name (submitit's job files, multirun.yaml)
+    names the sweep directory, so that it is refused in one line naming it (dpo_sweeps/__main__.py)."""
+
+    @functools.wraps(sweep)
+    def wrapped(self: Any, arguments: list[str]) -> Any:
+        with writing(Path(str(self.config.hydra.sweep.dir))):
+            return sweep(self, arguments)
+
+    return wrapped
 
 
 def override_key(override: str) -> str:

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import Failure, FailureKind, RunFailure
 from dpo_sweeps.launchers.base import JobNotRun, failed_return, log, task_overrides
-from dpo_sweeps.launchers.jobs import SweepJob, launch_numbered
+from dpo_sweeps.launchers.jobs import SweepJob, launch_numbered, writes_in_sweep_dir
 from dpo_sweeps.launchers.outcome import outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
@@ -48,6 +48,7 @@ from dpo_sweeps.launchers.preflight import (
     predicted_oom,
     record_predicted_oom,
 )
+from dpo_sweeps.rundir.atomic import write_text_atomic
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary
 from dpo_sweeps.train.pruning import make_pruner
 
@@ -224,6 +225,7 @@ class OptunaSweeper(Sweeper):
                                "train.eval_every)")
         return pruner
 
+    @writes_in_sweep_dir
     def sweep(self, arguments: list[str]) -> None:
         from dpo_sweeps.launchers.optuna_space import SearchSpace, SearchSpaceError
 
@@ -256,7 +258,7 @@ class OptunaSweeper(Sweeper):
             max_failure_rate=self.max_failure_rate, pruner=pruner, pruner_spec=(self.pruner, self.pruner_settings),
             constrained=constrained)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         log.info("optuna study '%s' (%s, %s): %d earlier trials; running %d more, %d at a time (pruner: %s)",
                  self.study_name, self.storage, name, existing, self.n_trials, self.n_jobs, self.pruner)
         study = AsyncStudy(settings, sampler, space, self.trials, self.config)

@@ -25,7 +25,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.unused import SettingsRead
+from dpo_sweeps.config.unused import Launch, SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary
@@ -120,7 +120,7 @@ def compose_and_check(
     jobs: list[SweepJob] = []
     invalid: list[InvalidPoint] = []
     checked = CheckedConfig()
-    settings = SettingsRead()
+    settings = SettingsRead(Launch(getattr(launcher, "_EXECUTOR", Launch.LOCAL)))  # who starts the jobs' ranks
     for offset, overrides in enumerate(points):
         num = first_num + offset
         try:

@@ -36,3 +36,16 @@ def smollm2_tokenizer(smollm2_gguf):
     from dpo_sweeps.models.gguf import tokenizer_of
 
     return tokenizer_of(smollm2_gguf)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (pyproject's addopts: `-n 2 --dist loadgroup`) a test file runs on one worker, so
+    its module-scoped fixtures (a fault matrix, a sweep several tests read) run once; and every file with a
+    test on the local SLURM cluster runs on one worker, one test at a time: those tests share one cluster,
+    and some of them stop its nodes."""
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    on_cluster = {file_of(item) for item in items if item.get_closest_marker("slurm") is not None}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("slurm" if file_of(item) in on_cluster else file_of(item)))

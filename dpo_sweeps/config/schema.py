@@ -195,7 +195,8 @@ class FsdpConfig(Section):
 @dataclass
 class PrecisionConfig(Section):
     name: str = MISSING
-    """The label of this precision in reports and the FLOPs table: fp32 | bf16 | fp16."""
+    """The conf/precision file's name: fp32 | bf16 | fp16. A run names its precision from the dtypes below
+    (summary.json's plan); the report falls back on this name only for a run without a plan."""
     param_dtype: str = MISSING
     """Compute dtype of the sharded parameters: float32 | bfloat16 | float16."""
     reduce_dtype: str = MISSING

@@ -1,97 +1,269 @@
-"""Settings given on the command line that the chosen config would not read: refused, never ignored.
+"""When each setting is read: every key of the schema, always or only beside other choices, in one table.
 
-The schema refuses a key no config has (`train.lr_rate`); this table holds the keys that exist but
-act only beside another choice (`fsdp.hybrid_group_size` only with `fsdp=hybrid_shard`). A setting
-is refused only when the user set it (`overrides`): the files in conf/ carry every key with a value.
-A sweep's setting may act at some of its points only (`fsdp=full_shard,hybrid_shard
+Settings given on the command line that the chosen config would not read are refused, never ignored.
+The schema refuses a key no config has (`train.lr_rate`); `READ_WHEN` says, for every key the schema
+has (config/schema.py, config/data_schema.py, dpo/losses/schema.py), whether a run reads it always
+(`ALWAYS`) or only under a condition (a `ReadOnlyWhen`: `fsdp.hybrid_group_size` only with
+`fsdp=hybrid_shard`). A key added to the schema without an entry here fails
+tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
+recorder of the keys they read and finds every key they left unread refused here.
+
+A setting is refused only when the user set it (`overrides`): the files in conf/ carry every key with a
+value. A sweep's setting may act at some of its points only (`fsdp=full_shard,hybrid_shard
 fsdp.hybrid_group_size=2`): it is refused only when no point reads it (`SettingsRead`, fed each point
 by the sweep's pre-launch check, launchers/preflight.py).
+
+Who starts the ranks matters to two keys (`Launch`): torchrun and a sweep launcher's multi-rank jobs
+pick their own rendezvous port, and torchrun and SLURM bind their ranks to cores themselves.
+
+A probe (`probe.steps`, train/probe.py) replaces `PROBE_REPLACES` with its own values: they are not
+refused there, since a probe is the full run's own command plus probe.steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.section import Section
 from dpo_sweeps.errors import InvalidConfig
 
 SYNTHETIC_OWN_SPLIT = "the synthetic task generates its own train and eval pairs"
 
 
+class Launch(StrEnum):
+    """Who starts a run's ranks."""
+
+    DPO_SWEEPS = "dpo_sweeps"  # `python -m dpo_sweeps`: its own process, or local rank processes it spawns
+    TORCHRUN = "torchrun"
+    LOCAL = "local"  # a local sweep's job: one rank in the job's process, or submitit tasks
+    SLURM = "slurm"  # a SLURM job's tasks (srun binds them)
+
+
 @dataclass(frozen=True)
-class UsedOnlyWhen:
+class ReadOnlyWhen:
+    """Keys a run reads only when `unused` is false."""
+
     keys: tuple[str, ...]
-    unused: Callable[[Config], bool]  # true: the chosen config does not read these keys
+    unused: Callable[[Config, Launch], bool]  # true: the chosen config does not read these keys
     why: str  # why not, for the message
     instead: str  # what would make them act, or what acts instead
 
 
-def _local_path(cfg: Config) -> bool:
+ALWAYS = "always"
+
+
+def _local_path(cfg: Config, _: Launch) -> bool:
     from dpo_sweeps.data.sources import looks_local
 
     path = cfg.data.path
     return bool(path) and (looks_local(str(path)) or Path(str(path)).expanduser().exists())
 
 
-def _nll_unused(cfg: Config) -> bool:
-    return getattr(cfg.loss, "sft_weight", None) == 0  # a loss without sft_weight has no nll_average either
+def _mix_terms(cfg: Config) -> list[str]:
+    """A mix's term names (terms the loss schema could not type, which validation refuses, as given)."""
+    if cfg.loss.name != "mix":
+        return []
+    return [term.name if isinstance(term, Section) else term.get("name") if isinstance(term, Mapping) else None
+            for term in cfg.loss.terms]
+
+
+def _nll_unused(cfg: Config, _: Launch) -> bool:
+    """No NLL term: sft_weight 0 (a loss with an NLL modifier), or a mix without an sft term."""
+    loss = cfg.loss
+    if loss.name == "mix":
+        return "sft" not in _mix_terms(cfg)
+    return getattr(loss, "sft_weight", None) == 0  # a loss without sft_weight has no nll_average either
+
+
+def _mix_without(key: str) -> Callable[[Config, Launch], bool]:
+    """A mix none of whose terms takes `key` (their specs in the loss registry)."""
+    def unused(cfg: Config, _: Launch) -> bool:
+        from dpo_sweeps.dpo.losses.registry import LOSSES
+
+        return cfg.loss.name == "mix" and not any(t in LOSSES and key in LOSSES[t].keys for t in _mix_terms(cfg))
+    return unused
+
+
+def _alpha_unused(cfg: Config, launch: Launch) -> bool:
+    return getattr(cfg.loss, "f_divergence", None) != "alpha_divergence" or _mix_without("f_divergence")(cfg, launch)
+
+
+def _no_reference(cfg: Config, _: Launch) -> bool:
+    from dpo_sweeps.dpo.losses import uses_reference
+
+    return not uses_reference(cfg.loss)
+
+
+def _unwrapped(cfg: Config, _: Launch) -> bool:
+    """One rank, fp32, no offload: the model runs as it is, without FSDP (parallel/fsdp.py needs_fully_shard)."""
+    precision = cfg.precision
+    return (cfg.world_size == 1 and not cfg.fsdp.cpu_offload
+            and precision.param_dtype == "float32" and precision.reduce_dtype == "float32")
+
+
+def _port_chosen_elsewhere(cfg: Config, launch: Launch) -> bool:
+    return launch == Launch.TORCHRUN or (launch in (Launch.LOCAL, Launch.SLURM) and cfg.world_size > 1)
+
+
+def _not_bound_here(cfg: Config, launch: Launch) -> bool:
+    return cfg.resources.nproc_per_node == 1 or cfg.resources.device == "cuda" or launch in (Launch.TORCHRUN,
+                                                                                             Launch.SLURM)
 
 
 RULES = (
-    UsedOnlyWhen(("fsdp.hybrid_group_size",), lambda c: c.fsdp.sharding_strategy != "hybrid_shard",
+    ReadOnlyWhen(("fsdp.hybrid_group_size",), lambda c, _: c.fsdp.sharding_strategy != "hybrid_shard",
                  "only hybrid_shard has shard groups", "fsdp=hybrid_shard"),
-    UsedOnlyWhen(("precision.initial_loss_scale", "precision.loss_scale_growth_interval"),
-                 lambda c: not c.precision.loss_scaling, "they act only with loss scaling",
+    ReadOnlyWhen(("fsdp.reshard_after_forward",), _unwrapped,
+                 "one fp32 rank without offload runs the model without FSDP, so nothing is resharded",
+                 "resources.nproc_per_node > 1, precision=bf16 or fp16, or fsdp.cpu_offload=true"),
+    ReadOnlyWhen(("precision.initial_loss_scale", "precision.loss_scale_growth_interval"),
+                 lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
                  "precision=fp16, or precision.loss_scaling=true"),
-    UsedOnlyWhen(("model.tokenizer.vocab_size",), lambda c: c.model.tokenizer.kind != "bpe",
+    ReadOnlyWhen(("model.from_config", "model.gguf_file", "model.tokenizer.kind", "model.tokenizer.vocab_size",
+                  "model.install_hint"), lambda c, _: c.model.init_from is not None,
+                 "model.init_from's saved model brings its own architecture and tokenizer", "model.init_from=null"),
+    ReadOnlyWhen(("model.tokenizer.vocab_size",), lambda c, _: c.model.tokenizer.kind != "bpe",
                  "only a trained BPE has a vocabulary size to choose", "model.tokenizer.kind=bpe"),
-    UsedOnlyWhen(("data.length_group_window",), lambda c: not c.data.length_grouped,
+    ReadOnlyWhen(("model.install_hint",), lambda c, _: c.model.gguf_file is None,
+                 "it is shown only when a model.gguf_file cannot be found", "a model.gguf_file"),
+    ReadOnlyWhen(("data.length_group_window",), lambda c, _: not c.data.length_grouped,
                  "windows group pairs by length only with data.length_grouped", "data.length_grouped=true"),
-    UsedOnlyWhen(("data.data_dir",), _local_path, "a local data.path has no subset folders of a hub dataset",
+    ReadOnlyWhen(("data.data_dir",), _local_path, "a local data.path has no subset folders of a hub dataset",
                  "a hub dataset name in data.path, or the subset's own folder as data.path"),
-    UsedOnlyWhen(("data.split", "data.eval_split", "data.eval_size", "data.split_seed", "data.max_pairs"),
-                 lambda c: c.data.name == "synthetic", SYNTHETIC_OWN_SPLIT,
-                 "data.num_train_pairs and data.num_eval_pairs"),
-    UsedOnlyWhen(("loss.f_alpha_divergence_coef",), lambda c: c.loss.f_divergence != "alpha_divergence",
+    ReadOnlyWhen(("data.path", "data.split", "data.eval_split", "data.eval_size", "data.split_seed", "data.max_pairs"),
+                 lambda c, _: c.data.name == "synthetic", SYNTHETIC_OWN_SPLIT,
+                 "data=hh or data=preference to read files; data.num_train_pairs and data.num_eval_pairs"),
+    ReadOnlyWhen(("train.precompute_reference_logps",), _no_reference,
+                 "this loss has no reference model to score", "a loss with a reference, reference_free=false"),
+    ReadOnlyWhen(("train.sample_prompts", "train.sample_max_new_tokens"), lambda c, _: not c.train.save_model,
+                 "the replies after training come from the saved model", "train.save_model=true"),
+    ReadOnlyWhen(("train.sample_max_new_tokens",), lambda c, _: not c.train.sample_prompts,
+                 "no replies are generated at train.sample_prompts=0", "train.sample_prompts > 0"),
+    ReadOnlyWhen(("precision.name",), lambda c, _: True,
+                 "a run names its precision from precision.param_dtype and reduce_dtype (summary.json's plan); "
+                 "the name only names a conf/precision file", "precision=fp32, bf16 or fp16"),
+    ReadOnlyWhen(("loss.f_divergence",), _mix_without("f_divergence"),
+                 "no term of this mix has an f-divergence form", "a term such as sigmoid"),
+    ReadOnlyWhen(("loss.f_alpha_divergence_coef",), _alpha_unused,
                  "it is alpha_divergence's alpha", "loss.f_divergence=alpha_divergence"),
-    UsedOnlyWhen(("loss.nll_average",), _nll_unused, "there is no NLL term at loss.sft_weight=0",
-                 "loss.sft_weight > 0"),
-    UsedOnlyWhen(("wandb.project", "wandb.entity", "wandb.group"), lambda c: c.wandb.mode == "disabled",
+    ReadOnlyWhen(("loss.nll_average",), _nll_unused, "there is no NLL term (loss.sft_weight=0, or a mix without sft)",
+                 "loss.sft_weight > 0, or an sft term"),
+    ReadOnlyWhen(("loss.reference_free",), _mix_without("reference_free"),
+                 "no term of this mix compares with a reference", "a term such as sigmoid"),
+    ReadOnlyWhen(("wandb.project", "wandb.entity", "wandb.group"), lambda c, _: c.wandb.mode == "disabled",
                  "nothing is logged to W&B with wandb.mode=disabled", "wandb.mode=offline or online"),
-    UsedOnlyWhen(("faults.step", "faults.rank"), lambda c: c.faults.kind in (None, "null"),
+    ReadOnlyWhen(("faults.step", "faults.rank"), lambda c, _: c.faults.kind in (None, "null"),
                  "no fault is injected with faults.kind=null", "faults.kind=crash (or another kind)"),
+    ReadOnlyWhen(("resources.master_port",), _port_chosen_elsewhere,
+                 "torchrun, or the sweep launcher's tasks, choose the rendezvous port",
+                 "torchrun --master_port; nothing for a sweep's job"),
+    ReadOnlyWhen(("resources.bind_cores",), _not_bound_here,
+                 "ranks are bound to cores only when several CPU ranks start on a node without torchrun or srun",
+                 "resources.nproc_per_node > 1 on CPUs, started by dpo-sweeps or a local sweep"),
 )
-RULE_OF = {key: rule for rule in RULES for key in rule.keys}
+
+# Every key of the schema that every run reads (with a value that is its choice: null too).
+ALWAYS_READ = (
+    "train.batch_size", "train.micro_batch_size", "train.max_steps", "train.lr", "train.optimizer",
+    "train.weight_decay", "train.warmup_steps", "train.max_grad_norm", "train.eval_every", "train.eval_max_pairs",
+    "train.log_every", "train.seed", "train.progress_bar", "train.save_model", "train.time_limit_min",
+    "train.logps_chunk_size", "train.share_prompt", "train.zero_shot_eval",
+    "model.name_or_path", "model.block_name", "model.init_from",
+    "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
+    "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling",
+    "resources.nodes", "resources.nproc_per_node", "resources.device", "resources.collective_timeout_s",
+    "resources.hang_timeout_s", "resources.threads_per_rank",
+    # A single run checks fit against it as a sweep's point does (app.py, parallel/fit.py).
+    "resources.device_memory_gib",
+    "perf.warmup_steps", "probe.steps", "faults.kind",
+    # keep_last and keep_when_completed act whenever a checkpoint is saved: periodically, and also on a
+    # stop signal or at train.time_limit_min with every_steps=0, which no check can foresee.
+    "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.resume", "checkpoint.keep_when_completed",
+    "wandb.mode",
+    "data.name", "data.max_length", "data.max_prompt_length", "data.truncation_mode", "data.length_grouped",
+    "data.chat_template", "data.num_train_pairs", "data.num_eval_pairs", "data.num_topics", "data.prompt_letters",
+    "data.response_letters", "data.noise", "data.seed", "data.prompt_column", "data.chosen_column",
+    "data.rejected_column",
+    "loss.name", "loss.terms", "loss.beta", "loss.label_smoothing", "loss.length_normalized", "loss.discopop_tau",
+    "loss.gamma", "loss.sft_weight", "loss.ld_alpha",
+)
+
+# Keys a probe run replaces (train/probe.py); not refused there (see above).
+PROBE_REPLACES = ("train.max_steps", "train.eval_every", "train.save_model", "train.eval_max_pairs",
+                  "train.zero_shot_eval", "train.sample_prompts", "train.sample_max_new_tokens",
+                  "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.keep_when_completed")
+
+READ_WHEN: dict[str, str | list[ReadOnlyWhen]] = {key: ALWAYS for key in ALWAYS_READ}
+for _rule in RULES:
+    for _key in _rule.keys:
+        _rules = READ_WHEN.setdefault(_key, [])
+        assert _rules != ALWAYS, f"{_key}: both always read and read only when"
+        _rules.append(_rule)
+
+
+def field_of(key: str) -> str | None:
+    """The schema key a dotted override key sets (`model.from_config.n_layer` -> model.from_config)."""
+    parts = key.split(".")
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[:end]) in READ_WHEN:
+            return ".".join(parts[:end])
+    return None
 
 
 def override_key(override: str) -> str | None:
-    """The dotted key an override sets (`+a.b=1` -> a.b); None for group choices and Hydra's own keys."""
-    key = override.split("=", 1)[0].lstrip("+~").strip()
+    """The dotted key an override sets (`+a.b=1` -> a.b); None for group choices, deletions and Hydra's keys."""
+    if "=" not in override or override.startswith("~"):
+        return None
+    key = override.split("=", 1)[0].lstrip("+").strip()
     if "." not in key or "/" in key or key.startswith("hydra.") or "@" in key:
         return None
     return key
 
 
 def given_keys(overrides: list[str]) -> set[str]:
-    """The keys `overrides` set that a rule governs."""
-    return {k for k in (override_key(o) for o in overrides if "=" in o) if k in RULE_OF}
+    """The schema keys `overrides` set that are read only under a condition."""
+    fields = (field_of(k) for k in (override_key(o) for o in overrides) if k is not None)
+    return {f for f in fields if f is not None and READ_WHEN[f] != ALWAYS}
 
 
-def unread(key: str, where: str) -> InvalidConfig:
+def unread_rule(key: str, cfg: Config, launch: Launch) -> ReadOnlyWhen | None:
+    """The rule under which `cfg` does not read `key`, or None (it reads it)."""
+    rules = READ_WHEN.get(key, ALWAYS)
+    if rules == ALWAYS or (key in PROBE_REPLACES and cfg.probe.steps > 0):
+        return None
+    return next((rule for rule in rules if rule.unused(cfg, launch)), None)
+
+
+def unread_keys(cfg: Config, launch: Launch = Launch.DPO_SWEEPS) -> set[str]:
+    """Every schema key `cfg` has and does not read: what the check refuses when set on the command line."""
+    return {key for key in READ_WHEN if _has(cfg, key) and unread_rule(key, cfg, launch) is not None}
+
+
+def _has(cfg: Config, key: str) -> bool:
+    """Whether `cfg` has the schema key `key` (a field of its typed section: `loss` has its loss's keys only)."""
+    node: object = cfg
+    for part in key.split("."):
+        if not isinstance(node, Section) or part not in {f.name for f in fields(node)}:
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def unread(key: str, rule: ReadOnlyWhen, where: str) -> InvalidConfig:
     """The refusal of `key`, set but not read `where`."""
-    rule = RULE_OF[key]
     return InvalidConfig(key, f"set, but not read {where}: {rule.why}", f"{rule.instead}; or leave {key} out")
 
 
-def check_settings_used(cfg: Config, overrides: list[str]) -> None:
+def check_settings_used(cfg: Config, overrides: list[str], launch: Launch = Launch.DPO_SWEEPS) -> None:
     """Raise InvalidConfig for the first setting in `overrides` the chosen config would not read."""
-    given = given_keys(overrides)
-    for rule in RULES:
-        for key in rule.keys:
-            if key in given and rule.unused(cfg):
-                raise unread(key, "here")
+    for key in sorted(given_keys(overrides), key=list(READ_WHEN).index):
+        rule = unread_rule(key, cfg, launch)
+        if rule is not None:
+            raise unread(key, rule, "here")
 
 
 class SettingsRead:
@@ -99,8 +271,9 @@ class SettingsRead:
     config is looked at only while one of its given keys is still unread, so a sweep of thousands of
     points that reads its settings at the first pays for one point."""
 
-    def __init__(self) -> None:
-        self.unread: dict[str, int] = {}  # key -> points that give it without reading it
+    def __init__(self, launch: Launch = Launch.LOCAL) -> None:
+        self.launch = launch
+        self.unread: dict[str, tuple[ReadOnlyWhen, int]] = {}  # key -> (its rule, points that give it unread)
         self.read: set[str] = set()
 
     def add(self, overrides: list[str], config: Callable[[], Config]) -> None:
@@ -109,14 +282,15 @@ class SettingsRead:
             return
         cfg = config()
         for key in pending:
-            if RULE_OF[key].unused(cfg):
-                self.unread[key] = self.unread.get(key, 0) + 1
+            rule = unread_rule(key, cfg, self.launch)
+            if rule is not None:
+                self.unread[key] = (rule, self.unread.get(key, (rule, 0))[1] + 1)
             else:
                 self.read.add(key)
                 self.unread.pop(key, None)
 
     def check(self) -> None:
         """Raise InvalidConfig for the first setting given at some points and read at none."""
-        for key, points in self.unread.items():
+        for key, (rule, points) in self.unread.items():
             where = "at the sweep's only point" if points == 1 else f"at any of the {points} points that set it"
-            raise unread(key, where)
+            raise unread(key, rule, where)

@@ -1,11 +1,12 @@
-"""Reading a preference data file, whatever its format, under one set of rules.
+"""Reading preference data, whatever its format or place, under one set of rules.
 
 Every format is a `Reader`: it turns a file's bytes (already decompressed and, for text formats,
 decoded) into records, each with where it sits in the file (`line N` for text, `row N` otherwise).
-`read_table` is the only way in: it opens, decompresses and decodes the file, picks the reader, and
-turns every failure on the way into one DataError naming the file, the format it was read as, the
-line or row, and the formats accepted. A new format is a new Reader in READERS, and cannot skip
-these rules. What common readers accept is accepted: gzip / bz2 / xz compression (found by its
+`read_table` is the way in for a file: it opens, decompresses and decodes the file, picks the reader,
+and turns every failure on the way into one DataError naming the file, the format it was read as, the
+line or row, and the formats accepted. A hub dataset is read by `read_hub` through the same interface
+(`HubDataset`: `datasets.load_dataset`'s splits, `<split> row N`) and the same error wrapper. A new
+format is a new Reader in READERS, and cannot skip these rules. What common readers accept is accepted: gzip / bz2 / xz compression (found by its
 magic bytes, whatever the suffix says), UTF-8 with or without a byte-order mark, UTF-16 with one,
 CRLF line endings, a `.json` file that holds JSON Lines (as `datasets` writes them).
 """
@@ -190,37 +191,23 @@ def _decode(data: bytes) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def read_table(path: Path) -> Table:
-    """Every record of the data file at `path`, or one DataError saying what stopped the reading."""
-    form = "a data file"
+class Failure:
+    """The one shape of every reading failure: `data.path: '<source>' <where>: <problem> [read as <format>;
+    accepted: <what>]`."""
 
-    def fail(problem: str, where: str = "") -> DataError:
+    def __init__(self, source: str, form: str, accepted: str = ACCEPTED_FORMATS):
+        self.source, self.form, self.accepted = source, form, accepted
+
+    def __call__(self, problem: str, where: str = "") -> DataError:
         at = f" {where}" if where else ""
-        return DataError(f"data.path: '{path}'{at}: {problem} [read as {form}; accepted: {ACCEPTED_FORMATS}]")
+        return DataError(f"data.path: '{self.source}'{at}: {problem} [read as {self.form}; accepted: {self.accepted}]")
 
+
+def _collect(reader: Reader, content: Any, fail: Failure) -> Table:
+    """The reader's records of `content`, each an object of columns, or one DataError (`fail`)."""
+    fail.form = reader.name
+    records, where = [], []
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise fail(f"cannot open it ({exc.strerror or _first_line(exc)})") from None
-    for compression, magic, decompress in COMPRESSIONS:
-        if data.startswith(magic):
-            try:
-                data = decompress(data)
-            except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as exc:
-                form = f"{compression}-compressed data"
-                raise fail(f"cannot decompress it, the file may be cut short ({_first_line(exc)})") from None
-            break
-    reader = reader_for(path, data[:4])
-    form = reader.name if reader is not None else "text"
-    try:
-        content = _decode(data) if reader is None or reader.text else data
-        if reader is None:
-            reader = _sniff(content)
-            if reader is None:
-                raise RowProblem("", "its name has no suffix of a format read here and its text does not start "
-                                 "like JSON")
-            form = reader.name
-        records, where = [], []
         for place, record in reader.records(content):
             where.append(place)
             records.append(record)
@@ -231,4 +218,85 @@ def read_table(path: Path) -> Table:
     for place, record in zip(where, records):
         if not isinstance(record, dict):
             raise fail(f"a JSON {type(record).__name__}, not an object of columns", place)
-    return Table(records, where, form)
+    return Table(records, where, reader.name)
+
+
+def read_table(path: Path) -> Table:
+    """Every record of the data file at `path`, or one DataError saying what stopped the reading."""
+    fail = Failure(str(path), "a data file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise fail(f"cannot open it ({exc.strerror or _first_line(exc)})") from None
+    for compression, magic, decompress in COMPRESSIONS:
+        if data.startswith(magic):
+            try:
+                data = decompress(data)
+            except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as exc:
+                fail.form = f"{compression}-compressed data"
+                raise fail(f"cannot decompress it, the file may be cut short ({_first_line(exc)})") from None
+            break
+    reader = reader_for(path, data[:4])
+    fail.form = reader.name if reader is not None else "text"
+    try:
+        content = _decode(data) if reader is None or reader.text else data
+        if reader is None:
+            reader = _sniff(content)
+            if reader is None:
+                raise RowProblem("", "its name has no suffix of a format read here and its text does not start "
+                                 "like JSON")
+    except RowProblem as exc:
+        raise fail(exc.problem, exc.where) from None
+    return _collect(reader, content, fail)
+
+
+class HubDataset(Reader):
+    """One split of a dataset as `datasets.load_dataset` loads it (a hub name; also a local folder of data
+    files or a loading script it reads): its rows, `<split> row N` (from 0)."""
+
+    name, text = "a hub dataset (datasets.load_dataset)", False
+
+    def __init__(self, split: str = "train"):
+        self.split = split
+
+    def records(self, rows: Any) -> Iterator[tuple[str, Any]]:
+        index = 0
+        try:  # rows come from its files as they are read
+            for index, record in enumerate(rows):
+                yield f"{self.split} row {index}", record
+        except Exception as exc:
+            raise RowProblem(f"{self.split} row {index}", _root_cause(exc)) from None
+
+
+def read_hub(name: str, data_dir: str | None = None) -> dict[str, Table]:
+    """Every split's records of the dataset `datasets.load_dataset(name, data_dir=...)` loads, or one
+    DataError of read_table's shape (the source, the format, the split and row, what is accepted)."""
+    fail = Failure(name, HubDataset.name, DATA_SOURCES)
+    try:
+        loaded = _load_dataset(name, data_dir)
+    except Exception as exc:  # the hub client and the dataset builders raise many types
+        raise fail(f"cannot load it ({_root_cause(exc)})") from None
+    return {split: _collect(HubDataset(split), rows, fail) for split, rows in loaded.items()}
+
+
+def _load_dataset(name: str, data_dir: str | None) -> Any:
+    """datasets.load_dataset, without the library's own error log (the DataError says it, once)."""
+    import logging
+
+    import datasets
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        return datasets.load_dataset(name, data_dir=data_dir)
+    finally:
+        logger.setLevel(level)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first line of the exception `exc` was raised from, innermost (datasets wraps a parse error in a
+    generic one)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return _first_line(exc)

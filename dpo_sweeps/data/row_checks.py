@@ -6,8 +6,11 @@ was dropped is shown on the screen with the first rows of each reason and record
 (`data.dropped_rows`); a source where nothing is left is a DataError giving the counts.
 
 An empty response is kept: it trains as the EOS token alone, as the reference implementation and TRL
-train it (HH-RLHF has such rows). Truncation never empties a response (data.max_prompt_length <
-data.max_length leaves each at least one token); what it can do is make the two responses identical.
+train it (HH-RLHF has such rows). Truncation never empties a response: every response has its end token
+before it is cut, and it keeps its first data.max_length - data.max_prompt_length >= 1 tokens, so only a
+response that was empty to begin with is its end token alone (tests/unit/test_data.py tries prompts longer
+than max_length, max_prompt_length next to max_length, both truncation modes, responses ending with their
+own end-of-turn token). What truncation can do is make the two responses identical: those pairs are dropped.
 """
 
 from __future__ import annotations

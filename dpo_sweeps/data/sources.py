@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpo_sweeps.config.data_schema import DataConfig, check_eval_size
-from dpo_sweeps.data.readers import DATA_SOURCES, LOCAL_SUFFIXES, read_table
+from dpo_sweeps.data.readers import DATA_SOURCES, LOCAL_SUFFIXES, read_hub, read_table
 from dpo_sweeps.data.row_checks import DroppedRows, pair_problem
 from dpo_sweeps.data.synthetic import generate_pairs
 from dpo_sweeps.errors import DataError, InvalidConfig
@@ -149,14 +149,7 @@ def _read_local(path: Path) -> dict[str, Records]:
 
 
 def _read_hub(name: str, data_dir: str | None) -> dict[str, Records]:
-    import datasets
-
-    try:
-        loaded = datasets.load_dataset(name, data_dir=data_dir)
-    except Exception as exc:  # the hub client raises many types; all mean "not available"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"data.path: cannot load hub dataset '{name}' ({first}); accepted: {DATA_SOURCES}") from None
-    return {split: [(f"{split} row {i}", row) for i, row in enumerate(ds)] for split, ds in loaded.items()}
+    return {split: list(zip(table.where, table.records)) for split, table in read_hub(name, data_dir).items()}
 
 
 def split_hh_dialogue(text: str) -> tuple[str, str] | None:

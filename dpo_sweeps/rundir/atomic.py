@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dpo_sweeps.rundir.paths import writing
+
 
 def finite_or_none(value: Any) -> Any:
     """JSON has no NaN or inf: they are written as null, at any depth."""
@@ -27,7 +29,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with writing(path), os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, allow_nan=False)
             f.write("\n")
             f.flush()
@@ -35,4 +37,18 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`path` through a temporary file and a rename: a failed write (a full disk) leaves the previous
+    file whole and no temporary file behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with writing(path):
+            tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

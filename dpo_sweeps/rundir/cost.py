@@ -15,7 +15,7 @@ def run_cost(started_at: float, ranks: int, on_gpu: bool, ended_at: float | None
     wall = max(0.0, ended_at - started_at)
 
     def iso(t: float) -> str:
-        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
     return {"started_at": iso(started_at), "ended_at": iso(ended_at), "wall_s": round(wall, 3),
             "device_seconds": round(ranks * wall, 3), "device_kind": "gpu" if on_gpu else "cpu"}

@@ -10,11 +10,13 @@ the owner writes them after taking the lock (app.py; rank 0 under torchrun and m
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from dpo_sweeps.rundir.paths import writing
 from dpo_sweeps.rundir.secrets import REDACTED
 
 RECORD_DIR = ".hydra"
@@ -34,9 +36,21 @@ def render_hydra_record(cfg: DictConfig, secrets: set[str]) -> dict[str, str]:
 
 
 def write_hydra_record(run_dir: Path, files: dict[str, str]) -> None:
+    """All three written to temporary files first, then renamed: a write that fails (a full disk) leaves
+    the previous record whole (not one file of each), and no temporary file or new folder behind."""
     folder = Path(run_dir) / RECORD_DIR
+    new_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
+    temporary = {name: folder / f".{name}.tmp" for name in files}
+    try:
+        for name, text in files.items():
+            with writing(folder / name):
+                temporary[name].write_text(text, encoding="utf-8")
+    except OSError:
+        for tmp in temporary.values():
+            tmp.unlink(missing_ok=True)
+        if new_folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    for name, tmp in temporary.items():
         os.replace(tmp, folder / name)

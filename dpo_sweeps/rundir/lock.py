@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.rundir.paths import writing
 
 LOCK = ".lock"
 _NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
@@ -66,11 +67,15 @@ class RunDirLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK
         self._fd: int | None = None
+        self.created = False  # the lock file is this holder's own (none was there)
 
     def acquire(self) -> RunDirLock:
         """Take the lock or raise RunDirInUse; never waits."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(self.path, os.O_RDWR), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -81,9 +86,16 @@ class RunDirLock:
             if exc.errno not in _NO_FLOCK:
                 raise
             return self._acquire_by_pid()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_holder_record()).encode(), 0)
-        self._fd = fd
+        try:
+            with writing(self.path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(_holder_record()).encode(), 0)
+        except OSError:  # a full disk: leave no lock file of ours behind (the job is refused)
+            if created:
+                self.path.unlink(missing_ok=True)
+            os.close(fd)
+            raise
+        self._fd, self.created = fd, created
         return self
 
     def _acquire_by_pid(self) -> RunDirLock:
@@ -94,11 +106,20 @@ class RunDirLock:
                 raise RunDirInUse(self.run_dir, holder)
         # free, or stale (its holder died on this host): take it over atomically
         tmp = self.path.with_name(f"{LOCK}.{os.getpid()}")
-        tmp.write_text(json.dumps(_holder_record()))
+        try:
+            with writing(tmp):
+                tmp.write_text(json.dumps(_holder_record()))
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.path)
         return self
 
-    def release(self) -> None:
+    def release(self, refused: bool = False) -> None:
+        """`refused`: the job was refused before it wrote anything here (a full disk): a lock file it
+        created goes too."""
+        if refused and self.created:
+            self.path.unlink(missing_ok=True)
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)

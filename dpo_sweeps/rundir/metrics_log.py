@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.rundir.atomic import finite_or_none
+from dpo_sweeps.rundir.paths import writing
 
 METRICS = "metrics.jsonl"
 
@@ -20,9 +21,20 @@ class MetricsLog:
         self.path = Path(run_dir) / METRICS
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
+        line = (json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n").encode()
+        with writing(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                end = os.fstat(fd).st_size
+                try:
+                    rest = memoryview(line)
+                    while rest:  # one call, unless the disk fills in the middle of the line
+                        rest = rest[os.write(fd, rest):]
+                except OSError:
+                    os.ftruncate(fd, end)  # no half line after the whole ones
+                    raise
+            finally:
+                os.close(fd)
 
     def truncate_after(self, step: int) -> None:
         """Drop records past `step` (a resumed run rewrites them)."""
@@ -30,7 +42,12 @@ class MetricsLog:
             return
         keep = [line for line in self.path.read_text().splitlines(keepends=True) if _record_step(line) <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(keep))
+        try:
+            with writing(self.path):
+                tmp.write_text("".join(keep))
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.path)
 
 

@@ -34,6 +34,7 @@ class RunContext:
     config: dict  # the resolved config, plain containers
     overrides: list[str]
     base_dir: Path  # where relative data paths resolve (the user's working directory)
+    dir_setting: str = "hydra.run.dir"  # what moves run_dir (hydra.sweep.dir for a sweep's job), for messages
     run_name: str = "run"
     group: str = "run"
     attempt: str = ""

@@ -39,6 +39,7 @@ from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.rundir.cost import run_cost
 from dpo_sweeps.rundir.hydra_record import write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
+from dpo_sweeps.rundir.paths import UnwritablePath, failed_write_message, is_path_error, unwritable_path
 from dpo_sweeps.rundir.rank_failures import RANK_FAILURES, first_failure, write_rank_failure
 from dpo_sweeps.rundir.summary import Status, Summary, reserve_summary_space, write_summary
 from dpo_sweeps.runtime.context import RunContext
@@ -54,8 +55,8 @@ log = logging.getLogger("dpo_sweeps")
 PEER_REPORT_WAIT_S = 5.0
 
 
-def refused_summary(ctx: RunContext, exc: RunDirInUse, rank: int = 0) -> Summary:
-    """Another job owns the run directory: report it, and write nothing there."""
+def refused_summary(ctx: RunContext, exc: RunDirInUse | UnwritablePath, rank: int = 0) -> Summary:
+    """Another job owns the run directory, or it cannot be written: report it, and write nothing there."""
     return Summary(Status.FAILED, failure_of(exc), ctx.overrides, ctx.config, {}, attempt=ctx.attempt, rank=rank,
                    written=False)
 
@@ -81,6 +82,12 @@ def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: Config) -> RunDirLock | N
             prepare_run_dir(ctx.run_dir, cfg)
         except RunDirInUse as exc:
             refusal = exc
+        except OSError as exc:  # a full or read-only file system: refused, as the peers are told
+            if not is_path_error(exc):
+                raise
+            refusal = unwritable_path(exc, ctx.run_dir, ctx.dir_setting)
+            if lock is not None:
+                lock.release(refused=True)
     if all_reduce([1.0 if refusal else 0.0], "max")[0]:
         raise refusal or RunDirInUse(ctx.run_dir, {})
     return lock
@@ -142,6 +149,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     (so each may take its own block of them, `resources.bind_cores`); torchrun and SLURM tasks leave
     binding to their launcher (`srun --cpu-bind`).
     """
+    # A log handler that cannot write (a full disk) drops its records instead of printing a traceback for
+    # each; the run's own log file says so once (rundir/log_file.py), and W&B's debug log says nothing.
+    logging.raiseExceptions = False
     if not sharing():
         # What exists now (imported modules, the config) outlives the run: the collections it makes (the
         # freed reference) need not scan it. Not in a probe batch, whose later runs' objects would be
@@ -192,7 +202,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             watchdog.begin_ending()
             if env.is_main and not trainer.checkpointer.keep_when_completed:
                 remove_checkpoints(ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
-        except RunDirInUse as exc:
+        except (RunDirInUse, UnwritablePath) as exc:
             return refused_summary(ctx, exc, env.rank)
         except Exception as exc:
             if watchdog is not None:
@@ -202,8 +212,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             message = failure.message
             if failure.kind == FailureKind.OOM:
                 message += f" [{_oom_context(cfg, env)}]"
-            if failure.kind == FailureKind.DISK_FULL and str(ctx.run_dir) not in message:
-                message += f" [run directory {ctx.run_dir}]"
+            if failure.kind == FailureKind.DISK_FULL or is_path_error(exc, within=ctx.run_dir):  # the path, what moves it
+                message = failed_write_message(exc, message, ctx.run_dir, ctx.dir_setting)
             collective = is_collective_error(exc)
             failure = dataclasses.replace(failure, message=message, cause=message,
                                           step=watchdog.step if watchdog is not None else None)

@@ -70,7 +70,11 @@ def read_heartbeats(run_dir: Path, rank: int | None = None) -> dict[int, dict]:
 def _write_heartbeat(path: Path, beat: dict) -> None:
     """Atomic (a reader never sees half a file); no fsync: a heartbeat is worth one second."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(beat))
+    try:
+        tmp.write_text(json.dumps(beat))
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: no half heartbeat left in the folder
+        raise
     os.replace(tmp, path)
 
 

@@ -72,8 +72,11 @@ class Tracker:
     def finish(self, summary_metrics: dict[str, Any], failed: bool) -> None:
         if self._run is None:
             return
-        for key, value in summary_metrics.items():
-            if value is not None:
-                self._run.summary[key] = value
-        self._run.finish(exit_code=1 if failed else 0)
+        try:
+            for key, value in summary_metrics.items():
+                if value is not None:
+                    self._run.summary[key] = value
+            self._run.finish(exit_code=1 if failed else 0)
+        except OSError as exc:  # a full disk: the W&B copy is incomplete; summary.json says how the run ended
+            log.warning("wandb: its record under %s could not be finished: %s", self._run.dir, exc)
         self._run = None

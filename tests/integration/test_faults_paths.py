@@ -3,6 +3,9 @@ path and the setting that moves it; a cache that cannot be written is skipped wi
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -61,6 +64,103 @@ def test_a_read_only_run_directory_is_one_line_naming_the_path_and_setting(read_
     line = one_error_line(result.stderr)
     assert f"cannot write '{read_only_run_dir}" in line and "a read-only file system" in line
     assert "hydra.run.dir moves it" in line
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (root only), and `fill(free)`: a file that leaves `free` bytes of it free."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    up = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if up.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {up.stderr.decode().strip()}")
+
+    def fill(free: int) -> None:
+        with open(mount / "filler", "wb") as f:
+            f.write(b"\0" * (shutil.disk_usage(mount).free - free))
+        assert shutil.disk_usage(mount).free == free
+
+    try:
+        yield mount, fill
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def an_earlier_attempt(run_dir):
+    """What an earlier attempt of another command left: its record, metrics, summary and released lock."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run_dir / ".hydra" / name).write_text(f"# the earlier attempt's {name}\n")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.69}\n{"step": 2, "train/loss": 0.68}\n')
+    (run_dir / "summary.json").write_text('{"status": "failed", "failure": {"kind": "crash"}}\n')
+    (run_dir / ".lock").write_text("")
+
+
+@pytest.mark.parametrize("free_kib, earlier", [(0, False), (12, True)], ids=["0_kib_free", "12_kib_free_earlier_attempt"])
+def test_a_full_disk_before_training_is_one_line_and_changes_nothing_there(small_tmpfs, free_kib, earlier):
+    # 0 KiB: the lock's record cannot be written; 12 KiB: the lock can, the .hydra/ record cannot.
+    mount, fill = small_tmpfs
+    run_dir = mount / "run"
+    if earlier:
+        an_earlier_attempt(run_dir)
+    before = tree(run_dir) if earlier else None
+    fill(free_kib * 1024)
+    result = run_cli(run_dir, *TINY)
+    assert result.returncode == 1
+    assert "Logging error" not in result.stderr
+    line = one_error_line(result.stderr)
+    assert line.startswith(f"error: hydra.run.dir: cannot write '{run_dir}/"), line
+    assert "no space left on the device" in line and "hydra.run.dir moves it" in line
+    if earlier:
+        assert tree(run_dir) == before  # the earlier record whole, no .tmp, the lock file as it was
+    else:
+        assert not run_dir.exists()  # no stray .lock, nor the folder Hydra made for the run
+
+
+def test_a_disk_that_fills_during_the_run_is_one_line_naming_the_file_and_the_summary_is_written(small_tmpfs):
+    # 64 KiB: the space held for summary.json takes it all, so the log file and metrics.jsonl are refused.
+    mount, fill = small_tmpfs
+    run_dir = mount / "run"
+    fill(64 * 1024)
+    result = run_cli(run_dir, *TINY)
+    assert result.returncode == 1
+    assert "Logging error" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: the run's log file")]
+    assert len(warnings) == 1 and f"cannot write '{run_dir / 'task.log'}'" in warnings[0]
+    line = one_error_line(result.stderr)
+    assert line.startswith(f"error: run failed (disk_full): cannot write '{run_dir / 'metrics.jsonl'}': "), line
+    assert "hydra.run.dir moves it" in line
+    assert result.summary["failure"]["kind"] == "disk_full"
+    assert (run_dir / "metrics.jsonl").read_text() == ""  # no half line
+    assert not (run_dir / ".summary_reserve").exists()
+
+
+# Root without the capability to override file permissions: a folder's mode bits hold for it too.
+NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("where", ["run_dir", pytest.param("checkpoints", marks=pytest.mark.slow)])
+def test_no_permission_to_write_is_one_line_naming_the_path_and_setting(tmp_path, where):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (to drop the capability that overrides file permissions)")
+    run_dir = tmp_path / "run"
+    locked = run_dir if where == "run_dir" else run_dir / "checkpoints"
+    locked.mkdir(parents=True)
+    locked.chmod(0o555)
+    args = [*NO_DAC, sys.executable, "-m", "dpo_sweeps", *QUIET, *TINY, "checkpoint.every_steps=1",
+            f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    line = one_error_line(result.stderr)
+    written = f"{run_dir / '.lock'}" if where == "run_dir" else f"{locked / 'step_1.tmp'}"
+    assert f"cannot write '{written}': permission denied" in line and "hydra.run.dir moves it" in line, line
+    if where == "checkpoints":  # during the run: recorded, the step's metrics kept
+        assert line.startswith("error: run failed (crash): ")
+        assert [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())] == [1, 1]
 
 
 def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path):

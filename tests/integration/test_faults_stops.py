@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support import QUIET, REPO, cli_env, run_cli
 
+from dpo_sweeps.parallel.distributed import free_port
 from dpo_sweeps.rundir.lock import RunDirLock
 
 # 2 self-spawned ranks, 12 steps, no periodic checkpoint: only the stop's checkpoint is there to resume from.
@@ -28,10 +29,12 @@ def tree(folder: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def stop_at(run_dir: Path, step: int, sig: signal.Signals) -> tuple[subprocess.CompletedProcess, dict]:
-    """Start the run, send `sig` once metrics.jsonl has `step`, wait for it to end."""
-    args = [sys.executable, "-m", "dpo_sweeps", *TWO_RANKS, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def signal_at(args: list[str], run_dir: Path, step: int, sig: signal.Signals,
+              group: bool = False) -> subprocess.CompletedProcess:
+    """Start `args`, send `sig` once run_dir's metrics.jsonl has `step` (to the whole process group, as
+    a terminal does, with `group`), wait for it to end."""
+    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=group)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
     try:
@@ -39,11 +42,26 @@ def stop_at(run_dir: Path, step: int, sig: signal.Signals) -> tuple[subprocess.C
                                             if line.strip())):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:] if proc.stdout else ""
             time.sleep(0.1)
-        proc.send_signal(sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         output, _ = proc.communicate(timeout=120)
     finally:
+        if group:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.kill()
-    return subprocess.CompletedProcess(args, proc.returncode, output), json.loads((run_dir / "summary.json").read_text())
+    return subprocess.CompletedProcess(args, proc.returncode, output)
+
+
+def stop_at(run_dir: Path, step: int, sig: signal.Signals) -> tuple[subprocess.CompletedProcess, dict]:
+    """Start the run, send `sig` once metrics.jsonl has `step`, wait for it to end."""
+    args = [sys.executable, "-m", "dpo_sweeps", *TWO_RANKS, f"hydra.run.dir={run_dir}"]
+    ended = signal_at(args, run_dir, step, sig)
+    return ended, json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.slow
@@ -72,36 +90,63 @@ def test_ctrl_c_then_a_closed_terminal_stop_with_checkpoints_and_the_same_comman
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_local_sweep_stops_its_running_job_with_a_checkpoint_and_the_same_command_finishes_it(tmp_path):
-    """A terminal's Ctrl-C reaches the whole foreground process group: the sweep process, the local
-    launcher's job and its ranks. The running point stops `interrupted` at a checkpoint, the screen has no
-    traceback, and the same command runs what is left, resuming that point."""
-    sweep_dir = tmp_path / "sweep"
+def test_ctrl_c_then_a_closed_terminal_in_a_local_sweep_stop_its_running_job_and_the_same_command_finishes_it(tmp_path):
+    """A terminal's Ctrl-C, and its closing (SIGHUP), reach the whole foreground process group: the sweep
+    process, the local launcher's job and its ranks. The running point stops `interrupted` at a checkpoint,
+    the screen has no traceback, and the same command runs what is left, resuming that point."""
+    sweep_dir, point = tmp_path / "sweep", tmp_path / "sweep" / "0"
     args = [sys.executable, "-m", "dpo_sweeps", "-m", *TWO_RANKS, "train.seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # its own group, as a terminal's foreground job
-    metrics, deadline = sweep_dir / "0" / "metrics.jsonl", time.monotonic() + 240
-    try:
-        while not (metrics.exists() and any(json.loads(line)["step"] >= 2 for line in metrics.read_text().splitlines()
-                                            if line.strip())):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:] if proc.stdout else ""
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
-    stopped = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    ctrl_c = signal_at(args, point, 2, signal.SIGINT, group=True)
+    assert ctrl_c.returncode != 0 and "Traceback" not in ctrl_c.stdout, ctrl_c.stdout[-3000:]
+    stopped = json.loads((point / "summary.json").read_text())
     assert stopped["failure"]["kind"] == "interrupted", stopped["failure"]
     at = stopped["metrics"]["steps"]
-    assert (sweep_dir / "0" / "checkpoints" / f"step_{at}").is_dir()
+    assert (point / "checkpoints" / f"step_{at}").is_dir()
     assert not (sweep_dir / "1" / "summary.json").exists()  # never started
+
+    hang_up = signal_at(args, point, at + 2, signal.SIGHUP, group=True)
+    assert hang_up.returncode != 0 and "Traceback" not in hang_up.stdout, hang_up.stdout[-3000:]
+    hung_up = json.loads((point / "summary.json").read_text())
+    assert hung_up["failure"]["kind"] == "interrupted" and "SIGHUP" in hung_up["failure"]["message"], hung_up
+    assert hung_up["resumed_from_step"] == at
+    at = hung_up["metrics"]["steps"]
+    assert (point / "checkpoints" / f"step_{at}").is_dir()
 
     again = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     first, second = (json.loads((sweep_dir / n / "summary.json").read_text()) for n in ("0", "1"))
     assert first["status"] == second["status"] == "completed"
     assert first["resumed_from_step"] == at and first["metrics"]["steps"] == 12
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.5])
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, after_s):
+    """In its first seconds the command is importing (before main() can catch KeyboardInterrupt)."""
+    args = [sys.executable, "-m", "dpo_sweeps", *QUIET, f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["error: interrupted (Ctrl-C) before the run started; nothing was trained"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_dpo_sweeps_torchrun_stops_with_a_checkpoint_and_no_traceback(tmp_path):
+    """dpo-sweeps-torchrun (torchrun's own code, its stop report one line): the ranks checkpoint and record
+    `interrupted`; rank 0's is the one error line."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "dpo_sweeps.runtime.torchrun_launch", "--nproc_per_node=2",
+            f"--master_port={free_port()}", "-m", "dpo_sweeps", *TWO_RANKS, "train.max_steps=200",
+            f"hydra.run.dir={run_dir}"]
+    stopped = signal_at(args, run_dir, 2, signal.SIGINT, group=True)
+    assert "Traceback" not in stopped.stdout and stopped.returncode == 128 + signal.SIGINT, stopped.stdout[-3000:]
+    assert stopped.stdout.count("error: ") == 1 and "torchrun: stopped by SIGINT" in stopped.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failure"]["kind"] == "interrupted" and summary["metrics"]["world_size"] == 2, summary["failure"]
+    assert (run_dir / "checkpoints" / f"step_{summary['metrics']['steps']}").is_dir()
 
 
 def test_a_job_refused_on_a_busy_run_dir_writes_nothing_there_hydra_record_included(tmp_path):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from support import REPO
+from support import REPO, run_cli
 from support.sweeps import run_sweep
 
 # A tiny model that fits in 4 GiB and a 1B-class one whose optimizer states alone do not.
@@ -57,3 +57,13 @@ def test_a_device_memory_that_is_not_a_positive_number_is_refused_before_launch(
     result = run_sweep(tmp_path / "sweep", "resources.device_memory_gib=0", "hydra.sweeper.dry_run=true", timeout=300)
     assert result.returncode != 0
     assert "resources.device_memory_gib: got 0 (accepted: a number of GiB > 0" in result.output, result.output[-2000:]
+
+
+def test_a_single_run_gets_the_fit_check_too_and_one_that_does_not_fit_is_refused_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(run_dir, "resources.device=cpu", "resources.device_memory_gib=0.01")  # the tiny GPT-2
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: resources.device_memory_gib: the estimated peak, "), result.stderr[-2000:]
+    assert "GiB per device, exceeds 0.01 GiB (accepted: a limit the run fits in" in result.stderr
+    assert "Traceback" not in result.stderr and not run_dir.exists()  # refused before anything was written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -52,6 +53,21 @@ def test_dry_run_lists_the_quickstart_jobs_and_launches_none(tmp_path):
     assert len({label for _, label, _ in jobs}) == 8
     assert [Path(d) for _, _, d in jobs] == [sweep_dir / str(n) for n in range(8)]
     assert not sweep_dir.exists()
+
+
+def test_a_dry_runs_printed_overrides_paste_back_as_the_same_sweep_with_values_that_need_quoting(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    given = ["wandb.mode=offline", "wandb.group=a b", "model.name_or_path=tiny*gpt|2", "loss.beta=0.1,0.2"]
+    first = run_sweep(sweep_dir, *given, "hydra.sweeper.dry_run=true")
+    assert first.returncode == 0, first.stderr[-3000:]
+    shared = re.search(r"^every job: (.+)$", first.stdout, flags=re.M).group(1)
+    words = shlex.split(shared)  # as a shell reads the pasted line
+    # Hydra keeps a job's overrides in its own form (a space escaped, which it reads back as a space).
+    assert "wandb.group=a\\ b" in words and "model.name_or_path=tiny*gpt|2" in words, shared
+    labels = re.findall(r"^  #\d+  (.+?)   \[", first.stdout, flags=re.M)
+    assert [shlex.split(label) for label in labels] == [["loss.beta=0.1"], ["loss.beta=0.2"]]
+    again = run_sweep(sweep_dir, *words, "loss.beta=0.1,0.2", "hydra.sweeper.dry_run=true")
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stdout[-2000:]
 
 
 @pytest.mark.slow

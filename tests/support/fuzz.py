@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from dpo_sweeps.errors import RunFailure
-from support import REPO
+from support import QUIET, REPO
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 # A value where text belongs: mostly text, sometimes what users' exports hold instead.
@@ -125,13 +125,17 @@ KEYS = ("train.lr", "train.batch_size", "train.micro_batch_size", "train.max_ste
         "data.max_prompt_length", "data.noise", "data.eval_size", "data.max_pairs", "data.path",
         "data.truncation_mode", "fsdp.hybrid_group_size", "resources.nproc_per_node", "resources.nodes",
         "resources.device", "precision.initial_loss_scale", "model.tokenizer.vocab_size", "checkpoint.keep_last",
-        "wandb.project", "probe.steps", "perf.warmup_steps", "train.lr_rate", "data.nosie", "loss.betta")
+        "wandb.project", "probe.steps", "perf.warmup_steps", "train.lr_rate", "data.nosie", "loss.betta",
+        # Keys read only beside other choices (dpo_sweeps/config/unused.py).
+        "train.sample_max_new_tokens", "model.install_hint", "fsdp.reshard_after_forward", "precision.name",
+        "train.precompute_reference_logps", "resources.bind_cores", "checkpoint.every_steps", "loss.f_divergence")
 GROUPS = {"data": ("synthetic", "hh", "preference", "hhh", "prefs"), "loss": ("dpo", "ipo", "simpo", "mix", "dpoo"),
           "fsdp": ("full_shard", "hybrid_shard", "no_shard", "fullshard"), "precision": ("fp32", "bf16", "fp8"),
           "model": ("tiny_gpt2", "tiny_llama", "gpt3")}
 VALUES = st.one_of(st.integers(-3, 5000).map(str), st.floats(-1, 2, allow_nan=False).map(lambda f: f"{f:.3g}"),
-                   st.sampled_from(["0", "0.0", "-1", "null", "true", "abc", "1e-3", "???", "[1,2]", "{a: 1}", "''",
-                                    "nan", "inf", "./nope.jsonl", "keep_end", "cpu", "cuda", "batch"]))
+                   st.sampled_from(["0", "0.0", "-1", "null", "true", "false", "abc", "1e-3", "???", "[1,2]",
+                                    "{a: 1}", "''", "nan", "inf", "./nope.jsonl", "keep_end", "cpu", "cuda", "batch",
+                                    "1", "2", "3"]))
 OVERRIDE = st.one_of(
     st.builds(lambda k, v, plus: f"{'+' if plus else ''}{k}={v}", st.sampled_from(KEYS), VALUES,
               st.sampled_from([False, False, False, True])),
@@ -139,10 +143,16 @@ OVERRIDE = st.one_of(
     st.builds(lambda g: f"{g}={GROUPS[g][0]}", st.sampled_from(list(GROUPS))),
 )
 OVERRIDE_SETS = st.lists(OVERRIDE, min_size=1, max_size=4)
+# What every override set is checked and run with first (a set may change any of it): quiet, one step, a
+# few held-out pairs. Only keys every config reads, so that none is refused as unread.
+BASE = [*QUIET, "train.max_steps=1", "train.eval_every=0", "train.eval_max_pairs=8"]
+# An accepted set bigger than this is checked in-process only: it would not be a short run here.
+MAX_RANKS, MAX_STEPS = 2, 3
 
 
 def check_overrides(overrides: list[str]) -> str:
-    """Compose and check `overrides` as a single run does before it starts: 'accepted', or the refusal's kind."""
+    """Compose and check BASE + `overrides` as a single run does before it starts: 'accepted', 'accepted
+    (too big to run here)', or the refusal's kind."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import CompactHydraException
@@ -152,10 +162,11 @@ def check_overrides(overrides: list[str]) -> str:
     from dpo_sweeps.config.unused import check_settings_used
     from dpo_sweeps.config.validate import validate_config
 
+    given = [*BASE, *overrides]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         try:
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=given)
             config = Config.of(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
         except Exception as exc:  # what the CLI prints in one line, or a traceback
             refusal = schema_refusal(exc)
@@ -163,9 +174,38 @@ def check_overrides(overrides: list[str]) -> str:
             one_line(str(refusal) if refusal is not None else one_line_message(exc))
             return "refused: " + ("schema" if refusal is not None else type(exc).__name__)
     try:
-        check_settings_used(config, overrides)
+        check_settings_used(config, given)
         validate_config(config, REPO)
     except RunFailure as exc:
         one_line(str(exc))
         return f"refused: {exc.kind}"
+    steps = config.probe.steps or config.train.max_steps
+    if config.world_size > MAX_RANKS or steps > MAX_STEPS:
+        return "accepted (too big to run here)"
     return "accepted"
+
+
+def run_overrides(overrides: list[str], folder: Path, timeout: float = 300) -> str:
+    """BASE + `overrides` through the real CLI, into a run directory that holds a file of the user's: the
+    run completes (exit 0, no error line), or it exits nonzero with exactly one `error:` line; never a
+    traceback, and the user's file is unchanged. Returns 'completed' or what refused it."""
+    import subprocess
+    import sys
+
+    from support import cli_env
+
+    run_dir = folder / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("the user's own file\n")
+    args = [sys.executable, "-m", "dpo_sweeps", *BASE, *overrides, f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(args, cwd=folder, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "Logging error" not in output, f"{overrides}: {output[-3000:]}"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert (run_dir / "notes.txt").read_text() == "the user's own file\n", overrides
+    if result.returncode == 0:
+        assert not errors and json.loads((run_dir / "summary.json").read_text())["status"] == "completed", overrides
+        return "completed"
+    assert len(errors) == 1, f"{overrides}: {result.returncode}: {output[-3000:]}"
+    failed = errors[0].removeprefix("error: ")
+    return "refused by the run: " + (failed.split(":", 1)[0] if failed.startswith("run failed") else "before it started")

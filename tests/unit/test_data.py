@@ -6,7 +6,10 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
+from support import REPO
 
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, chat_format, encode_pairs, render_pair
@@ -182,3 +185,51 @@ def test_sampler_is_a_pure_function_of_step_and_covers_each_epoch():
     assert sorted(first_epoch) == list(range(10))
     assert GlobalBatchSampler(10, 4, 0).indices(7) == sampler.indices(7)
     assert GlobalBatchSampler(10, 4, 1).indices(0) != sampler.indices(0)
+
+
+# Truncation and the rows it could spoil: data/row_checks.py keeps empty responses, arguing that cutting
+# to data.max_length never empties one; this tries prompts longer than max_length, max_prompt_length next
+# to max_length, both truncation modes, and responses that end with the end-of-turn token themselves.
+TEXT = st.text(alphabet="ab \n", max_size=12) | st.just("")
+BYTES = byte_tokenizer()
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(rows=st.lists(st.tuples(st.text(alphabet="pq", max_size=30), TEXT, TEXT), min_size=1, max_size=4),
+       max_length=st.integers(2, 24), prompt_share=st.floats(0, 1), mode=st.sampled_from(["keep_start", "keep_end"]),
+       own_end=st.booleans())
+def test_truncation_never_empties_a_response_nor_leaves_one_only_its_end_token(rows, max_length, prompt_share,
+                                                                               mode, own_end):
+    tok = BYTES
+    eos = tok.eos_token
+    max_prompt_length = min(max_length - 1, 1 + int(prompt_share * (max_length - 1)))
+    texts = [(p, c + eos if own_end else c, r) for p, c, r in rows]  # a response that brings its end token
+    pairs, _ = encode_pairs(texts, tok, max_length=max_length, max_prompt_length=max_prompt_length,
+                            truncation_mode=mode, end_of_turn=eos if own_end else None)
+    for pair, (prompt, chosen, rejected) in zip(pairs, texts, strict=True):
+        assert len(pair.prompt) + max(len(pair.chosen), len(pair.rejected)) <= max_length
+        for ids, text in ((pair.chosen, chosen), (pair.rejected, rejected)):
+            assert ids, (prompt, text)  # never empty
+            # Only a response that was empty before truncation is its end token alone (kept: it trains as EOS).
+            assert ids != [tok.eos_token_id] or text in ("", eos), (text, max_length, max_prompt_length)
+
+
+def test_pairs_made_identical_by_truncation_are_dropped_and_named_by_line(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from dpo_sweeps.train.setup import _load_and_encode
+
+    data = tmp_path / "prefs"
+    data.mkdir()
+    rows = [("q1", " yes, a", " no, b"), ("q2", " same start A", " same start B"), ("q3", " xy", " xz"),
+            ("q4", " alike, then 1", " alike, then 2"), ("q5", " one", " two")]
+    (data / "train.jsonl").write_text("".join(json.dumps(dict(zip(("prompt", "chosen", "rejected"), r))) + "\n"
+                                              for r in rows))
+    (data / "test.jsonl").write_text(json.dumps({"prompt": "q", "chosen": " a", "rejected": " b"}) + "\n")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["data=preference", f"data.path={data}", "data.eval_split=test",
+                                           "data.max_length=6", "data.max_prompt_length=2"])
+    encoded = _load_and_encode(cfg, tmp_path)  # each response cut to 4 bytes: " sam", " ali" on both sides
+    assert encoded.dropped.rows == {"identical_after_truncation": ["train.jsonl line 2", "train.jsonl line 4"]}
+    assert encoded.counts["dropped_rows"] == {"identical_after_truncation": 2} and len(encoded.train_pairs) == 3
+    assert encoded.counts["train_truncated"] == 4  # " xy" and its EOS fit beside the 2-byte prompt

@@ -132,3 +132,34 @@ def test_hh_rows_without_a_shared_prompt_or_assistant_turn_are_dropped_by_line(t
     assert loaded.dropped.rows == {"no_shared_prompt": ["line 11"], "no_assistant_turn": ["line 12"],
                                    "missing_value": ["line 13"]}
     assert loaded.counts["train_dropped_prompt_mismatch"] == 1
+
+
+def test_a_hub_dataset_goes_through_the_reader_interface_with_a_files_error_shape(tmp_path, monkeypatch):
+    """A data.path that is no local file goes to datasets.load_dataset (a hub name; here a folder of data
+    files it finds from the working directory, as it would a hub repository's, no network): its splits'
+    rows are named `<split> row N`, dropped rows too, and a failure reads as a file's does."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    hub = tmp_path / "cwd" / "org_prefs"
+    hub.mkdir(parents=True)
+    (hub / "train.jsonl").write_text(JSONL + json.dumps({"prompt": "q", "chosen": "same", "rejected": "same"}) + "\n")
+    (hub / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PAIRS[:4]))
+    monkeypatch.chdir(tmp_path / "cwd")
+    elsewhere = tmp_path / "base"  # where the command ran: org_prefs is no local path there
+    elsewhere.mkdir()
+    cfg = OmegaConf.load(REPO / "conf" / "data" / "preference.yaml")
+    cfg.path, cfg.eval_split = "org_prefs", "test"
+    rows = load_preference_rows(cfg, elsewhere)
+    assert (len(rows.train), len(rows.eval), rows.eval_source) == (20, 4, "test")
+    assert rows.train_where[:2] == ["train row 0", "train row 1"] and rows.described == "hub dataset 'org_prefs'"
+    assert rows.dropped.rows == {"identical": ["train row 20"]}
+
+    (hub / "train.jsonl").write_text(JSONL + "{not json\n")
+    with pytest.raises(DataError) as caught:
+        load_preference_rows(cfg, elsewhere)
+    message = str(caught.value)
+    assert message.startswith("data.path: 'org_prefs': cannot load it (ArrowInvalid: JSON parse error"), message
+    assert message.endswith("[read as a hub dataset (datasets.load_dataset); accepted: a local file "
+                            f"({ACCEPTED_FORMATS}), a folder of them, or a hub dataset name]")
+    assert "\n" not in message

@@ -232,6 +232,16 @@ def test_an_unreadable_summary_is_listed_and_does_not_stop_the_report(grid, caps
     assert row["status"] == "unreadable" and "not valid JSON" in row["problems"]
 
 
+def test_an_unparsable_hydra_config_of_a_pending_run_is_named_on_the_screen(grid, capsys):
+    (grid / "3" / "summary.json").unlink()  # still running: its config comes from .hydra/
+    (grid / "3" / ".hydra" / "config.yaml").write_text("train: {lr: [0.1\n")
+    assert main([str(grid)]) == 0
+    screen = capsys.readouterr().out
+    assert f"unreadable: {grid / '3' / '.hydra' / 'config.yaml'}: is not readable YAML (" in screen, screen
+    row = next(r for r in read_csv(grid / "report" / "runs.csv") if r["run"] == "3")
+    assert row["status"] == "pending" and "config.yaml is not readable YAML" in row["problems"]
+
+
 def test_a_directory_without_runs_is_refused_with_status_2(tmp_path, capsys):
     (tmp_path / "empty" / "logs").mkdir(parents=True)
     assert main([str(tmp_path / "empty")]) == 2

@@ -1,0 +1,40 @@
+"""Ctrl-C while the command starts: `python -m dpo_sweeps` (or `dpo-sweeps`) spends its first seconds
+importing (Hydra, then torch and transformers); a SIGINT there would print a KeyboardInterrupt traceback
+from whichever import it hit. The package installs `quiet_ctrl_c_while_starting` first thing when it is
+the command being run, and `dpo_sweeps.__main__.main` gives Python's handler back once it can catch
+KeyboardInterrupt itself. A SIGINT ignored when the command starts (nohup, `trap '' INT`) stays ignored.
+Imports only the standard library: it runs before anything else of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+INTERRUPTED_BEFORE_START = "error: interrupted (Ctrl-C) before the run started; nothing was trained"
+
+
+def _stop(signum: int, frame: object) -> None:
+    try:
+        print(INTERRUPTED_BEFORE_START, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+    os._exit(130)  # nothing was written yet; unwinding an import half-way gains nothing
+
+
+def is_the_command() -> bool:
+    """Whether this process is `python -m dpo_sweeps[.x]` or the `dpo-sweeps` script (not an import)."""
+    first = sys.argv[0] if sys.argv else ""
+    return first == "-m" or os.path.basename(first) == "dpo-sweeps"
+
+
+def quiet_ctrl_c_while_starting() -> None:
+    if is_the_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _stop)
+
+
+def python_handles_ctrl_c() -> None:
+    """From here on a Ctrl-C is a KeyboardInterrupt again (main() catches it; the run installs its own)."""
+    if signal.getsignal(signal.SIGINT) is _stop:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
