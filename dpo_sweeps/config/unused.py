@@ -5,8 +5,8 @@ The schema refuses a key no config has (`train.lr_rate`); `READ_WHEN` says, for 
 has (config/schema.py, config/data_schema.py, dpo/losses/schema.py), whether a run reads it always
 (`ALWAYS`) or only under a condition (a `ReadOnlyWhen`: `fsdp.hybrid_group_size` only with
 `fsdp=hybrid_shard`). A key added to the schema without an entry here fails
-tests/unit/test_settings_read.py, which also runs real configs with a recorder of the keys they read
-and finds every key they left unread refused here.
+tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
+recorder of the keys they read and finds every key they left unread refused here.
 
 A setting is refused only when the user set it (`overrides`): the files in conf/ carry every key with a
 value. A sweep's setting may act at some of its points only (`fsdp=full_shard,hybrid_shard
