@@ -249,7 +249,7 @@ class LocalLauncher(SweepLauncher):
             pending.remove(unit)
             executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
                                        timeout_min=self.timeout_min, stderr_to_stdout=self.stderr_to_stdout,
-                                       setup=[IGNORE_TERMINAL_SIGNALS])
+                                       local_setup=[IGNORE_TERMINAL_SIGNALS])
             members = [jobs[i] for i in unit]
             for member in members:
                 member.run_dir.mkdir(parents=True, exist_ok=True)

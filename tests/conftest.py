@@ -39,10 +39,13 @@ def smollm2_tokenizer(smollm2_gguf):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (pyproject's addopts: `-n 2 --dist loadgroup`) a test file runs on one worker, so
-    its module-scoped fixtures (a fault matrix, a sweep several tests read) run once; and every file with a
-    test on the local SLURM cluster runs on one worker, one test at a time: those tests share one cluster,
-    and some of them stop its nodes."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`) a test file runs on one worker, so its module-scoped
+    fixtures (a fault matrix, a sweep several tests read) run once; and every file with a test on the local
+    SLURM cluster runs on one worker, one test at a time: those tests share one cluster, and some of them stop
+    its nodes. Without xdist the groups mean nothing and are not added."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+
     def file_of(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 

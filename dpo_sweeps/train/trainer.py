@@ -158,7 +158,17 @@ class Trainer:
 
     @torch.no_grad()
     def _reference_logps(self, pairs: list[EncodedPair]) -> torch.Tensor:
-        """The reference's log-probs of some pairs, scored as a step scores them (precomputed reference)."""
+        """The reference's log-probs of some pairs, scored as a step scores them (precomputed reference).
+
+        The pass before training can take minutes on a real model, so a stop signal is honoured between its
+        micro-batches too (every rank makes the same calls, so the agreement is collective like a step's).
+        """
+        reason = self.stop_watch.agreed_reason(self.env.world_size)
+        if reason:
+            raise RunInterrupted(
+                f"{self.stop_watch.describe(reason)}: stopped while scoring the reference log-probs, before "
+                f"training (re)started; the same command in the same run directory starts it again",
+                kind=self.stop_watch.failure_kind(reason), step=self.state.step, reason=reason)
         batch = {k: v.to(self.device, non_blocking=True) for k, v in self._collate(pairs).items()}
         return self._batch_logps(self.reference, batch)[0]
 

@@ -176,3 +176,21 @@ def test_the_owner_writes_the_hydra_record_with_secrets_redacted(tmp_path):
     assert sorted(p.name for p in record.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
     assert all("hf_secret_123456" not in p.read_text() for p in record.iterdir())
     assert "train.max_steps=1" in (record / "overrides.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_reference_pass_ends_the_run_there_and_the_same_command_starts_it_again(tmp_path,
+                                                                                                monkeypatch):
+    """The reference log-prob pass before training (minutes on a real model) honours a stop between its
+    micro-batches on every rank: here train.time_limit_min is already reached when it begins."""
+    monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))  # no cached log-probs: the pass runs
+    run_dir = tmp_path / "run"
+    stopped = run_cli(run_dir, *TWO_RANKS, "train.time_limit_min=0.0001")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert stopped.returncode != 0 and summary["failure"]["kind"] == "timeout", stopped.stderr[-3000:]
+    assert "stopped while scoring the reference log-probs" in summary["failure"]["message"], summary["failure"]
+    assert "Traceback" not in stopped.stderr and not (run_dir / "checkpoints").exists()
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
+    again = run_cli(run_dir, *TWO_RANKS)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["metrics"]["steps"] == 12

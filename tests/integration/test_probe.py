@@ -94,8 +94,14 @@ def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_it
     # A process's peak resident set never falls by itself: the second probe measures from its own start.
     assert peak(small) < peak(big) - 0.01, (peak(small), peak(big))
     assert abs(peak(small) / peak(alone.summary(0)) - 1) < 0.05, (peak(small), peak(alone.summary(0)))
-    for summary in (big, small):  # and the estimate of the later probe does not count the runtime twice
-        assert abs(summary["metrics"]["perf/peak_memory_estimate_gib"] / peak(summary) - 1) < 0.1, summary["metrics"]
+    # The later probe's process already holds the runtime in its baseline: its estimate does not count it
+    # again, so it stays below the estimate of the same shape in a fresh process, which adds CPU_RUNTIME.
+    estimate = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"]  # noqa: E731
+    assert estimate(small) < estimate(alone.summary(0)), (estimate(small), estimate(alone.summary(0)))
+    # Counting it twice would put the estimate a quarter above the peak here. CPU_RUNTIME was measured on
+    # one machine and differs by tens of MiB on another: bench/memory_estimate_error.py measures the error.
+    for summary in (big, small, alone.summary(0)):
+        assert abs(estimate(summary) / peak(summary) - 1) < 0.15, summary["metrics"]
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
--- A study written by optuna 2.10.1 (sqlite3 .dump of its optuna.db): tests/integration/test_optuna_storage.py
+-- A study written by optuna 2.10.1 (sqlite3 .dump of its optuna.db): tests/integration/test_optuna_studies.py
 PRAGMA foreign_keys=OFF;
 BEGIN TRANSACTION;
 CREATE TABLE studies (
