@@ -47,6 +47,7 @@ from dpo_sweeps.rundir.outputs import (
     write_summary,
 )
 from dpo_sweeps.runtime.context import RunContext
+from dpo_sweeps.runtime.lost_rank0 import summary_version, take_over_from_lost_rank0
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
@@ -161,6 +162,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     metrics: dict[str, Any] = {}
     failure = None
     interrupted: RunInterrupted | None = None
+    peer_lost = False  # this rank failed only because a peer went away
+    summary_before: tuple[int, int] | None = None  # the summary.json there before this attempt's
 
     def summary_of(failure: dict | None, metrics: dict[str, Any]) -> dict:
         extra: dict[str, Any] = {"attempt": ctx.attempt, **_cost(ctx)}
@@ -189,6 +192,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 init_process_group(env, device, cfg.resources.collective_timeout_s)
             if claim_run_dir:
                 lock = _claim_run_dir(ctx, env, cfg)
+                summary_before = summary_version(ctx.run_dir)
             hang_timeout_s = cfg.resources.hang_timeout_s or cfg.resources.collective_timeout_s
             watchdog = Watchdog(ctx.run_dir, env.rank, env.world_size, hang_timeout_s, on_verdict).start()
             if env.world_size > 1:
@@ -212,7 +216,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 failure["message"] += f" [{_oom_context(cfg, env)}]"
             if failure["kind"] == "disk_full" and str(ctx.run_dir) not in failure["message"]:
                 failure["message"] += f" [run directory {ctx.run_dir}]"
-            collective = is_collective_error(exc)
+            collective = peer_lost = is_collective_error(exc)
             failure.update(step=watchdog.step if watchdog is not None else None, cause=failure["message"])
             if env.world_size > 1:
                 write_rank_failure(ctx.run_dir, env.rank, failure, collective=collective)
@@ -230,6 +234,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         if not env.is_main:
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
+            if peer_lost and claim_run_dir and watchdog is not None:  # rank 0 owns the lock: it may be the one lost
+                take_over_from_lost_rank0(ctx.run_dir, watchdog, summary_before, failure, env.rank,
+                                          lambda lost: summary_of(lost, metrics), ending=lambda: watch.signum is not None)
             return {"status": _status_of(failure), "failure": failure, "metrics": {}, "rank": env.rank}
         summary = summary_of(failure, metrics)
         if interrupted is not None:
