@@ -62,6 +62,12 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
     return failed_return(job.overrides, JobNotRun(message), job)
 
 
+# How long submitit waits for task 0's result file once the job has ended (its default, 15 s, is for slow
+# shared file systems). A rank 0 lost with its node never writes one, and the run's summary.json, not that
+# file, is what the launcher reads the run's end from.
+RESULT_WAIT_S = 3
+
+
 # Failure kinds after which a requeued job is meant to run again (submitit requeues it itself).
 REQUEUED_KINDS = ("preempted", "timeout")
 
@@ -200,6 +206,7 @@ class SlurmLauncher(SweepLauncher):
                 lost_nodes = node_failed([str(running[key][1].job_id) for key in ended])  # one sacct call
                 for key in ended:
                     unit, sj, started, earlier = running.pop(key)
+                    sj.task(0)._results_timeout_s = RESULT_WAIT_S  # submitit's own attribute for that wait
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
                     returns, not_run = self._collect_unit([jobs[i] for i in unit], sj, started, earlier, timeout_min=0)
                     lost_node = str(sj.job_id) in lost_nodes
