@@ -3,7 +3,8 @@
 `run_rank` runs on every rank (under torchrun, a multi-task submitit job, the local rank supervisor
 `dpo_sweeps.runtime.local_ranks`, or alone in the Hydra task's process). Rank 0 writes metrics.jsonl
 and summary.json, for failed runs too; every rank runs a watchdog (`dpo_sweeps.runtime.watchdog`)
-that ends a failed or hung run.
+that ends a failed or hung run. When rank 0 itself dies outright, a surviving rank writes the failed
+summary in its place (`dpo_sweeps.runtime.lost_rank0`).
 """
 
 from __future__ import annotations
