@@ -340,7 +340,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
     assert ended_after_s <= COLLECTIVE_TIMEOUT_S + 30, log.read_text()[-3000:]
     failure = read_summary(run_dir)["failure"]
     assert failure["kind"] == "node_failure", failure
-    assert node in failure["message"] and f"rank {first_rank}" in failure["message"], failure
+    assert failure["rank"] == first_rank and node in failure["message"] and f"rank {first_rank}" in failure["message"], failure
     assert queued == "", queued  # SLURM's requeue of it was cancelled
     assert _job_tasks(name) == []
 
