@@ -3,7 +3,8 @@
 `run_rank` runs on every rank (under torchrun, a multi-task submitit job, the local rank supervisor
 `dpo_sweeps.runtime.local_ranks`, or alone in the Hydra task's process). Rank 0 writes metrics.jsonl
 and summary.json, for failed runs too; every rank runs a watchdog (`dpo_sweeps.runtime.watchdog`)
-that ends a failed or hung run.
+that ends a failed or hung run. When rank 0 itself dies outright, a surviving rank writes the failed
+summary in its place (`dpo_sweeps.runtime.lost_rank0`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dpo_sweeps.rundir.paths import UnwritablePath, failed_write_message, is_pat
 from dpo_sweeps.rundir.rank_failures import RANK_FAILURES, first_failure, write_rank_failure
 from dpo_sweeps.rundir.summary import Status, Summary, reserve_summary_space, write_summary
 from dpo_sweeps.runtime.context import RunContext
+from dpo_sweeps.runtime.lost_rank0 import summary_version, take_over_from_lost_rank0
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
@@ -166,6 +168,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     metrics: dict[str, Any] = {}
     failure = None
     interrupted: RunInterrupted | None = None
+    peer_lost = False  # this rank failed only because a peer went away
+    summary_before: tuple[int, int] | None = None  # the summary.json there before this attempt's
 
     def summary_of(failure: Failure | None, metrics: dict[str, Any]) -> Summary:
         summary = Summary(_status_of(failure), failure, ctx.overrides, ctx.config, metrics, attempt=ctx.attempt,
@@ -190,6 +194,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 init_process_group(env, device, cfg.resources.collective_timeout_s)
             if claim_run_dir:
                 lock = _claim_run_dir(ctx, env, cfg)
+                summary_before = summary_version(ctx.run_dir)
             hang_timeout_s = cfg.resources.hang_timeout_s or cfg.resources.collective_timeout_s
             watchdog = Watchdog(ctx.run_dir, env.rank, env.world_size, hang_timeout_s, on_verdict).start()
             if env.world_size > 1:
@@ -214,7 +219,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                 message += f" [{_oom_context(cfg, env)}]"
             if failure.kind == FailureKind.DISK_FULL or is_path_error(exc, within=ctx.run_dir):  # the path, what moves it
                 message = failed_write_message(exc, message, ctx.run_dir, ctx.dir_setting)
-            collective = is_collective_error(exc)
+            collective = peer_lost = is_collective_error(exc)
             failure = dataclasses.replace(failure, message=message, cause=message,
                                           step=watchdog.step if watchdog is not None else None)
             if env.world_size > 1:
@@ -233,6 +238,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
         if not env.is_main:
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
+            if peer_lost and claim_run_dir and watchdog is not None:  # rank 0 owns the lock: it may be the one lost
+                take_over_from_lost_rank0(ctx.run_dir, watchdog, summary_before, failure, env.rank,
+                                          lambda lost: summary_of(lost, metrics), ending=lambda: watch.signum is not None)
             return Summary(_status_of(failure), failure, ctx.overrides, ctx.config, {}, attempt=ctx.attempt,
                            rank=env.rank, written=False)
         summary = summary_of(failure, metrics)

@@ -119,6 +119,7 @@ class Watchdog:
         self._alive = 0
         self._armed = False
         self._seen: dict[int, tuple[int, int]] = {}  # rank -> (alive, progress) last read
+        self._beats: dict[int, dict] = {}  # the heartbeats last read (a rank's is missing once it stopped in order)
         self._alive_at: dict[int, float] = {}  # rank -> when its alive counter last changed (our clock)
         self._progress_at = time.monotonic()  # when any rank's progress last changed
         self._verdict_at = 0.0
@@ -138,6 +139,13 @@ class Watchdog:
         self.step, self.phase = step, phase
         self._progress += 1
         self._armed = True
+
+    def peer_beat(self, rank: int) -> tuple[dict | None, float | None]:
+        """`rank`'s heartbeat as last read (None: there is none now, e.g. it stopped in order) and for how
+        many seconds its `alive` counter has not moved (None: never seen). Rank 0 watches every rank,
+        the others only rank 0."""
+        seen_at = self._alive_at.get(rank)
+        return self._beats.get(rank), None if seen_at is None else time.monotonic() - seen_at
 
     def begin_ending(self) -> None:
         """The rank's main thread ends the run itself (its summary, its clean-up, a requeue): no verdict
@@ -188,6 +196,7 @@ class Watchdog:
             if before is None or seen[1] != before[1]:
                 self._progress_at = now
             self._seen[rank] = seen
+        self._beats = beats
         if self.verdict is None:
             self.verdict = self._judge(beats, now)
             self._verdict_at = now

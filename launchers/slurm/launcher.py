@@ -13,10 +13,11 @@ srun runs with `--kill-on-bad-exit=1` by default: a rank that dies takes its job
 leaving the others waiting on a collective. A job that ends without rank 0 writing summary.json
 (time limit, preemption, out-of-memory kill, node failure) gets a failed one from the launcher,
 with the failure kind read from SLURM's job state; ranks that ended without a result are named,
-with their node. When a node of a job fails, SLURM requeues the job (JobRequeue) to run again once
-enough nodes are up; a job whose rank 0 has already recorded the attempt failed (not preempted, not
-timed out) is cancelled instead and recorded `node_failure`: running the sweep again resumes it.
-Ctrl-C cancels the sweep's jobs.
+with their node (a rank 0 lost with the first node gets its failed summary from a rank on another
+node: dpo_sweeps/runtime/lost_rank0.py). When a node of a job fails, SLURM requeues the job
+(JobRequeue) to run again once enough nodes are up; a job whose run has already recorded the attempt
+failed (not preempted, not timed out), or that sacct shows ended NODE_FAIL, is cancelled instead and
+recorded `node_failure`: running the sweep again resumes it. Ctrl-C cancels the sweep's jobs.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def refused(job: SweepJob, error: BaseException) -> JobReturn:
     write_summary(job.run_dir, Summary(Status.FAILED, Failure(FailureKind.CRASH, message, started=False),
                                        task_overrides(job), job.task_config, {}, written_by="launcher: not submitted"))
     return failed_return(job.overrides, JobNotRun(message), job)
+
+
+# How long submitit waits for task 0's result file once the job has ended (its default, 15 s, is for slow
+# shared file systems). A rank 0 lost with its node never writes one, and the run's summary.json, not that
+# file, is what the launcher reads the run's end from.
+RESULT_WAIT_S = 3
 
 
 # Failure kinds after which a requeued job is meant to run again (submitit requeues it itself).
@@ -201,9 +208,13 @@ class SlurmLauncher(SweepLauncher):
                 lost_nodes = node_failed([str(running[key][1].job_id) for key in ended])  # one sacct call
                 for key in ended:
                     unit, sj, started, attempts = running.pop(key)
+                    sj.task(0)._results_timeout_s = RESULT_WAIT_S  # submitit's own attribute for that wait
                     # SLURM's job state says whether the time limit ended it (timeout_min=0: no guessing).
                     returns, not_run = collect_unit([jobs[i] for i in unit], sj, started, attempts, timeout_min=0)
                     lost_node = str(sj.job_id) in lost_nodes
+                    if lost_node and key not in cancelled:
+                        # sacct may already show the job ended (NODE_FAIL) while SLURM holds it requeued (JobRequeue)
+                        sj.cancel(check=False)
                     for i, ret in zip(unit, returns):
                         results[i] = ret
                         if lost_node:

@@ -2,9 +2,10 @@
 each its own slurmd in its own network and UTS namespace).
 
 One 4-point sweep of 2-node x 2-rank jobs (strategy x precision) serves the rendezvous, mesh, loss and
-report checks; one 3-point sweep of identical 2-node jobs serves the events: #0 is preempted twice and
-resumes, #1 loses every rank of its second node, #2 runs through as the reference. A last 2-node run
-loses its whole second node (`local_cluster.sh kill-node`), which is brought back afterwards.
+report checks; one 4-point sweep of identical 2-node jobs serves the events: #0 is preempted twice and
+resumes, #1 loses every rank of its second node, #3 every rank of its first (rank 0 among them), #2 runs
+through as the reference. Two last 2-node runs each lose a whole node (`local_cluster.sh kill-node`), the
+first node (rank 0, the job's batch step) and the second, which is brought back afterwards.
 """
 
 from __future__ import annotations
@@ -180,8 +181,9 @@ def _cmdline(pid: int) -> str:
         return "(gone)"
 
 
-def _job_tasks(job_name: str, array_task: int | None = None, netns: str | None = None) -> list[int]:
-    """Rank processes (SLURM tasks) of the job array `job_name`, optionally of one element, on one node."""
+def _job_tasks(job_name: str, array_task: int | None = None, netns: str | None = None, ranks_only: bool = False) -> list[int]:
+    """Processes of the job array `job_name` (its batch script, srun, the ranks), optionally of one element,
+    on one node; `ranks_only`: only the ranks (the tasks of its job step, not the first node's batch script)."""
     if netns is None:
         pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
     else:
@@ -192,9 +194,19 @@ def _job_tasks(job_name: str, array_task: int | None = None, netns: str | None =
         env = _environ(pid)
         if env.get("SLURM_JOB_NAME") != job_name or "SLURM_PROCID" not in env:
             continue
+        if ranks_only and "SLURM_STEP_ID" not in env:
+            continue
         if array_task is None or env.get("SLURM_ARRAY_TASK_ID") == str(array_task):
             found.append(pid)
     return found
+
+
+def _queued_after(job_name: str, env: dict, timeout: float) -> str:
+    """What squeue still shows of the jobs named `job_name` once they left the queue (""), or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (queued := slurm("squeue", "-h", "-n", job_name, "-o", "%i %T %r", env=env)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return queued
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -215,11 +227,11 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     env = {**os.environ, **slurm2}
     name = f"dpo-2node-{uuid.uuid4().hex[:8]}"
     sweep_dir, log = tmp_path / "sweep", tmp_path / "sweep.log"
-    preempted, lost, reference = (sweep_dir / str(n) for n in range(3))
-    # Three identical runs (keep_last above the 4 checkpoints of 12 steps changes nothing but the point's name).
+    preempted, lost, reference, lost_first = (sweep_dir / str(n) for n in range(4))
+    # Four identical runs (keep_last above the 4 checkpoints of 12 steps changes nothing but the point's name).
     command = [sys.executable, "-m", "dpo_sweeps", "-m", *ON_SLURM, f"hydra.launcher.name={name}", *FAST,
                *TWO_NODES, "fsdp=full_shard", "precision=fp32", f"train.max_steps={MAX_STEPS}",
-               "checkpoint.every_steps=3", "checkpoint.keep_when_completed=true", "checkpoint.keep_last=10,11,12",
+               "checkpoint.every_steps=3", "checkpoint.keep_when_completed=true", "checkpoint.keep_last=10,11,12,13",
                f"resources.collective_timeout_s={COLLECTIVE_TIMEOUT_S}", f"hydra.sweep.dir={sweep_dir}"]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -227,11 +239,16 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
         array_id = wait_for("the SLURM jobs", lambda: slurm("squeue", "-h", "-n", name, "-o", "%F", env=env),
                          proc, log, WAIT_S).split()[0]
 
-        # Run #1 loses its second node mid-run: every rank there is killed at once.
-        wait_for("run #1 in mid-run", lambda: _steps_logged(lost) >= 2, proc, log, WAIT_S)
-        victims = wait_for("the ranks of run #1 on dpo-n2", lambda: _job_tasks(name, 1, "dpo-n2"), proc, log, WAIT_S)
-        assert len(victims) == 2, victims  # ranks 2 and 3
-        for pid in victims:
+        # Run #1 loses its second node mid-run: every rank there is killed at once; run #3 its first node's
+        # (rank 0, which writes summary.json, and rank 1).
+        wait_for("runs #1 and #3 in mid-run", lambda: min(_steps_logged(lost), _steps_logged(lost_first)) >= 2,
+                 proc, log, WAIT_S)
+        victims = wait_for("the ranks of run #1 on dpo-n2", lambda: _job_tasks(name, 1, "dpo-n2", ranks_only=True),
+                           proc, log, WAIT_S)
+        first_victims = wait_for("the ranks of run #3 on dpo-n1", lambda: _job_tasks(name, 3, "dpo-n1", ranks_only=True),
+                                 proc, log, WAIT_S)
+        assert len(victims) == 2 and len(first_victims) == 2, (victims, first_victims)  # ranks 2, 3 and 0, 1
+        for pid in victims + first_victims:
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -239,11 +256,12 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
         wait_for("a first checkpoint of run #0", lambda: checkpoint_after(preempted, 0), proc, log, WAIT_S)
         slurm("scancel", "--signal=USR2", f"{array_id}_0", env=env)
 
-        failed = wait_for("run #1's failed summary", lambda: (summary_json(lost) or {}).get("status") == "failed",
-                       proc, log, WAIT_S)
-        lost_after_s = time.monotonic() - killed_at
-        assert failed and lost_after_s <= COLLECTIVE_TIMEOUT_S + 30, lost_after_s
-        print(f"node lost -> failed summary.json in {lost_after_s:.1f} s")
+        for run_dir in (lost, lost_first):
+            failed = wait_for(f"run #{run_dir.name}'s failed summary",
+                              lambda d=run_dir: (summary_json(d) or {}).get("status") == "failed", proc, log, WAIT_S)
+            lost_after_s = time.monotonic() - killed_at
+            assert failed and lost_after_s <= COLLECTIVE_TIMEOUT_S + 30, (run_dir.name, lost_after_s)
+            print(f"run #{run_dir.name}: ranks of a node killed -> failed summary.json in {lost_after_s:.1f} s")
 
         first = wait_for("run #0's preempted summary", lambda: summary_json(preempted), proc, log, WAIT_S)
         assert first["failure"]["kind"] == "preempted", first
@@ -254,17 +272,18 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
                             lambda: checkpoint_after(preempted, first_stop), proc, log, WAIT_S)
         slurm("scontrol", "requeue", f"{array_id}_0", env=env)
 
-        assert proc.wait(timeout=600) != 0, log.read_text()[-3000:]  # run #1 failed
+        assert proc.wait(timeout=600) != 0, log.read_text()[-3000:]  # runs #1 and #3 failed
     finally:
         if proc.poll() is None:
             proc.kill()
         subprocess.run(["scancel", "-n", name], env=env, timeout=30, check=False)
     output = log.read_text()
 
-    # The lost node: run #1 failed naming the node and a rank there; nothing of the sweep is left anywhere.
-    failure = summary_json(lost)["failure"]
-    assert failure["kind"] in ("node_failure", "crash"), failure
-    assert "dpo-n2" in failure["message"] and ("rank 2" in failure["message"] or "rank 3" in failure["message"]), failure
+    # The lost ranks: runs #1 and #3 failed naming the node and a rank there; nothing of the sweep is left anywhere.
+    for run_dir, node, ranks in ((lost, "dpo-n2", (2, 3)), (lost_first, "dpo-n1", (0, 1))):
+        failure = summary_json(run_dir)["failure"]
+        assert failure["kind"] in ("node_failure", "crash"), failure
+        assert node in failure["message"] and any(f"rank {r}" in failure["message"] for r in ranks), failure
     # SLURM records a job's end while its processes still exit: give them a bound to be gone in
     deadline = time.monotonic() + 60
     while _job_tasks(name) and time.monotonic() < deadline:
@@ -284,13 +303,12 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-# The first node (rank 0, the batch step) lost: the run ends node_failure, but later than this bound and
-# without naming the node (issue 25, point 8), so it is not a case here yet.
-@pytest.mark.parametrize(("node", "first_rank"), [("dpo-n2", 2)])
+@pytest.mark.parametrize(("node", "first_rank"), [("dpo-n1", 0), ("dpo-n2", 2)])
 def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_path, node, first_rank):
     """Everything of one node killed at once (`local_cluster.sh kill-node`: slurmd, job steps, ranks), as
     when a machine dies: the run fails `node_failure` naming it once SLURM marks the node down, and SLURM's
-    own requeue of the job is cancelled."""
+    own requeue of the job is cancelled. The first node holds rank 0 (which writes summary.json in a
+    healthy run) and the job's batch step: a rank of the second node writes the failed summary instead."""
     from support.slurm import SCRIPT
 
     env = {**os.environ, **slurm2}
@@ -309,6 +327,9 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
         killed_at = time.monotonic()
         proc.wait(timeout=COLLECTIVE_TIMEOUT_S + 30 + 60)
         ended_after_s = time.monotonic() - killed_at
+        # SLURM requeued the job (NODE_FAIL, JobRequeue=1): cancelled, it leaves the queue once the node left
+        # has completed it; left requeued, it would pend until the node is back and run again.
+        queued = _queued_after(name, env, 60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -320,8 +341,8 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
     assert ended_after_s <= COLLECTIVE_TIMEOUT_S + 30, log.read_text()[-3000:]
     failure = summary_json(run_dir)["failure"]
     assert failure["kind"] == "node_failure", failure
-    assert node in failure["message"] and f"rank {first_rank}" in failure["message"], failure
-    assert slurm("squeue", "-h", "-n", name, env=env) == ""  # SLURM's requeue of it was cancelled
+    assert failure["rank"] == first_rank and node in failure["message"] and f"rank {first_rank}" in failure["message"], failure
+    assert queued == "", queued  # SLURM's requeue of it was cancelled
     assert _job_tasks(name) == []
 
 
