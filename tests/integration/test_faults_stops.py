@@ -133,6 +133,21 @@ def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, after_s):
     assert not (tmp_path / "run").exists()
 
 
+def test_ctrl_c_while_the_job_imports_the_training_stack_leaves_no_run_dir(tmp_path):
+    """Hydra has made the (empty) run directory; the job is importing torch, before the run takes it."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "dpo_sweeps", *QUIET, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    while not run_dir.exists() and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["error: interrupted (Ctrl-C) before the run started; nothing was trained"]
+    assert not run_dir.exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_under_dpo_sweeps_torchrun_stops_with_a_checkpoint_and_no_traceback(tmp_path):
     """dpo-sweeps-torchrun (torchrun's own code, its stop report one line): the ranks checkpoint and record
