@@ -28,6 +28,14 @@ TWO_RANKS = [*QUIET, "data.num_train_pairs=256", "data.num_eval_pairs=32", "reso
 INTERRUPTED = (130, -signal.SIGINT)
 
 
+def as_from_a_terminal() -> None:
+    """In the child, before exec: SIGINT and SIGHUP do what they do for a command typed at a terminal. A
+    suite started in the background (`nohup`, a shell's `&`) would otherwise pass them on ignored, and the
+    run rightly keeps an ignored terminal signal ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def tree(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under `folder`: its bytes and modification time."""
     return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
@@ -39,7 +47,7 @@ def signal_at(args: list[str], run_dir: Path, step: int, sig: signal.Signals,
     """Start `args`, send `sig` once run_dir's metrics.jsonl has `step` (to the whole process group, as
     a terminal does, with `group`), wait for it to end."""
     proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=group)
+                            start_new_session=group, preexec_fn=as_from_a_terminal)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
     try:
@@ -129,7 +137,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, after_s):
     """In its first seconds the command is importing (before main() can catch KeyboardInterrupt)."""
     args = [sys.executable, "-m", "dpo_sweeps", *QUIET, f"hydra.run.dir={tmp_path / 'run'}"]
     proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=as_from_a_terminal)
     time.sleep(after_s)
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -143,7 +151,7 @@ def test_ctrl_c_while_the_job_imports_the_training_stack_leaves_no_run_dir(tmp_p
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "dpo_sweeps", *QUIET, f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=as_from_a_terminal)
     while not run_dir.exists() and proc.poll() is None:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGINT)
