@@ -186,8 +186,9 @@ def discover(root: Path) -> tuple[list[Path], list[Path]]:
     return sorted(run_dirs, key=_natural_key), sorted(sweep_dirs, key=_natural_key)
 
 
-def read_log(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """metrics.jsonl records and the problems met; a half-written last line is no problem."""
+def read_log(path: Path, ended: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """metrics.jsonl records and the problems met. A half-written last line is no problem while the run
+    goes on (its writer may be in the middle of it); once the run has `ended` it is one, like any other."""
     if not path.is_file():
         return [], []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -204,7 +205,7 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            if number < len(lines):
+            if number < len(lines) or ended:
                 problems.append(f"{path.name} line {number} is not JSON; skipped")
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int):
@@ -228,7 +229,7 @@ def _read_yaml(path: Path, problems: list[str]) -> Any:
 
 def read_run(path: Path, name: str, sweep: Path) -> Run:
     """One run directory: from summary.json when it has ended, from .hydra/ while pending."""
-    log, problems = read_log(path / "metrics.jsonl")
+    log, problems = read_log(path / "metrics.jsonl", ended=(path / SUMMARY).is_file())
     steps = [r["step"] for r in log]
     run = Run(path=path, name=name, sweep=sweep, status="pending", has_log=bool(log),
               last_logged_step=max(steps) if steps else None, problems=problems)

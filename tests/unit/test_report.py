@@ -364,3 +364,20 @@ def test_rerunning_on_a_finished_sweep_updates_the_report_in_place(grid):
     statuses = {r["run"]: r["status"] for r in read_csv(grid / "report" / "runs.csv")}
     assert statuses["10"] == "completed" and "report" not in statuses
     assert math.isfinite(float(next(r for r in read_csv(grid / "report" / "ranking.csv") if r["runs"] == "10")[SPM]))
+
+
+def test_a_broken_last_line_of_an_ended_run_is_named_on_the_screen(tmp_path, capsys):
+    """A half-written last line is expected only while the run goes on: once summary.json is there, it is
+    a file the report could not read in full, named like any other."""
+    sweep = tmp_path / "sweep"
+    write_completed(sweep / "0", 0, "full_shard", "bf16", 0.1)
+    write_completed(sweep / "1", 1, "shard_grad_op", "bf16", 0.1)
+    log = sweep / "1" / "metrics.jsonl"
+    lines = len(log.read_text().splitlines())
+    with log.open("a") as f:
+        f.write('{"step": 99, "train/lo')
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"unreadable: {log}: line {lines + 1} is not JSON; skipped" in out, out
+    runs = {r["run"]: r for r in read_csv(sweep / "report" / "runs.csv")}
+    assert runs["1"]["problems"] == f"metrics.jsonl line {lines + 1} is not JSON; skipped" and runs["0"]["problems"] == ""
