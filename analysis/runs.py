@@ -229,7 +229,8 @@ def _read_yaml(path: Path, problems: list[str]) -> Any:
 
 def read_run(path: Path, name: str, sweep: Path) -> Run:
     """One run directory: from summary.json when it has ended, from .hydra/ while pending."""
-    log, problems = read_log(path / "metrics.jsonl", ended=(path / SUMMARY).is_file())
+    ended = (path / SUMMARY).is_file()
+    log, problems = read_log(path / "metrics.jsonl", ended=ended)
     steps = [r["step"] for r in log]
     run = Run(path=path, name=name, sweep=sweep, status="pending", has_log=bool(log),
               last_logged_step=max(steps) if steps else None, problems=problems)
@@ -241,7 +242,7 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
         run.config = flatten(hydra_config)
         run.plan = plan_of(hydra_config)
 
-    if not (path / SUMMARY).is_file():
+    if not ended:
         return run
     try:
         summary = load_summary(path)
