@@ -109,4 +109,13 @@ def one_line_message(exc: BaseException) -> str:
         hint = f"did you mean {group}={close[0]}? " if close else ""
         return str(InvalidConfig(group, f"no option '{name}' in conf/{group}", hint + ", ".join(options)))
     lines = [line.strip() for line in text.split("Config search path:", 1)[0].splitlines() if line.strip()]
-    return " ".join(lines) or type(exc).__name__
+    message = " ".join(lines) or type(exc).__name__
+    # "Error merging override X" says which override, its cause why (OmegaConf's refusal).
+    cause = exc.__cause__
+    deleted = re.fullmatch(r"Error merging override ~([\w.]+)(=.*)?", message)
+    if deleted and "does not support deletion" in str(cause):
+        return str(InvalidConfig(deleted.group(1), "a setting of the schema cannot be deleted (~)",
+                                 f"{deleted.group(1)}=<a value>, or null where it takes null"))
+    if cause is not None and str(cause).strip() and str(cause).strip() not in message:
+        message += f": {str(cause).strip().splitlines()[0]}"
+    return message

@@ -218,3 +218,20 @@ def test_a_sweep_checks_again_where_its_points_differ_in_a_setting_a_check_reads
     assert isinstance(refused, InvalidConfig) and str(refused).startswith(
         "train.sample_prompts: 2 with train.save_model=false"), refused
     assert checked.of(points[0]).train.save_model is True  # the typed config follows the point asked for
+
+
+@pytest.mark.parametrize(("override", "text"), [
+    ("~train.sample_prompts", "train.sample_prompts: a setting of the schema cannot be deleted (~)"),
+    ("~model.name_or_path", "model.name_or_path: a setting of the schema cannot be deleted (~)"),
+    ("~train.no_such_key", "'train.no_such_key' does not exist"),
+])
+def test_an_override_hydra_cannot_merge_says_why_in_one_line(override, text):
+    # Hydra's "Error merging override X" names the override; why is in its cause (OmegaConf's refusal).
+    from hydra.errors import ConfigCompositionException
+
+    from dpo_sweeps.config.schema_errors import one_line_message
+
+    with pytest.raises(ConfigCompositionException) as caught:
+        _compose(override)
+    message = one_line_message(caught.value)
+    assert text in message and "\n" not in message, message
