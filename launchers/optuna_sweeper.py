@@ -10,6 +10,8 @@ and adds:
   naming the same study share it (trial N runs in `<sweep dir>/N`, whichever process asked for it);
 - `objectives`: the summary metrics each trial returns (one per `direction`), read from the run's
   metrics; `dpo_sweeps.app.run` itself stays objective-free;
+- a setting that no point of the search space reads is refused before the study starts, as a grid
+  refuses one none of its points reads (`refuse_unread_settings`, on `SearchSpace.points`);
 - each trial is validated before launch: an invalid trial (say, a batch size the ranks do not
   divide) is not run; it gets a failed summary.json (`invalid_config`) and is FAIL in the study;
   a trial predicted not to fit its device is skipped and infeasible to the study (a constraint);
@@ -47,6 +49,7 @@ from dpo_sweeps.launchers.preflight import (
     fit_checks,
     predicted_oom,
     record_predicted_oom,
+    refuse_unread_settings,
 )
 from dpo_sweeps.rundir.atomic import write_text_atomic
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary
@@ -236,6 +239,9 @@ class OptunaSweeper(Sweeper):
             grid = space.grid() if self.sampler_config.get("_target_", "").endswith("GridSampler") else {}
         except SearchSpaceError as exc:
             raise InvalidSweep(str(exc)) from None
+        # Settings no trial would read are refused before the study starts, as a grid refuses its own.
+        refuse_unread_settings(self.hydra_context, self.config, space.points(self.config, grid, self.enqueue_trials),
+                               self.trials.inner, only_point="at the one point of the search space checked")
         storage = self._open_storage()
         numbered = numbered_runs(sweep_dir)  # before the count: another worker may be adding trials and runs
         existing = existing_trials(storage, self.study_name)
