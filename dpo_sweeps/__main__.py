@@ -11,7 +11,7 @@ from hydra.errors import CompactHydraException
 
 from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
 from dpo_sweeps.errors import RunFailure, say
-from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
+from dpo_sweeps.rundir.paths import failed_path, is_path_error, unwritable_path
 from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c
 from dpo_sweeps.task import run
 
@@ -70,7 +70,7 @@ def _multirun() -> bool:
 def _output_dir(exc: OSError) -> Path | None:
     """The run (or sweep) directory a failed write of Hydra's was in: the path it names, else Hydra's."""
     if exc.filename is not None:
-        return Path(os.fsdecode(exc.filename))
+        return failed_path(exc, None)
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():

@@ -136,7 +136,7 @@ def writes_in_sweep_dir(sweep: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(sweep)
     def wrapped(self: Any, arguments: list[str]) -> Any:
-        with writing(Path(str(self.config.hydra.sweep.dir))):
+        with writing(Path(str(self.config.hydra.sweep.dir)), libraries=False):
             return sweep(self, arguments)
 
     return wrapped

@@ -10,17 +10,28 @@ The same syntax as hydra-optuna-sweeper, on the command line or in `hydra.sweepe
 - anything else (`train.max_steps=4`, `+sweep=optuna_dpo`, `~key`) is passed to every trial as given.
 `hydra.sweeper.custom_search_space` names a function `fn(cfg, trial)` called after these
 suggestions, which may suggest more (`trial.suggest_float("+w", 0.0, 1.0)`: `+` adds a new key).
+
+Before a study starts, `SearchSpace.points` gives the points the sweeper checks for settings none of them
+reads (launchers/preflight.py `refuse_unread_settings`, as a grid checks all of its own): every combination
+of the categorical keys when there are at most `MAX_POINTS`, else each of their values at least once and
+combinations drawn at random to fill `MAX_POINTS`; an interval or range at its middle.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
+
+# The most points of a search space the sweeper composes, before the study, to see which settings they read.
+MAX_POINTS = 32
 
 
 class SearchSpaceError(ValueError):
@@ -56,6 +67,16 @@ class Dimension:
                                    "hydra/sweeper/sampler=grid: choice(...) or range(...))")
         count = int(round((self.high - self.low) / (self.step or 1))) + 1
         return [self.low + i * (self.step or 1) for i in range(count)]
+
+    def middle(self) -> float | int:
+        """A value inside an interval or range: its middle (on a log scale with `log`), on its step; of two
+        values the upper (the low end is often the value that turns something off: 0)."""
+        low, high = self.low, self.high
+        if self.step:  # a range (Optuna has no log scale with a step)
+            value = low + math.ceil(round((high - low) / self.step) / 2) * self.step
+            return int(value) if self.kind == "int" else round(float(value), 12)
+        value = math.sqrt(low * high) if self.log else (low + high) / 2
+        return min(math.ceil(value), high) if self.kind == "int" else float(value)
 
 
 def _range_dimension(name: str, sweep: RangeSweep) -> Dimension:
@@ -143,6 +164,33 @@ class SearchSpace:
             self.custom(config, trial)
         return [override_text(name, value) for name, value in trial.params.items()] + self.fixed
 
+    def points(self, config: Any, grid: dict[str, list[Any]] | None = None, enqueued: Sequence[dict] = (),
+               limit: int = MAX_POINTS) -> list[list[str]]:
+        """The overrides of points this space can produce, as trials get them (`suggest`, the custom
+        function included, on an in-memory study): the categorical keys' combinations (`grid`: every
+        key's grid values, the grid sampler's points) with intervals and ranges at their middle, then the
+        `enqueued` trials. A point the custom function cannot make is left out."""
+        import optuna
+
+        fixed = {name: d.middle() for name, d in self.dimensions.items() if d.kind != "categorical" and not grid}
+        values = grid or {name: list(d.choices) for name, d in self.dimensions.items() if d.kind == "categorical"}
+        level = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created in memory" is not news
+        points = []
+        try:
+            with warnings.catch_warnings():  # nor an enqueued value out of range: the study warns of it itself
+                warnings.simplefilter("ignore")
+                study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+                for params in [{**fixed, **combo} for combo in combinations(values, limit)] + list(enqueued):
+                    study.enqueue_trial(params)
+                    try:
+                        points.append(self.suggest(study.ask(), config))
+                    except Exception:  # as a trial that gets no parameters (launchers/optuna_study.py): not run
+                        continue
+        finally:
+            optuna.logging.set_verbosity(level)
+        return points
+
     def grid(self) -> dict[str, list[Any]]:
         return {name: d.grid_values() for name, d in self.dimensions.items()}
 
@@ -157,6 +205,25 @@ class SearchSpace:
         if self.custom is not None:
             lines.append(f"and what {self.custom.__module__}.{self.custom.__name__} suggests")
         return lines
+
+
+def combinations(values: dict[str, list[Any]], limit: int = MAX_POINTS, seed: int = 0) -> list[dict[str, Any]]:
+    """Every combination of `values` (key -> its values) when there are at most `limit`; else `limit` of
+    them: each value of every key at least once (as far as `limit` goes), the rest drawn at random."""
+    names = list(values)
+    if math.prod(len(v) for v in values.values()) <= limit:
+        return [dict(zip(names, combo)) for combo in itertools.product(*values.values())]
+    rng = random.Random(seed)
+    orders = {name: rng.sample(v, len(v)) for name, v in values.items()}  # so equal lengths do not pair alike
+    widest = max(len(v) for v in values.values())
+    picked = [tuple(orders[n][i % len(orders[n])] for n in names) for i in range(min(widest, limit))]
+    seen = {repr(combo) for combo in picked}
+    while len(picked) < limit:
+        combo = tuple(rng.choice(values[n]) for n in names)
+        if repr(combo) not in seen:
+            seen.add(repr(combo))
+            picked.append(combo)
+    return [dict(zip(names, combo)) for combo in picked]
 
 
 def _function(path: str) -> Callable[[Any, Any], None]:

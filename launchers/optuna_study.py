@@ -20,9 +20,12 @@ user attribute when the fit check had a limit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,8 @@ class StudySettings:
     pruner: Any
     pruner_spec: tuple[str, dict]
     constrained: bool  # the sampler takes the memory constraint (constraints_func)
+    # Around each write to the storage: names its file when one fails (OptunaSweeper._writing_storage).
+    writes: Callable[[], AbstractContextManager] = contextlib.nullcontext
 
 
 class AsyncStudy:
@@ -66,8 +71,9 @@ class AsyncStudy:
         self.space = space
         self.trials = trials  # launchers.optuna_sweeper.TrialLauncher
         self.config = config
-        created = optuna.create_study(study_name=settings.study_name, storage=settings.storage, sampler=sampler,
-                                      directions=settings.directions, pruner=settings.pruner, load_if_exists=True)
+        with settings.writes():
+            created = optuna.create_study(study_name=settings.study_name, storage=settings.storage, sampler=sampler,
+                                          directions=settings.directions, pruner=settings.pruner, load_if_exists=True)
         if [d.name.lower() for d in created.directions] != settings.directions:
             from dpo_sweeps.launchers.preflight import InvalidSweep
 
@@ -90,7 +96,8 @@ class AsyncStudy:
                                       sampler=self.sampler, pruner=self.settings.pruner)
 
     def enqueue(self, params: dict) -> None:
-        self.study().enqueue_trial(params)
+        with self.settings.writes():
+            self.study().enqueue_trial(params)
 
     # ------------------------------------------------------------------ the loop
     def run(self, n_jobs: int) -> None:
@@ -122,7 +129,8 @@ class AsyncStudy:
 
     def _start_one(self, slots: TrialSlots) -> None:
         TrialState = self.optuna.trial.TrialState
-        trial = self.study().ask()
+        with self.settings.writes():
+            trial = self.study().ask()
         try:
             overrides = self.space.suggest(trial, self.config)
         except Exception as exc:  # the custom search space function, or a distribution Optuna refuses
@@ -130,10 +138,11 @@ class AsyncStudy:
             self._finish(trial.number, TrialState.FAIL)
             return
         prepared = self.trials.prepare(overrides, trial.number)
-        if prepared.memory_over_limit_gib is not None:
-            trial.set_user_attr(MEMORY_CONSTRAINT, prepared.memory_over_limit_gib)
-        if self.settings.constrained and constraints_per_trial():  # else the sampler's constraints_func reads it
-            trial.set_constraint(MEMORY_CONSTRAINT.split("/")[-1], prepared.memory_over_limit_gib or 0.0)
+        with self.settings.writes():
+            if prepared.memory_over_limit_gib is not None:
+                trial.set_user_attr(MEMORY_CONSTRAINT, prepared.memory_over_limit_gib)
+            if self.settings.constrained and constraints_per_trial():  # else the sampler's constraints_func reads it
+                trial.set_constraint(MEMORY_CONSTRAINT.split("/")[-1], prepared.memory_over_limit_gib or 0.0)
         if prepared.refusal is not None:
             if prepared.skipped and self.settings.constrained:
                 self._finish_infeasible(trial.number)
@@ -174,12 +183,14 @@ class AsyncStudy:
         worst = [(min if d == "maximize" else max)((v[i] for v in feasible), default=0.0)
                  for i, d in enumerate(self.settings.directions)]
         self.told += 1
-        self.study().tell(number, values=worst, state=TrialState.COMPLETE)
+        with self.settings.writes():
+            self.study().tell(number, values=worst, state=TrialState.COMPLETE)
 
     def _finish(self, number: int, state: Any, values: list[float] | None = None) -> None:
         self.told += 1
         self.failures += state == self.optuna.trial.TrialState.FAIL
-        self.study().tell(number, values=values, state=state)
+        with self.settings.writes():
+            self.study().tell(number, values=values, state=state)
 
     def save_timeline(self, path: Path) -> None:
         """slots.json: when each trial's job ran (epoch seconds), to see how busy the slots were."""

@@ -10,6 +10,8 @@ and adds:
   naming the same study share it (trial N runs in `<sweep dir>/N`, whichever process asked for it);
 - `objectives`: the summary metrics each trial returns (one per `direction`), read from the run's
   metrics; `dpo_sweeps.app.run` itself stays objective-free;
+- a setting that no point of the search space reads is refused before the study starts, as a grid
+  refuses one none of its points reads (`refuse_unread_settings`, on `SearchSpace.points`);
 - each trial is validated before launch: an invalid trial (say, a batch size the ranks do not
   divide) is not run; it gets a failed summary.json (`invalid_config`) and is FAIL in the study;
   a trial predicted not to fit its device is skipped and infeasible to the study (a constraint);
@@ -24,7 +26,9 @@ Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +51,10 @@ from dpo_sweeps.launchers.preflight import (
     fit_checks,
     predicted_oom,
     record_predicted_oom,
+    refuse_unread_settings,
 )
 from dpo_sweeps.rundir.atomic import write_text_atomic
+from dpo_sweeps.rundir.paths import writing
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary
 from dpo_sweeps.train.pruning import make_pruner
 
@@ -236,6 +242,9 @@ class OptunaSweeper(Sweeper):
             grid = space.grid() if self.sampler_config.get("_target_", "").endswith("GridSampler") else {}
         except SearchSpaceError as exc:
             raise InvalidSweep(str(exc)) from None
+        # Settings no trial would read are refused before the study starts, as a grid refuses its own.
+        refuse_unread_settings(self.hydra_context, self.config, space.points(self.config, grid, self.enqueue_trials),
+                               self.trials.inner, only_point="at the one point of the search space checked")
         storage = self._open_storage()
         numbered = numbered_runs(sweep_dir)  # before the count: another worker may be adding trials and runs
         existing = existing_trials(storage, self.study_name)
@@ -256,7 +265,7 @@ class OptunaSweeper(Sweeper):
             study_name=self.study_name, storage=storage, storage_spec=self._storage_spec(),
             directions=self.directions, objective=self.objectives[0], n_trials=self.n_trials,
             max_failure_rate=self.max_failure_rate, pruner=pruner, pruner_spec=(self.pruner, self.pruner_settings),
-            constrained=constrained)
+            constrained=constrained, writes=self._writing_storage)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         log.info("optuna study '%s' (%s, %s): %d earlier trials; running %d more, %d at a time (pruner: %s)",
@@ -271,7 +280,10 @@ class OptunaSweeper(Sweeper):
             raise SystemExit(f"\nInterrupted: the running trials were stopped; {self.storage} keeps the study "
                              "(their trials stay RUNNING in it). Run the same command again to go on.") from None
         finally:
-            study.save_timeline(sweep_dir / "slots.json")
+            try:
+                study.save_timeline(sweep_dir / "slots.json")
+            except OSError as exc:  # a sweep dir that cannot be written: said once, by what failed first
+                log.warning("slots.json not written: %s", exc)
             outcomes = [outcome_of(job, ret) for job, ret in self.trials.history]
             if outcomes:
                 hint = "Run the same command again to continue the study with n_trials new trials."
@@ -293,9 +305,22 @@ class OptunaSweeper(Sweeper):
         if str(self.storage).startswith(("sqlite:///", "journal:")):
             sweep_dir.mkdir(parents=True, exist_ok=True)  # where the default storage lives
         try:
-            return open_storage(str(self.storage))
+            with self._writing_storage():
+                return open_storage(str(self.storage))
         except StorageRefused as exc:
             raise InvalidSweep(str(exc)) from None
+
+    def _writing_storage(self) -> Any:
+        """`writing` the storage's file (sqlite's "unable to open database file" names none): in the sweep
+        directory hydra.sweep.dir moves it, elsewhere hydra.sweeper.storage."""
+        from dpo_sweeps.train.study_storage import storage_file
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        file = storage_file(str(self.storage)) if self.storage else None
+        if file is None:
+            return contextlib.nullcontext()
+        inside = os.path.abspath(file).startswith(os.path.abspath(sweep_dir) + os.sep)
+        return writing(file, moved_by="" if inside else "hydra.sweeper.storage")
 
 
 def existing_trials(storage: Any, study_name: str) -> int:

@@ -120,7 +120,7 @@ def compose_and_check(
     jobs: list[SweepJob] = []
     invalid: list[InvalidPoint] = []
     checked = CheckedConfig()
-    settings = SettingsRead(Launch(getattr(launcher, "_EXECUTOR", Launch.LOCAL)))  # who starts the jobs' ranks
+    settings = SettingsRead(_launch_of(launcher))
     for offset, overrides in enumerate(points):
         num = first_num + offset
         try:
@@ -143,6 +143,31 @@ def compose_and_check(
     except InvalidConfig as exc:
         raise InvalidSweep(f"{exc}; no job was started") from None
     return jobs, invalid
+
+
+def refuse_unread_settings(hydra_context: HydraContext, master_config: DictConfig, points: Sequence[Sequence[str]],
+                           launcher: Any, only_point: str) -> None:
+    """Raise InvalidSweep for a setting `points` give that none of them reads (dpo_sweeps/config/unused.py).
+    For points drawn from a search space (an Optuna study's): each is composed and typed, nothing more, and
+    only while a setting it gives is still unread; one that cannot be composed or typed is left out (its
+    trial is refused when drawn)."""
+    checked = CheckedConfig()
+    settings = SettingsRead(_launch_of(launcher))
+    for num, overrides in enumerate(points):
+        try:
+            settings.add(list(overrides),
+                         lambda o=overrides, n=num: checked.of(compose_job(hydra_context, master_config, o, n).task_config))
+        except (JobCompositionError, RunFailure):
+            continue
+    try:
+        settings.check(only_point)
+    except InvalidConfig as exc:
+        raise InvalidSweep(f"{exc}; no job was started") from None
+
+
+def _launch_of(launcher: Any) -> Launch:
+    """Who starts the jobs' ranks, by the launcher."""
+    return Launch(getattr(launcher, "_EXECUTOR", Launch.LOCAL))
 
 
 def _start_fit_measurements(job: SweepJob) -> None:

@@ -11,7 +11,8 @@ recorder of the keys they read and finds every key they left unread refused here
 A setting is refused only when the user set it (`overrides`): the files in conf/ carry every key with a
 value. A sweep's setting may act at some of its points only (`fsdp=full_shard,hybrid_shard
 fsdp.hybrid_group_size=2`): it is refused only when no point reads it (`SettingsRead`, fed each point
-by the sweep's pre-launch check, launchers/preflight.py).
+by the sweep's pre-launch check, launchers/preflight.py; an Optuna study, whose trials are drawn as it
+goes, feeds it the points its search space can produce: launchers/optuna_space.py `SearchSpace.points`).
 
 Who starts the ranks matters to two keys (`Launch`): torchrun and a sweep launcher's multi-rank jobs
 pick their own rendezvous port, and torchrun and SLURM bind their ranks to cores themselves.
@@ -289,8 +290,8 @@ class SettingsRead:
                 self.read.add(key)
                 self.unread.pop(key, None)
 
-    def check(self) -> None:
-        """Raise InvalidConfig for the first setting given at some points and read at none."""
+    def check(self, only_point: str = "at the sweep's only point") -> None:
+        """Raise InvalidConfig for the first setting given at some points and read at none (`only_point`:
+        where, when one point gave it)."""
         for key, (rule, points) in self.unread.items():
-            where = "at the sweep's only point" if points == 1 else f"at any of the {points} points that set it"
-            raise unread(key, rule, where)
+            raise unread(key, rule, only_point if points == 1 else f"at any of the {points} points that set it")

@@ -20,6 +20,7 @@ from dpo_sweeps.config.schema import ModelConfig
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.models import gguf
 from dpo_sweeps.models.tokenizers import bpe_tokenizer, byte_tokenizer
+from dpo_sweeps.rundir.paths import writing
 
 SAVED_MODEL_DIR = "model"
 MODEL_SOURCES = ("a preset in conf/model/, a local folder with config.json, a hub name in the local cache, "
@@ -42,10 +43,11 @@ def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool)
             plain = AutoModelForCausalLM.from_config(policy.config)
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()  # assign= gave tied weights (e.g. embeddings and LM head) a tensor each: one again
-        try:
-            plain.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-        except Exception as exc:  # safetensors and tokenizers raise their own types for a full disk
+        try:  # safetensors and tokenizers raise their own types: `writing` names the path (or the file)
+            with writing(path):
+                plain.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+        except Exception as exc:
             if not is_disk_full(exc, path.parent):
                 raise
             shutil.rmtree(path, ignore_errors=True)  # half a model is no model

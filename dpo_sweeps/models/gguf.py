@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.rundir.paths import writing
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ def cached_folder(path: Path) -> Path | None:
         root.mkdir(parents=True, exist_ok=True)
         with _locked(entry.with_suffix(".lock")):
             if not (entry / COMPLETE).exists():  # another process may have filled it while we waited
-                _fill(path, entry)
+                with writing(entry):  # safetensors and tokenizers fail in their own types: an OSError here
+                    _fill(path, entry)
         return entry
     except OSError as exc:
         log.warning("model.gguf_file: cannot cache the dequantized model under %s (%s); loading %s directly "

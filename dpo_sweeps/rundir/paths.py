@@ -6,14 +6,19 @@ and temporary files (`$TMPDIR`). A write that fails there (a file where a folder
 permission, a read-only or full file system) ends the command with one line: the path, the
 problem, and the setting or environment variable that puts it elsewhere.
 
-A full disk is often reported by write() or close(), whose OSError names no file: the run's writes go
-through `writing(path)`, which names it, and an error that still names none is the run directory's.
+A full disk is often reported by write() or close(), whose OSError names no file, and libraries report
+a failed write in their own types (torch.save a RuntimeError, safetensors a SafetensorError, tokenizers
+a bare Exception, sqlite an OperationalError, torch.distributed.checkpoint a CheckpointException): the
+run's writes go through `writing(path)`, which raises every such failure again as an OSError naming the
+path (`failed_write`), marked as a write wherever it is (a cache, a study's storage), and an OSError
+that still names none is the run directory's.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,36 +68,123 @@ def mover_of(path: Path, run_dir: Path | None, setting: str) -> str:
     return setting
 
 
+# The attribute `writing` sets on the OSError it raises: a failed write of the run's, and what moves its
+# path ("" when the path tells: mover_of).
+WRITE_MARK = "dpo_sweeps_moved_by"
+# An errno in a library's message: Python's "[Errno 13]", Rust's "(os error 13)".
+_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)")
+
+
 @contextmanager
-def writing(path: Path | str) -> Iterator[None]:
-    """Around a write of `path`: an OSError that names no file (ENOSPC from write() or close(), EDQUOT,
-    EROFS) is raised again naming `path`, so it reads as every other failed write."""
+def writing(path: Path | str, moved_by: str = "", libraries: bool = True) -> Iterator[None]:
+    """Around a write of `path`: its failure, whatever raised it, is raised again as an OSError that names
+    the path (`failed_write`) and is marked as a write, so it reads as every other failed write;
+    `moved_by`: the setting that moves `path`, when its place does not tell (mover_of). `libraries=False`
+    around more than writes (a whole sweep): only OSErrors, as a library's error there may be another's."""
     try:
         yield
-    except OSError as exc:
-        if exc.filename is not None or exc.errno is None:
+    except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or not (libraries or isinstance(exc, OSError)):
             raise
-        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
+        failed = failed_write(exc, path, moved_by)
+        if failed is None:
+            raise
+        if failed is exc:
+            raise
+        raise failed from exc
+
+
+def failed_write(exc: BaseException, path: Path | str, moved_by: str = "") -> OSError | None:
+    """`exc`, raised while writing `path`, as the OSError of a path problem (PROBLEMS) naming the file
+    (the one it named, else `path`) and marked as a write; None when it is not one. A library's own type
+    counts when an OSError of the kind is in its chain, or its message gives the errno or the problem's
+    words, or else when `path` cannot be written now (`refused_write`). The run's own errors (a refusal,
+    a stop signal) are not write failures."""
+    from hydra.errors import HydraException
+
+    from dpo_sweeps.errors import RunFailure
+
+    if isinstance(exc, (RunFailure, HydraException)):  # a refusal (InvalidSweep is Hydra's kind), a stop signal
+        return None
+    if isinstance(exc, OSError):
+        if exc.errno is None:
+            return None
+        failed = exc if exc.filename is not None else OSError(exc.errno, exc.strerror, os.fspath(path))
+    else:
+        failed = _os_error_in(exc, path) or refused_write(path)
+        if failed is None or failed.errno not in PROBLEMS:
+            return None
+    if not hasattr(failed, WRITE_MARK):  # an inner `writing` knew better
+        setattr(failed, WRITE_MARK, moved_by)
+    return failed
+
+
+def _os_error_in(exc: BaseException, path: Path | str) -> OSError | None:
+    """The path problem a library's exception reports: an OSError in its chain, or its message's errno or words."""
+    seen: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in seen and len(seen) < 8:
+        seen.append(link)
+        if isinstance(link, OSError) and link.errno in PROBLEMS:
+            return OSError(link.errno, link.strerror, os.fspath(path) if link.filename is None else link.filename,
+                           None, link.filename2)
+        link = link.__cause__ or link.__context__
+    text = " ".join(str(e) for e in seen)
+    for match in _ERRNO_IN_TEXT.finditer(text):
+        code = int(match.group(1) or match.group(2))
+        if code in PROBLEMS:
+            return OSError(code, os.strerror(code), os.fspath(path))
+    code = next((c for c in PROBLEMS if os.strerror(c).lower() in text.lower()), None)
+    return OSError(code, os.strerror(code), os.fspath(path)) if code is not None else None
+
+
+def refused_write(path: Path | str) -> OSError | None:
+    """Why `path` cannot be written now, as an OSError naming it (None: it can). Its folder (or the nearest
+    one above a path not made yet) gets a one-byte file, removed at once: writers make files beside the one
+    they write (sqlite its journal, atomic writes their temporary file); an existing file is also opened to
+    append, which changes nothing; a file above it is a file where a folder must be."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    while not os.path.lexists(folder) and folder.parent != folder:
+        folder = folder.parent
+    try:
+        if not folder.is_dir():
+            return OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), os.fspath(path))
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+        try:
+            os.write(fd, b"\0")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        if path.is_file():
+            with open(path, "ab"):
+                pass
+    except OSError as exc:
+        return OSError(exc.errno, exc.strerror, os.fspath(path)) if exc.errno in PROBLEMS else None
+    return None
 
 
 def is_path_error(exc: BaseException, within: Path | None = None) -> bool:
     """A write that failed for its path (a folder's place, permissions, a read-only or full file system);
-    `within`: of a path under that folder (one that names no file counts as there)."""
+    `within`: of a path under that folder (one that names no file counts as there), or a write `writing`
+    reported, wherever it is (a cache, the study's storage)."""
     if not (isinstance(exc, OSError) and exc.errno in PROBLEMS
             and (exc.filename is not None or exc.errno in WRITE_ONLY)):
         return False
-    return within is None or _under(failed_path(exc, Path(within)), Path(within))
+    return within is None or hasattr(exc, WRITE_MARK) or _under(failed_path(exc, Path(within)), Path(within))
 
 
 def failed_path(exc: OSError, run_dir: Path | None) -> Path | None:
-    """The path `exc` names; one that names none failed in `run_dir` (the run's writes name theirs)."""
-    return Path(os.fsdecode(exc.filename)) if exc.filename is not None else run_dir
+    """The path `exc` names (a rename's target: what an atomic write writes, not its temporary file); one
+    that names none failed in `run_dir` (the run's writes name theirs)."""
+    named = getattr(exc, "filename2", None) or exc.filename
+    return Path(os.fsdecode(named)) if named is not None else run_dir
 
 
 def unwritable_text(exc: OSError, run_dir: Path | None, setting: str) -> tuple[str, str, str]:
     """(what moves it, the problem, what is accepted) of a failed write of `exc`'s path."""
     path = failed_path(exc, run_dir)
-    mover = mover_of(path, run_dir, setting) if path is not None else setting
+    mover = getattr(exc, WRITE_MARK, "") or (mover_of(path, run_dir, setting) if path is not None else setting)
     where = f"'{path}'" if path is not None else "the run directory"
     room = exc.errno in (errno.ENOSPC, errno.EDQUOT)
     return (mover.removeprefix("the ").removesuffix(" environment variable"),

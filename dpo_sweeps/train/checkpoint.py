@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
+from dpo_sweeps.rundir.paths import failed_write
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,9 @@ class Checkpointer:
                 shutil.rmtree(tmp, ignore_errors=True)
             if full:
                 raise DiskFull(f"no space left on device writing checkpoint {tmp}") from exc
+            failed = failed_write(exc, tmp)  # no permission, a read-only file system: named, whoever raised it
+            if failed is not None and failed is not exc:
+                raise failed from exc
             if isinstance(exc, CheckpointException):
                 raise RuntimeError(f"checkpoint {tmp} not written: {str(exc).strip().splitlines()[-1]}") from exc
             raise

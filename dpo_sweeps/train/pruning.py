@@ -83,27 +83,45 @@ class TrialLink:
 class TrialReporter:
     """Rank 0's connection to the study: `report(eval_metrics, step)` says whether to stop."""
 
-    def __init__(self, link: TrialLink):
+    def __init__(self, link: TrialLink, run_dir: Path | None = None):
         import optuna
 
         from dpo_sweeps.train.study_storage import open_storage
 
         self.link = link
-        storage = open_storage(link.storage, setting="trial.json storage")
-        study = optuna.load_study(study_name=link.study_name, storage=storage,
-                                  pruner=make_pruner(link.pruner, link.pruner_settings))
-        # The storage's id of trial N of this study (the sweeper knows the trial by its number).
-        trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(link.study_name),
-                                                                    link.trial_number)
+        self.sweep_dir = None if run_dir is None else Path(run_dir).parent  # a trial runs in <sweep dir>/N
+        with self.writing():
+            storage = open_storage(link.storage, setting="trial.json storage")
+            study = optuna.load_study(study_name=link.study_name, storage=storage,
+                                      pruner=make_pruner(link.pruner, link.pruner_settings))
+            # The storage's id of trial N of this study (the sweeper knows the trial by its number).
+            trial_id = storage.get_trial_id_from_study_id_trial_number(
+                storage.get_study_id_from_name(link.study_name), link.trial_number)
         self.trial = optuna.trial.Trial(study, trial_id)
         self.pruned_at: tuple[int, float] | None = None
+
+    def writing(self) -> Any:
+        """`writing` the study's storage file (sqlite and journal storages), so that a failed write there
+        names it and what moves it: hydra.sweep.dir in the sweep directory (the default), else
+        hydra.sweeper.storage (as the sweeper says it)."""
+        import contextlib
+
+        from dpo_sweeps.rundir.paths import writing
+        from dpo_sweeps.train.study_storage import storage_file
+
+        file = storage_file(self.link.storage) if self.link.storage else None
+        if file is None:
+            return contextlib.nullcontext()
+        inside = self.sweep_dir is not None and Path(file).resolve().is_relative_to(self.sweep_dir.resolve())
+        return writing(file, moved_by="hydra.sweep.dir" if inside else "hydra.sweeper.storage")
 
     def report(self, eval_metrics: dict[str, Any], step: int) -> bool:
         """Record the objective at `step`; True when the pruner stops this trial."""
         value = eval_metrics.get(self.link.objective)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             return False  # nothing to judge the trial by; the sweeper tells the final state
-        self.trial.report(float(value), step)
+        with self.writing():
+            self.trial.report(float(value), step)
         if self.trial.should_prune():
             self.pruned_at = (step, float(value))
             return True

@@ -34,6 +34,15 @@ def storage_spec(storage: str) -> str:
     return storage
 
 
+def storage_file(storage: str) -> str | None:
+    """The file a sqlite or journal storage writes (None for a database server's)."""
+    spec = storage_spec(storage)
+    for prefix in (JOURNAL, SQLITE):
+        if spec.startswith(prefix):
+            return spec[len(prefix):].split("?", 1)[0]
+    return None
+
+
 def open_storage(storage: str, setting: str = "hydra.sweeper.storage") -> Any:
     """The Optuna storage object for `storage` (see the module docstring); raises StorageRefused."""
     import optuna

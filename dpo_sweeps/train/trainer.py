@@ -136,7 +136,7 @@ class Trainer:
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
-            self.trial_reporter = TrialReporter(self.trial_link)
+            self.trial_reporter = TrialReporter(self.trial_link, self.ctx.run_dir)
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, %s, mesh %s", cfg.model.name_or_path,
                      self.num_params / 1e6, env.world_size, self.plan.label, self.plan.mesh)

@@ -3,6 +3,7 @@ path and the setting that moves it; a cache that cannot be written is skipped wi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -143,24 +144,73 @@ def test_a_disk_that_fills_during_the_run_is_one_line_naming_the_file_and_the_su
 NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-dac_override,-dac_read_search"]
 
 
-@pytest.mark.parametrize("where", ["run_dir", pytest.param("checkpoints", marks=pytest.mark.slow)])
-def test_no_permission_to_write_is_one_line_naming_the_path_and_setting(tmp_path, where):
+def needs_no_dac():
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv (to drop the capability that overrides file permissions)")
+
+
+@pytest.mark.parametrize("where", ["run_dir", pytest.param("checkpoints", marks=pytest.mark.slow), "model"])
+def test_no_permission_to_write_is_one_line_naming_the_path_and_setting(tmp_path, where):
+    needs_no_dac()
     run_dir = tmp_path / "run"
-    locked = run_dir if where == "run_dir" else run_dir / "checkpoints"
+    locked = {"run_dir": run_dir, "checkpoints": run_dir / "checkpoints", "model": run_dir / "model"}[where]
     locked.mkdir(parents=True)
+    if where == "model":  # its files can be written, a new one cannot: safetensors fails in its own type
+        for name in ("config.json", "generation_config.json"):
+            (locked / name).write_text("{}\n")
+            (locked / name).chmod(0o666)
     locked.chmod(0o555)
     args = [*NO_DAC, sys.executable, "-m", "dpo_sweeps", *QUIET, *TINY, "checkpoint.every_steps=1",
-            f"hydra.run.dir={run_dir}"]
+            f"train.save_model={where == 'model'}", f"hydra.run.dir={run_dir}"]
     result = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     line = one_error_line(result.stderr)
-    written = f"{run_dir / '.lock'}" if where == "run_dir" else f"{locked / 'step_1.tmp'}"
+    written = {"run_dir": run_dir / ".lock", "checkpoints": locked / "step_1.tmp", "model": locked}[where]
     assert f"cannot write '{written}': permission denied" in line and "hydra.run.dir moves it" in line, line
-    if where == "checkpoints":  # during the run: recorded, the step's metrics kept
+    if where != "run_dir":  # during the run: recorded, the step's metrics kept
         assert line.startswith("error: run failed (crash): ")
         assert [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())] == [1, 1]
+        assert json.loads((run_dir / "summary.json").read_text())["failure"]["message"].startswith(
+            f"cannot write '{written}': permission denied (a path this user can create and write; hydra.run.dir")
+
+
+@pytest.mark.parametrize("how", ["no_permission", "read_only"])
+def test_each_library_s_failed_write_comes_out_as_an_os_error_naming_the_path(tmp_path, how, request):
+    """torch.save, DCP, safetensors, tokenizers and Optuna's storages report a folder they cannot write in
+    their own types; inside `writing(path)` (dpo_sweeps/rundir/paths.py) each is an OSError naming the path."""
+    if how == "no_permission":
+        needs_no_dac()
+        folder, prefix, code = tmp_path / "locked", NO_DAC, errno.EACCES
+        folder.mkdir()
+        folder.chmod(0o555)
+    else:
+        folder, prefix, code = request.getfixturevalue("read_only_run_dir"), [], errno.EROFS
+    args = [*prefix, sys.executable, str(REPO / "tests" / "support" / "library_writes.py"), str(folder)]
+    proc = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcomes = json.loads(proc.stdout.splitlines()[-1])
+    assert set(outcomes) == {"torch.save", "dcp.save", "safetensors", "tokenizers", "optuna sqlite", "optuna journal"}
+    files = {"torch.save": "state.pt", "dcp.save": "checkpoint", "safetensors": "model.safetensors",
+             "tokenizers": "tokenizer.json", "optuna sqlite": "optuna.db", "optuna journal": "optuna.journal"}
+    assert outcomes == {name: {"errno": code, "file": str(folder / f)} for name, f in files.items()}
+
+
+def test_an_optuna_study_whose_storage_cannot_be_written_is_one_line_naming_it(read_only_run_dir, tmp_path):
+    from support.sweeps import run_sweep
+
+    study = ["hydra/sweeper=optuna", "loss.beta=interval(0.05, 0.5)", "hydra.sweeper.n_trials=1"]
+    in_sweep_dir = run_sweep(read_only_run_dir, *study, timeout=120)
+    assert in_sweep_dir.returncode == 1
+    assert one_error_line(in_sweep_dir.stderr) == (
+        f"error: hydra.sweep.dir: cannot write '{read_only_run_dir / 'optuna.db'}': a read-only file system "
+        "(accepted: a path this user can create and write; hydra.sweep.dir moves it)")
+    journal = read_only_run_dir / "study.journal"
+    elsewhere = run_sweep(tmp_path / "sweep", *study, f"hydra.sweeper.storage=journal:{journal}", timeout=120)
+    assert elsewhere.returncode == 1
+    assert one_error_line(elsewhere.stderr) == (
+        f"error: hydra.sweeper.storage: cannot write '{journal}': a read-only file system "
+        "(accepted: a path this user can create and write; hydra.sweeper.storage moves it)")
+    assert not list((tmp_path / "sweep").glob("*"))  # no trial started
 
 
 def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path):

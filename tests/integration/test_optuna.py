@@ -160,6 +160,37 @@ def test_pruner_settings_that_cannot_work_are_refused_before_any_trial(tmp_path,
     assert not (sweep_dir / "0").exists()
 
 
+def test_a_setting_no_point_of_the_search_space_reads_is_refused_before_the_study(tmp_path):
+    # An earlier study's sweep directory: the refusal leaves it as it was.
+    sweep_dir = tmp_path / "study"
+    (sweep_dir / "0").mkdir(parents=True)
+    (sweep_dir / "optuna.db").write_bytes(b"an earlier study")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in sweep_dir.rglob("*"))
+    searched = ["hydra/sweeper=optuna", "loss=choice(sigmoid,ipo)", "loss.beta=interval(0.05, 0.5)"]
+    hint = run_sweep(sweep_dir, *searched, "model.install_hint=pip install x", timeout=120)
+    assert hint.returncode == 1 and hint.stderr.strip().splitlines()[-1] == (
+        "error: model.install_hint: set, but not read at any of the 2 points that set it: it is shown only when a "
+        "model.gguf_file cannot be found (accepted: a model.gguf_file; or leave model.install_hint out); no job was "
+        "started"), hint.output[-2000:]
+    # A searched key is a setting too; an interval alone is one point, at its middle.
+    groups = run_sweep(sweep_dir, "hydra/sweeper=optuna", "fsdp=choice(full_shard,shard_grad_op)",
+                       "resources.nproc_per_node=2", "fsdp.hybrid_group_size=choice(1, 2)", timeout=120)
+    assert groups.returncode == 1 and groups.stderr.strip().splitlines()[-1].startswith(
+        "error: fsdp.hybrid_group_size: set, but not read at any of the 4 points that set it: only hybrid_shard "
+        "has shard groups"), groups.output[-2000:]
+    one = run_sweep(sweep_dir, "hydra/sweeper=optuna", "loss.beta=interval(0.05, 0.5)", "faults.step=3", timeout=120)
+    assert one.returncode == 1 and one.stderr.strip().splitlines()[-1].startswith(
+        "error: faults.step: set, but not read at the one point of the search space checked: no fault is injected"
+    ), one.output[-2000:]
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in sweep_dir.rglob("*")) == before
+    # Read at some points of the space (with hybrid_shard, or at sample_prompts=2): the study goes on.
+    some = run_sweep(tmp_path / "some", "hydra/sweeper=optuna", "fsdp=choice(full_shard,hybrid_shard)",
+                     "resources.nproc_per_node=2", "fsdp.hybrid_group_size=2", "train.save_model=true",
+                     "train.sample_prompts=range(0, 3, step=2)", "train.sample_max_new_tokens=4",
+                     "hydra.sweeper.dry_run=true", timeout=120)
+    assert some.returncode == 0 and "dry run: study 'dpo_sweeps'" in some.stdout, some.output[-2000:]
+
+
 def test_idle_slot_time_counts_empty_slots_until_the_last_trial_starts():
     from dpo_sweeps.launchers.trial_slots import SlotRun, idle_slot_seconds
 

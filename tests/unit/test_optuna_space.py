@@ -105,3 +105,31 @@ def draws(seed, first_trials, sampler="RandomSampler"):
 def test_trials_are_drawn_from_the_seed_and_their_number_not_one_stream_per_process():
     assert draws(0, 4) == draws(0, 4)  # reproducible
     assert len(set(draws(0, 4))) == 4 and draws(1, 4) != draws(0, 4)
+
+
+def test_the_points_checked_before_a_study_are_its_choices_combined_with_intervals_at_their_middle():
+    from dpo_sweeps.launchers.optuna_space import combinations
+
+    space = SearchSpace.parse(None, ["fsdp=choice(full_shard,hybrid_shard)", "loss.beta=tag(log, interval(0.01, 1.0))",
+                                     "train.sample_prompts=range(0, 3, step=2)", "precision=choice(fp32,bf16)",
+                                     "faults.step=3"])
+    points = space.points(config=None)
+    assert sorted(points) == sorted([f"fsdp={f}", "loss.beta=0.1", "train.sample_prompts=2", "precision=" + p,
+                                     "faults.step=3"] for f in ("full_shard", "hybrid_shard") for p in ("fp32", "bf16"))
+    # The grid sampler's points are its grid; enqueued trials are points too.
+    space = SearchSpace.parse(None, ["fsdp=choice(full_shard)", "train.sample_prompts=range(0, 3, step=2)"])
+    grid = space.points(None, grid=space.grid(), enqueued=[{"train.sample_prompts": 2}])
+    assert grid == [["fsdp=full_shard", "train.sample_prompts=0"], ["fsdp=full_shard", "train.sample_prompts=2"],
+                    ["fsdp=full_shard", "train.sample_prompts=2"]]
+    # Past the limit, a sample: every value of every key at least once.
+    values = {"loss": [f"l{i}" for i in range(23)], "precision": ["fp32", "bf16", "fp16"]}
+    sample = combinations(values, limit=32)
+    assert len(sample) == 32 == len({tuple(c.values()) for c in sample})
+    assert all({c[k] for c in sample} == set(v) for k, v in values.items())
+    assert len(combinations(values, limit=69)) == 69
+
+
+def test_the_middle_of_an_interval_or_range_is_inside_it_and_on_its_step():
+    d = dims("a=interval(0, 1)", "b=range(0.1, 0.6, step=0.25)", "c=int(interval(1, 8))", "e=range(4, 5)")
+    assert [d[k].middle() for k in "abce"] == [0.5, 0.35, 5, 4]
+    assert dims("x=tag(log, interval(1e-4, 1e-2))")["x"].middle() == pytest.approx(1e-3)
