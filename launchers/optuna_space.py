@@ -191,6 +191,12 @@ class SearchSpace:
             optuna.logging.set_verbosity(level)
         return points
 
+    def every_point_checked(self, grid: dict[str, list[Any]] | None = None, limit: int = MAX_POINTS) -> bool:
+        """Whether `points` covers every combination of the categorical keys: not when it draws a sample
+        of them, nor when a custom function may suggest more than it is shown here."""
+        values = grid or {name: d.choices for name, d in self.dimensions.items() if d.kind == "categorical"}
+        return self.custom is None and math.prod(len(v) for v in values.values()) <= limit
+
     def grid(self) -> dict[str, list[Any]]:
         return {name: d.grid_values() for name, d in self.dimensions.items()}
 

@@ -244,7 +244,8 @@ class OptunaSweeper(Sweeper):
             raise InvalidSweep(str(exc)) from None
         # Settings no trial would read are refused before the study starts, as a grid refuses its own.
         refuse_unread_settings(self.hydra_context, self.config, space.points(self.config, grid, self.enqueue_trials),
-                               self.trials.inner, only_point="at the one point of the search space checked")
+                               self.trials.inner, only_point="at the one point of the search space checked",
+                               sample=not space.every_point_checked(grid))
         storage = self._open_storage()
         numbered = numbered_runs(sweep_dir)  # before the count: another worker may be adding trials and runs
         existing = existing_trials(storage, self.study_name)

@@ -146,11 +146,12 @@ def compose_and_check(
 
 
 def refuse_unread_settings(hydra_context: HydraContext, master_config: DictConfig, points: Sequence[Sequence[str]],
-                           launcher: Any, only_point: str) -> None:
+                           launcher: Any, only_point: str, sample: bool = False) -> None:
     """Raise InvalidSweep for a setting `points` give that none of them reads (dpo_sweeps/config/unused.py).
     For points drawn from a search space (an Optuna study's): each is composed and typed, nothing more, and
     only while a setting it gives is still unread; one that cannot be composed or typed is left out (its
-    trial is refused when drawn)."""
+    trial is refused when drawn). `sample`: the points are a sample of those the sweep can run, where an
+    unread setting may still be read at a point not drawn: it is a warning, not a refusal."""
     checked = CheckedConfig()
     settings = SettingsRead(_launch_of(launcher))
     for num, overrides in enumerate(points):
@@ -162,6 +163,10 @@ def refuse_unread_settings(hydra_context: HydraContext, master_config: DictConfi
     try:
         settings.check(only_point)
     except InvalidConfig as exc:
+        if sample:
+            log.warning("%s (checked on %d points drawn from the search space, which may not hold the one that "
+                        "reads it; the study starts)", exc, len(points))
+            return
         raise InvalidSweep(f"{exc}; no job was started") from None
 
 

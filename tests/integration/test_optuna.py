@@ -189,6 +189,13 @@ def test_a_setting_no_point_of_the_search_space_reads_is_refused_before_the_stud
                      "train.sample_prompts=range(0, 3, step=2)", "train.sample_max_new_tokens=4",
                      "hydra.sweeper.dry_run=true", timeout=120)
     assert some.returncode == 0 and "dry run: study 'dpo_sweeps'" in some.stdout, some.output[-2000:]
+    # Past 32 combinations the points are a sample, which may miss the one that reads a setting: a warning.
+    sampled = run_sweep(tmp_path / "sampled", "hydra/sweeper=optuna", "loss=choice(sigmoid,ipo,hinge,robust,simpo,orpo)",
+                        "precision=choice(fp32,bf16,fp16)", "train.micro_batch_size=choice(1,2)", "faults.step=3",
+                        "hydra.sweeper.dry_run=true", timeout=120)
+    assert sampled.returncode == 0 and "dry run: study 'dpo_sweeps'" in sampled.stdout, sampled.output[-2000:]
+    assert "faults.step: set, but not read at any of the 32 points that set it" in sampled.output
+    assert "drawn from the search space" in sampled.output
 
 
 def test_idle_slot_time_counts_empty_slots_until_the_last_trial_starts():
