@@ -110,7 +110,10 @@ def model_states(model: ModelShape, run: RunShape) -> int:
 
 def gathered_params(model: ModelShape, run: RunShape) -> int:
     """The unsharded compute copies FSDP holds: every block kept gathered from forward to backward, or the
-    root plus the block in use and the next one when resharded after forward."""
+    root plus the block in use and the next one when resharded after forward. None without fully_shard
+    (one fp32 rank): the model computes with its own weights, counted in the model states."""
+    if not run.fully_sharded:
+        return 0
     pb = DTYPES[run.param_dtype].bytes
     if not run.reshard_after_forward:
         return pb * model.num_params
@@ -168,27 +171,36 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     glibc serves a large allocation by mmap, and returns it to the system when freed, only until the
     first such block is freed: then its mmap threshold rises to that size (dynamic threshold, mallopt(3))
     and later tensors up to it come from the heap, which keeps freed memory for reuse. A freed buffer's
-    hole stays resident when tensors allocated after it land inside it: under fully_shard each unit's
-    flat all-gather output is freed once its parameters are copied out, and the activations the unit
-    then saves split that hole, so the next unit's gather takes fresh heap: one gathered copy of the
-    model per pass (forward, and backward's regather when resharded after forward; measured block by
-    block on SmolLM2: the heap grew by one gathered block per block). Likewise the unsharded gradients
-    (compute dtype), freed once copied into the flat reduce-scatter input (reduce dtype), and the
-    optimizer's temporaries (AdamW's foreach step computes one fp32 shard-sized tensor). Buffers of
-    MMAP_THRESHOLD_MAX or more are always mmapped and given back (SmolLM2's 49,152 x 576 embedding),
-    so only units below it count. Fixing the threshold (MALLOC_MMAP_THRESHOLD_) returns all of this but
-    makes a CPU step slower (every large tensor then page-faults in afresh): bench/README.md.
+    hole stays resident when tensors allocated after it land inside it, so that the next buffer of its
+    size takes fresh heap. Counted once each (measured per phase and per block on SmolLM2 and the toy
+    models: bench/README.md): the optimizer's temporary (AdamW's foreach step computes one fp32
+    shard-sized tensor); and, per fully_shard unit, the gathers split by activations (`_split_gathers`)
+    and, in backward, the unsharded gradients and the unsharded parameters, both in the compute dtype,
+    freed while the activation gradient passed to the next block sits between them. The flat
+    reduce-scatter input (reduce dtype) is allocated and freed with nothing kept in between, and the next
+    block's takes its place: in bf16 the heap kept half of fp32's, though gradients are reduced in fp32.
+    Buffers of MMAP_THRESHOLD_MAX or more are always mmapped and given back (SmolLM2's 49,152 x 576
+    embedding), so only units below it count. Fixing the threshold (MALLOC_MMAP_THRESHOLD_) returns all of
+    this but makes a CPU step slower (every large tensor then page-faults in afresh): bench/README.md.
     """
     s = max(1, run.shard_group_size)
     units = [model.root_params] + [model.block_params] * model.num_layers  # FSDP units: the root, one per block
     kept = sum(_heap_sized(4 * u // s) for u in units)  # the optimizer step's fp32 temporary
     if run.fully_sharded:
-        pb, rb = DTYPES[run.param_dtype].bytes, DTYPES[run.reduce_dtype].bytes
-        passes = 2 if run.reshard_after_forward else 1  # forward, and backward's regather
-        for u in units:
-            kept += passes * _heap_sized(pb * u)  # the flat all-gather output, split by the saved activations
-            kept += _heap_sized(pb * u) + _heap_sized(rb * u)  # unsharded gradients, the reduce-scatter input
+        pb = DTYPES[run.param_dtype].bytes
+        kept += sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)
     return kept
+
+
+def _split_gathers(run: RunShape) -> int:
+    """Passes in which a unit's flat all-gather output, freed once its parameters are copied out, is split
+    by the activations the unit then saves, so the next unit's gather takes fresh heap (measured block by
+    block on SmolLM2: the heap grew by one gathered block per block): the forward, and backward's regather
+    when resharded after forward. A checkpointed block saves only its input, and the next gather reuses
+    the hole; a shard group of one gathers nothing (FSDP2 copies the shard into the unsharded parameter)."""
+    if run.shard_group_size <= 1:
+        return 0
+    return (0 if run.activation_checkpointing else 1) + (1 if run.reshard_after_forward else 0)
 
 
 def _heap_sized(nbytes: int) -> int:

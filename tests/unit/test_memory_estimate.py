@@ -1,4 +1,4 @@
-"""The memory estimate's CPU heap term on a SmolLM2-shaped model (dpo_sweeps/parallel/memory_estimate.py)."""
+"""The memory estimate's CPU terms on a SmolLM2-shaped model (dpo_sweeps/parallel/memory_estimate.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dpo_sweeps.parallel.memory_estimate import (
     ModelShape,
     RunShape,
     estimate_peak_memory,
+    gathered_params,
     heap_kept,
 )
 
@@ -24,25 +25,37 @@ FULL_SHARD = RunShape(shard_group_size=2, param_dtype="float32", optimizer="adam
 def test_the_embedding_is_mmapped_so_only_the_blocks_buffers_stay_in_the_heap():
     # The 49,152 x 576 embedding is over glibc's mmap ceiling in fp32 and in bf16; one block is not.
     assert 2 * SMOLLM2.root_params >= MMAP_THRESHOLD_MAX > 4 * SMOLLM2.block_params
-    # AdamW's fp32 temporary of a block shard; then per block: forward's and backward's gathered copy,
-    # the unsharded gradients and the reduce-scatter input.
-    assert heap_kept(SMOLLM2, FULL_SHARD) == 4 * BLOCKS // 2 + (2 * 4 + 4 + 4) * BLOCKS
-    bf16 = dataclasses.replace(FULL_SHARD, param_dtype="bfloat16")
-    assert heap_kept(SMOLLM2, bf16) == 4 * BLOCKS // 2 + (2 * 2 + 2 + 4) * BLOCKS  # fp32 reduce-scatter input
+    # AdamW's fp32 temporary of a block shard; then per block: forward's and backward's split gathers,
+    # the unsharded gradients and the unsharded parameters freed in backward.
+    assert heap_kept(SMOLLM2, FULL_SHARD) == 4 * BLOCKS // 2 + 4 * 4 * BLOCKS
 
 
-def test_parameters_kept_gathered_are_gathered_once_and_one_rank_keeps_only_the_optimizer_temporary():
+def test_the_kept_buffers_are_in_the_compute_dtype_not_the_reduce_dtype():
+    bf16 = dataclasses.replace(FULL_SHARD, param_dtype="bfloat16", reduce_dtype="float32")
+    assert heap_kept(SMOLLM2, bf16) == 4 * BLOCKS // 2 + 4 * 2 * BLOCKS  # the fp32 optimizer temporary stays
+
+
+def test_fewer_gathers_are_split_when_kept_gathered_checkpointed_or_unsharded():
+    full = heap_kept(SMOLLM2, FULL_SHARD)
     kept_gathered = dataclasses.replace(FULL_SHARD, reshard_after_forward=False)
-    assert heap_kept(SMOLLM2, FULL_SHARD) - heap_kept(SMOLLM2, kept_gathered) == 4 * BLOCKS  # no regather
+    assert full - heap_kept(SMOLLM2, kept_gathered) == 4 * BLOCKS  # no regather in backward
+    checkpointed = dataclasses.replace(FULL_SHARD, activation_checkpointing=True)
+    assert full - heap_kept(SMOLLM2, checkpointed) == 4 * BLOCKS  # forward saves only the blocks' inputs
+    no_shard = dataclasses.replace(FULL_SHARD, shard_group_size=1, reshard_after_forward=False)
+    assert heap_kept(SMOLLM2, no_shard) == 4 * BLOCKS + 2 * 4 * BLOCKS  # nothing gathered: no flat buffer
+
+
+def test_one_rank_without_fully_shard_has_no_gathered_copies_and_keeps_only_the_optimizer_temporary():
     one_rank = dataclasses.replace(FULL_SHARD, shard_group_size=1, fully_sharded=False)
-    assert heap_kept(SMOLLM2, one_rank) == 4 * BLOCKS  # no FSDP buffers; the embedding's temporary is mmapped
+    assert gathered_params(SMOLLM2, one_rank) == 0 < gathered_params(SMOLLM2, FULL_SHARD)
+    assert heap_kept(SMOLLM2, one_rank) == 4 * BLOCKS  # the embedding's temporary is mmapped
 
 
 def test_a_small_model_keeps_every_units_buffers_in_the_heap():
     tiny = ModelShape(num_params=4_470_272, num_layers=4, hidden=256, intermediate=1024, vocab=4096)  # bench_gpt2
     p = tiny.root_params + tiny.num_layers * tiny.block_params
     assert heap_kept(tiny, FULL_SHARD) == 4 * tiny.root_params // 2 + 4 * tiny.num_layers * tiny.block_params // 2 \
-        + (2 * 4 + 4 + 4) * p
+        + 4 * 4 * p
 
 
 def test_on_a_cpu_the_heap_term_and_the_runtime_come_on_top_of_the_tensors():
