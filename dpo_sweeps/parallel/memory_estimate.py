@@ -34,7 +34,13 @@ from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan
 
 GIB = 1024**3
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "rmsprop": 4}
-CPU_RUNTIME = 110 * 2**20  # resident memory of a training torch CPU process beyond its tensors (measured)
+# What a training torch CPU process gains beyond its tensors once it has built a model and stepped: the
+# model's code (transformers' modules, about 45 MiB), the process group, autograd and kernel pages, thread
+# pools (measured phase by phase: bench/README.md).
+CPU_RUNTIME = 66 * 2**20
+# glibc serves an allocation this large or larger by mmap whatever its dynamic threshold has risen to
+# (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, mallopt(3)), and unmaps it when freed: it never stays in the heap.
+MMAP_THRESHOLD_MAX = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -94,30 +100,112 @@ class MemoryEstimate:
     heap_kept: int = 0  # CPU: freed step buffers glibc's heap keeps resident (heap_kept)
 
 
+def model_states(model: ModelShape, run: RunShape) -> int:
+    """fp32 master weights, fp32 gradients and the optimizer's moments, sharded (ZeRO, sec. 3.1). Under CPU
+    offload they live in CPU memory, not on the device."""
+    if run.cpu_offload:
+        return 0
+    return (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * model.num_params // max(1, run.shard_group_size)
+
+
+def gathered_params(model: ModelShape, run: RunShape) -> int:
+    """The unsharded compute copies FSDP holds: every block kept gathered from forward to backward, or the
+    root plus the block in use and the next one when resharded after forward. None without fully_shard
+    (one fp32 rank): the model computes with its own weights, counted in the model states."""
+    if not run.fully_sharded:
+        return 0
+    pb = DTYPES[run.param_dtype].bytes
+    if not run.reshard_after_forward:
+        return pb * model.num_params
+    return pb * (model.root_params + 2 * model.block_params)
+
+
+def reference(model: ModelShape, run: RunShape) -> int:
+    """A reference model run in every step (not precomputed): its shard and the blocks it gathers."""
+    if not run.uses_reference or run.precompute_reference_logps:
+        return 0
+    pb = DTYPES[run.param_dtype].bytes
+    shard = 0 if run.cpu_offload else pb * model.num_params // max(1, run.shard_group_size)
+    return shard + pb * 2 * model.block_params
+
+
+def activations(model: ModelShape, run: RunShape) -> int:
+    """Saved activations (Korthikanti et al. 2022, sec. 4.1; counts measured on the Hugging Face blocks):
+    8 h + 5 i values per token and layer, the padding masks, and backward's working gradients."""
+    pb = DTYPES[run.param_dtype].bytes
+    rows = _rows(run)
+    tokens = rows * run.seq_len
+    # A checkpointed block saves only its input; its own activations exist for one block at a time, in backward.
+    saving_layers = 1 if run.activation_checkpointing else model.num_layers
+    total = tokens * saving_layers * (8 * model.hidden + 5 * model.intermediate) * pb
+    if run.activation_checkpointing:
+        total += tokens * model.num_layers * model.hidden * pb
+    total += tokens * model.hidden * pb * 2  # embeddings output and final norm
+    total += 4 * tokens * model.intermediate * pb  # backward's working gradients
+    if run.share_prompt:
+        total += rows * run.seq_len * run.seq_len  # one 4-D boolean mask, shared by the layers
+    else:
+        total += saving_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
+    return total
+
+
+def logits(model: ModelShape, run: RunShape) -> int:
+    """The LM head's output: [rows, L, V] logits, their fp32 log-softmax and its gradient; or, chunked
+    (train.logps_chunk_size), the scored positions' hidden states and three fp32 chunks of logits."""
+    pb = DTYPES[run.param_dtype].bytes
+    tokens = _rows(run) * run.seq_len
+    if run.logps_chunk_size:
+        scored = int(tokens * run.response_fraction)
+        return scored * model.hidden * pb + 3 * min(run.logps_chunk_size, scored) * model.vocab * 4
+    return tokens * model.vocab * (pb + 4 + 4 + (4 if pb != 4 else 0))
+
+
+def _rows(run: RunShape) -> int:
+    """Rows of a micro-batch: chosen and rejected each, or one prefix-shared row per pair."""
+    return run.micro_batch_size * (1 if run.share_prompt else 2)
+
+
 def heap_kept(model: ModelShape, run: RunShape) -> int:
     """Bytes of the buffers a CPU training step allocates and frees that glibc's heap keeps resident.
 
     glibc serves a large allocation by mmap, and returns it to the system when freed, only until the
     first such block is freed: then its mmap threshold rises to that size (dynamic threshold, mallopt(3))
-    and later tensors up to it come from the heap, which keeps freed memory for reuse. Holes between
-    tensors still alive cannot be given back, so the heap's footprint grows by the parameter-sized
-    buffers each step frees: the optimizer's temporaries (AdamW's foreach step computes one fp32
-    shard-sized tensor), and under fully_shard the all-gather buffers (FSDP2 gathers into one flat
-    buffer and copies it out into the unsharded parameters: twice the model in the compute dtype, for
-    forward and again for backward when resharded after forward) and the unsharded gradients with the
-    flat reduce-scatter input (reduce dtype) they are copied into. Activations are reallocated in the
-    same sizes and order every micro-batch and refill their own holes, so they are not counted twice.
-    Fixing the threshold (MALLOC_MMAP_THRESHOLD_) returns all of this but makes a CPU step slower
-    (every large tensor then page-faults in afresh): bench/README.md.
+    and later tensors up to it come from the heap, which keeps freed memory for reuse. A freed buffer's
+    hole stays resident when tensors allocated after it land inside it, so that the next buffer of its
+    size takes fresh heap. Counted once each (measured per phase and per block on SmolLM2 and the toy
+    models: bench/README.md): the optimizer's temporary (AdamW's foreach step computes one fp32
+    shard-sized tensor); and, per fully_shard unit, the gathers split by activations (`_split_gathers`)
+    and, in backward, the unsharded gradients and the unsharded parameters, both in the compute dtype,
+    freed while the activation gradient passed to the next block sits between them. The flat
+    reduce-scatter input (reduce dtype) is allocated and freed with nothing kept in between, and the next
+    block's takes its place: in bf16 the heap kept half of fp32's, though gradients are reduced in fp32.
+    Buffers of MMAP_THRESHOLD_MAX or more are always mmapped and given back (SmolLM2's 49,152 x 576
+    embedding), so only units below it count. Fixing the threshold (MALLOC_MMAP_THRESHOLD_) returns all of
+    this but makes a CPU step slower (every large tensor then page-faults in afresh): bench/README.md.
     """
-    p = model.num_params
-    kept = 4 * p // max(1, run.shard_group_size)  # the optimizer step's fp32 temporary
+    s = max(1, run.shard_group_size)
+    units = [model.root_params] + [model.block_params] * model.num_layers  # FSDP units: the root, one per block
+    kept = sum(_heap_sized(4 * u // s) for u in units)  # the optimizer step's fp32 temporary
     if run.fully_sharded:
-        pb, rb = DTYPES[run.param_dtype].bytes, DTYPES[run.reduce_dtype].bytes
-        gathers = 1 if not run.reshard_after_forward else 2  # forward, and backward's regather
-        kept += gathers * 2 * pb * p  # flat all-gather output and the unsharded copies
-        kept += (pb + rb) * p  # the unsharded gradients, and the flat reduce-scatter input they are copied into
+        pb = DTYPES[run.param_dtype].bytes
+        kept += sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)
     return kept
+
+
+def _split_gathers(run: RunShape) -> int:
+    """Passes in which a unit's flat all-gather output, freed once its parameters are copied out, is split
+    by the activations the unit then saves, so the next unit's gather takes fresh heap (measured block by
+    block on SmolLM2: the heap grew by one gathered block per block): the forward, and backward's regather
+    when resharded after forward. A checkpointed block saves only its input, and the next gather reuses
+    the hole; a shard group of one gathers nothing (FSDP2 copies the shard into the unsharded parameter)."""
+    if run.shard_group_size <= 1:
+        return 0
+    return (0 if run.activation_checkpointing else 1) + (1 if run.reshard_after_forward else 0)
+
+
+def _heap_sized(nbytes: int) -> int:
+    """`nbytes` if glibc serves a buffer of that size from its heap, else 0 (mmapped, returned when freed)."""
+    return nbytes if nbytes < MMAP_THRESHOLD_MAX else 0
 
 
 def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int = 0,
@@ -128,44 +216,12 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     is added to it, unless `runtime_resident`: the process trained before, so its runtime is in the
     baseline); 0 on a GPU, whose allocator counts tensors only.
     """
-    s = max(1, run.shard_group_size)
-    pb = DTYPES[run.param_dtype].bytes
-    p = model.num_params
-    # Under CPU offload the shards (and the optimizer that steps them) live in CPU memory; only the
-    # gathered compute copies and the activations are on the GPU.
-    on_device = 0 if run.cpu_offload else 1
-    model_states = on_device * (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * p // s
-    if not run.reshard_after_forward:
-        gathered = pb * p  # kept unsharded from forward to backward
-    else:
-        gathered = pb * (model.root_params + 2 * model.block_params)  # root plus the block in use and the next
-    reference = 0
-    if run.uses_reference and not run.precompute_reference_logps:
-        reference = on_device * pb * p // s + pb * 2 * model.block_params  # its shard, and the blocks it gathers
-    rows = run.micro_batch_size * (1 if run.share_prompt else 2)
-    tokens = rows * run.seq_len
-    # A checkpointed block saves only its input; its own activations exist for one block at a time, in backward.
-    saving_layers = 1 if run.activation_checkpointing else model.num_layers
-    activations = tokens * saving_layers * (8 * model.hidden + 5 * model.intermediate) * pb
-    if run.activation_checkpointing:
-        activations += tokens * model.num_layers * model.hidden * pb
-    activations += tokens * model.hidden * pb * 2  # embeddings output and final norm
-    activations += 4 * tokens * model.intermediate * pb  # backward's working gradients
-    if run.share_prompt:
-        activations += rows * run.seq_len * run.seq_len  # one 4-D boolean mask, shared by the layers
-    else:
-        activations += saving_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
-    if run.logps_chunk_size:
-        scored = int(tokens * run.response_fraction)
-        logits = scored * model.hidden * pb + 3 * min(run.logps_chunk_size, scored) * model.vocab * 4
-    else:
-        # logits (compute dtype), their fp32 log-softmax, and the gradient in backward
-        logits = tokens * model.vocab * (pb + 4 + 4 + (4 if pb != 4 else 0))
+    terms = (model_states(model, run), gathered_params(model, run), reference(model, run),
+             activations(model, run), logits(model, run))
     # A process that trained before (a probe batch's later runs) holds its runtime in the baseline already.
     baseline = baseline_bytes + (0 if runtime_resident else CPU_RUNTIME) if baseline_bytes else 0
     kept = heap_kept(model, run) if baseline_bytes else 0
-    total = model_states + gathered + reference + activations + logits + baseline + kept
-    return MemoryEstimate(model_states, gathered, reference, activations, logits, baseline, total, kept)
+    return MemoryEstimate(*terms, baseline, sum(terms) + baseline + kept, kept)
 
 
 def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:

@@ -98,7 +98,7 @@ def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_it
     # again, so it stays below the estimate of the same shape in a fresh process, which adds CPU_RUNTIME.
     estimate = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"]  # noqa: E731
     assert estimate(small) < estimate(alone.summary(0)), (estimate(small), estimate(alone.summary(0)))
-    # Counting it twice would put the estimate a quarter above the peak here. CPU_RUNTIME was measured on
+    # Counting it twice would add CPU_RUNTIME again, a sixth of the peak here. CPU_RUNTIME was measured on
     # one machine and differs by tens of MiB on another: bench/memory_estimate_error.py measures the error.
     for summary in (big, small, alone.summary(0)):
         assert abs(estimate(summary) / peak(summary) - 1) < 0.15, summary["metrics"]
