@@ -9,22 +9,12 @@ from pathlib import Path
 import hydra
 from hydra.errors import CompactHydraException
 
-from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
+from dpo_sweeps.config import config_dir
+from dpo_sweeps.config.schema_errors import group_refusal, one_line_message, schema_refusal
 from dpo_sweeps.errors import RunFailure, say
 from dpo_sweeps.rundir.paths import failed_path, is_path_error, unwritable_path
 from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c
 from dpo_sweeps.task import run
-
-
-def config_dir() -> str:
-    """conf/ beside the package in a source checkout or editable install, else the installed copy."""
-    source_tree = Path(__file__).resolve().parent.parent / "conf"
-    if (source_tree / "config.yaml").exists():
-        return str(source_tree)
-    import dpo_sweeps.conf as installed
-
-    return str(Path(installed.__file__).parent)
-
 
 # Wrapped here, not decorated at the definition: submitit must pickle `run` by reference.
 hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run)
@@ -50,7 +40,7 @@ def main() -> None:
         say(INTERRUPTED_BEFORE_START)
         sys.exit(130)
     except Exception as exc:
-        refusal = schema_refusal(exc)
+        refusal = schema_refusal(exc) or group_refusal(exc, sys.argv[1:])
         if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory, multirun.yaml
             refusal = unwritable_path(exc, _output_dir(exc), "hydra.sweep.dir" if _multirun() else "hydra.run.dir")
         if refusal is None and not isinstance(exc, (CompactHydraException, RunFailure)):

@@ -35,7 +35,7 @@ def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from dpo_sweeps.__main__ import config_dir
+    from dpo_sweeps.config import config_dir
     from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
 
     overrides = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]

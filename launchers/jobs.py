@@ -26,7 +26,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.schema_errors import schema_refusal
+from dpo_sweeps.config.schema_errors import group_refusal, schema_refusal
 from dpo_sweeps.launchers.compose import PointRecipe, SweepComposer, run_dir_of
 from dpo_sweeps.rundir.hashing import config_hash
 from dpo_sweeps.rundir.paths import writing
@@ -193,7 +193,8 @@ def compose_job(hydra_context: HydraContext, master_config: DictConfig, override
             task_config, run_dir = recipe.resolve(num)
             scrubbed = composer.scrubbed(recipe, task_config)
     except Exception as exc:  # Hydra raises several exception types here; all mean "this point is broken".
-        refusal = schema_refusal(exc)  # a key or value the schema refuses, named in one line
+        # a key or value the schema refuses, or a group given a value that is no option's name, in one line
+        refusal = schema_refusal(exc) or group_refusal(exc, list(overrides))
         message = str(refusal) if refusal else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JobCompositionError(message) from exc
     return SweepJob(num, list(overrides), None, task_config, config_hash(scrubbed), run_dir, recipe)

@@ -79,9 +79,13 @@ def schema_refusal(exc: BaseException) -> InvalidConfig | None:
 
 
 def _example(setting: str) -> str:
-    """An example value of `setting`: EXAMPLES, else one of its schema type."""
+    """An example value of `setting`: EXAMPLES, else the value a shipped config gives it (one the checks
+    accept), else one of its schema type."""
     if setting in EXAMPLES:
         return EXAMPLES[setting]
+    shipped = _shipped_value(setting)
+    if shipped is not None:
+        return shipped
     from dpo_sweeps.config import data_schema, schema
 
     names = {**vars(schema), **vars(data_schema)}
@@ -95,6 +99,48 @@ def _example(setting: str) -> str:
         node = names.get(type_name, type_name)
     inner = (type_name or "").removesuffix(" | None")
     return TYPE_EXAMPLES.get(inner, "a value of the type in dpo_sweeps/config/schema.py")
+
+
+def _shipped_value(setting: str) -> str | None:
+    """The value conf/config.yaml or a file of the setting's group (the default option first) gives `setting`."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from dpo_sweeps.config import config_dir
+
+    conf = Path(config_dir())
+    group, _, key = setting.partition(".")
+    defaults = OmegaConf.to_container(OmegaConf.load(conf / "config.yaml")).get("defaults", [])
+    default = next((d[group] for d in defaults if isinstance(d, dict) and group in d), None)
+    files = [(conf / "config.yaml", setting)] + [
+        (f, key) for f in sorted((conf / group).glob("*.yaml"), key=lambda f: (f.stem != default, f.stem))]
+    for path, name in files:
+        try:
+            value = OmegaConf.select(OmegaConf.load(path), name, default=None, throw_on_missing=False)
+        except Exception:  # an example is a courtesy: a file that does not load gives none
+            continue
+        if value is not None and not OmegaConf.is_config(value) and "${" not in str(value) and str(value) != "???":
+            return str(value).lower() if isinstance(value, bool) else str(value)
+    return None
+
+
+def group_refusal(exc: BaseException, overrides: list[str]) -> InvalidConfig | None:
+    """The InvalidConfig for a config group given a value that is not an option's name (`model=null`,
+    `data=1`), which Hydra reports as a bare ValueError; None for any other error."""
+    if not (isinstance(exc, ValueError) and str(exc).startswith("Config group override must be")):
+        return None
+    from pathlib import Path
+
+    from dpo_sweeps.config import config_dir
+
+    groups = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(config_dir()).iterdir() if p.is_dir()}
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in groups and value not in groups[key]:  # Hydra parsed it as null, a number or a bool
+            return InvalidConfig(key, f"got {value!r}: a config group takes the name of one of its options",
+                                 ", ".join(groups[key]))
+    return None
 
 
 def one_line_message(exc: BaseException) -> str:

@@ -235,3 +235,29 @@ def test_an_override_hydra_cannot_merge_says_why_in_one_line(override, text):
         _compose(override)
     message = one_line_message(caught.value)
     assert text in message and "\n" not in message, message
+
+
+def test_a_group_given_null_or_a_number_is_one_line_listing_its_options(tmp_path):
+    # Hydra parses `model=null` / `data=1` as null and a number, and raises a bare ValueError on them.
+    for args, group in ((["model=null"], "model"), (["data=1"], "data")):
+        run = _cli(tmp_path, *args, f"hydra.run.dir={tmp_path / 'run'}")
+        assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith(
+            f"error: {group}: got '{args[0].split('=')[1]}': a config group takes the name of one of its options"
+        ), run.stderr[-2000:]
+        assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+    from dpo_sweeps.config.schema_errors import group_refusal
+
+    refusal = group_refusal(ValueError("Config group override must be a string or a list. Got NoneType"),
+                            ["train.lr=1", "fsdp=null"])
+    assert refusal.setting == "fsdp" and "full_shard" in str(refusal) and "shard_grad_op" in str(refusal)
+    assert group_refusal(ValueError("another"), ["fsdp=null"]) is None
+
+
+@pytest.mark.parametrize("setting", ["data.max_length", "train.batch_size", "loss.beta", "precision.param_dtype"])
+def test_a_required_setting_left_unset_gets_an_example_the_checks_accept(setting):
+    with pytest.raises(Exception) as caught:  # as the CLI reads it (dpo_sweeps/app.py)
+        OmegaConf.to_container(_compose(f"{setting}=???"), resolve=True, throw_on_missing=True)
+    refusal = schema_refusal(caught.value)
+    assert str(refusal).startswith(f"{setting}: required, and not set (???)"), refusal
+    example = str(refusal).split(f"e.g. {setting}=", 1)[1].rstrip(")")
+    validate_config(_typed(_compose(f"{setting}={example}")), REPO)  # the example composes, types and passes
