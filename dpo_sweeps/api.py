@@ -25,6 +25,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.rundir.paths import remove_empty_run_dir
 from dpo_sweeps.rundir.summary import Summary
 
 
@@ -92,10 +93,7 @@ def train(config: DictConfig | Sequence[str] = ()) -> Summary:
         return train_config(task_cfg, HydraConfig.get())
     except RunRefused as exc:
         if exc.nothing_written:  # as the command leaves it: no empty run directory
-            try:
-                Path(HydraConfig.get().runtime.output_dir).rmdir()
-            except OSError:
-                pass
+            remove_empty_run_dir(HydraConfig.get().runtime.output_dir)
         raise exc.failure from None
     finally:
         hydra_config.cfg = before

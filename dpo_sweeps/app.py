@@ -30,7 +30,7 @@ from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_en
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
 from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.rundir.paths import is_path_error, unwritable_path
+from dpo_sweeps.rundir.paths import is_path_error, remove_empty_run_dir, unwritable_path
 from dpo_sweeps.rundir.secrets import redact_files, scrub_secrets, secret_values
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 from dpo_sweeps.runtime.context import RunContext, attempt_id
@@ -71,10 +71,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if multirun:
             raise RunFailed(str(exc.failure)) from None
         if exc.nothing_written:
-            try:
-                run_dir.rmdir()  # only ever an empty folder
-            except OSError:
-                pass
+            remove_empty_run_dir(run_dir)
         say(exc.line)
         sys.exit(1)
     if summary.status != Status.COMPLETED:

@@ -16,6 +16,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from dpo_sweeps.rundir.paths import remove_empty_run_dir
+
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one config (dpo_sweeps.app.run): returns the summary.json metrics; failed runs raise or exit 1."""
@@ -46,7 +48,4 @@ def drop_empty_run_dir() -> None:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
             root.removeHandler(handler)
             handler.close()
-    try:
-        run_dir.rmdir()
-    except OSError:
-        pass
+    remove_empty_run_dir(run_dir)

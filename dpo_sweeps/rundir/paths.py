@@ -212,3 +212,17 @@ def failed_write_message(exc: BaseException, message: str, run_dir: Path, settin
         message += f" [run directory {run_dir}]"
     return message if "moves it" in message else f"{message}; {mover_of(run_dir, run_dir, setting)} moves it"
 
+
+def remove_empty_run_dir(run_dir: Path | str) -> None:
+    """Remove a run directory Hydra made that nothing was written to, and the folders above it it made
+    with it (`outputs/<date>/`) while they are empty, up to the working directory. A folder that is not
+    empty stays, whoever wrote it."""
+    cwd = Path.cwd().resolve()
+    folder = Path(os.path.abspath(run_dir))
+    while folder != cwd and _under(folder, cwd):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone): the folders above are not ours to clean
+            return
+        folder = folder.parent
+

@@ -261,3 +261,12 @@ def test_a_required_setting_left_unset_gets_an_example_the_checks_accept(setting
     assert str(refusal).startswith(f"{setting}: required, and not set (???)"), refusal
     example = str(refusal).split(f"e.g. {setting}=", 1)[1].rstrip(")")
     validate_config(_typed(_compose(f"{setting}={example}")), REPO)  # the example composes, types and passes
+
+
+def test_a_refused_run_leaves_no_folder_of_hydras_default_run_dir(tmp_path):
+    # outputs/<date>/<time> is made by Hydra before the config is read; refused, all of it goes.
+    (tmp_path / "mine").mkdir()
+    run = subprocess.run([sys.executable, "-m", "dpo_sweeps", "data.max_length=???"], cwd=tmp_path, env=cli_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "data.max_length: required, and not set" in run.stderr, run.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
