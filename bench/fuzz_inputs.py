@@ -64,6 +64,8 @@ def main() -> int:
             ("data files", data_files(), lambda f: check_data_file(Path(folder), *f), args.files),
             ("override sets", OVERRIDE_SETS, check_and_run, args.overrides),
         ):
+            if n <= 0:  # --files 0: only the override sets
+                continue
             start = time.perf_counter()
             outcomes, broken = fuzz(name, strategy, check, n, args.seed)
             broken_all += broken

@@ -141,6 +141,9 @@ OVERRIDE = st.one_of(
               st.sampled_from([False, False, False, True])),
     st.sampled_from([f"{g}={c}" for g, choices in GROUPS.items() for c in choices]),
     st.builds(lambda g: f"{g}={GROUPS[g][0]}", st.sampled_from(list(GROUPS))),
+    # A group given what Hydra parses as no name (null, a number, a bool); a key or group deleted (~).
+    st.builds(lambda g, v: f"{g}={v}", st.sampled_from(list(GROUPS)), st.sampled_from(["null", "1", "0.5", "true"])),
+    st.builds(lambda k: f"~{k}", st.sampled_from(KEYS + tuple(GROUPS))),
 )
 OVERRIDE_SETS = st.lists(OVERRIDE, min_size=1, max_size=4)
 # What every override set is checked and run with first (a set may change any of it): quiet, one step, a
@@ -158,7 +161,7 @@ def check_overrides(overrides: list[str]) -> str:
     from hydra.errors import CompactHydraException
 
     from dpo_sweeps.config.schema import Config
-    from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
+    from dpo_sweeps.config.schema_errors import group_refusal, one_line_message, schema_refusal
     from dpo_sweeps.config.unused import check_settings_used
     from dpo_sweeps.config.validate import validate_config
 
@@ -169,7 +172,7 @@ def check_overrides(overrides: list[str]) -> str:
             cfg = compose(config_name="config", overrides=given)
             config = Config.of(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
         except Exception as exc:  # what the CLI prints in one line, or a traceback
-            refusal = schema_refusal(exc)
+            refusal = schema_refusal(exc) or group_refusal(exc, given)
             assert refusal is not None or isinstance(exc, CompactHydraException), f"{overrides}: {exc!r}"
             one_line(str(refusal) if refusal is not None else one_line_message(exc))
             return "refused: " + ("schema" if refusal is not None else type(exc).__name__)
