@@ -214,15 +214,20 @@ def failed_write_message(exc: BaseException, message: str, run_dir: Path, settin
 
 
 def remove_empty_run_dir(run_dir: Path | str) -> None:
-    """Remove a run directory Hydra made that nothing was written to, and the folders above it it made
-    with it (`outputs/<date>/`) while they are empty, up to the working directory. A folder that is not
-    empty stays, whoever wrote it."""
+    """Remove a run directory Hydra made that nothing was written to and, below the working directory,
+    the folders above it Hydra made with it (`outputs/<date>/`) while they are empty. A folder that is
+    not empty stays, whoever wrote it."""
     cwd = Path.cwd().resolve()
     folder = Path(os.path.abspath(run_dir))
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (or gone): the folders above are not ours to clean
+        return
+    folder = folder.parent
     while folder != cwd and _under(folder, cwd):
         try:
             folder.rmdir()
-        except OSError:  # not empty (or gone): the folders above are not ours to clean
+        except OSError:
             return
         folder = folder.parent
 
