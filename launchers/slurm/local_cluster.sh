@@ -603,6 +603,7 @@ start_slurmd() {
     fi
     say "starting slurmd (node $name, $ADVERTISED_CPUS CPUs advertised)"
     STARTED=$((STARTED + 1))
+    SLURMD_LAUNCHED[$name]=$(date +%s)
     if [ "$NODES" = 1 ]; then
         port_in_use "$SLURMD_PORT" && die "port $SLURMD_PORT (slurmd) is in use by another process (another cluster?)"
         slurmd -f "$SLURM_CONF_FILE" </dev/null >>"$LOG/slurmd.out" 2>&1 9>&- ||
@@ -632,8 +633,17 @@ stop_other_slurmds() {
 
 node_state() { timeout 15 sinfo -h -N -n "$1" -p "$PARTITION" -o %t 2>/dev/null | head -n1; }
 
+# The epoch second each slurmd this invocation launched was launched at (wait_node).
+declare -A SLURMD_LAUNCHED=()
+
 node_ok() {
-    case "$(node_state "$1")" in idle | mix | alloc | comp) return 0 ;; *) return 1 ;; esac
+    case "$(node_state "$1")" in idle | mix | alloc | comp) ;; *) return 1 ;; esac
+    # A slurmd just launched again (after kill-node) is up only once slurmctld has its registration: until
+    # then the node's state is the one from before the kill, and SlurmdTimeout may still mark it down.
+    local launched=${SLURMD_LAUNCHED[$1]:-} started
+    [ -n "$launched" ] || return 0
+    started=$(timeout 15 scontrol show node "$1" 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p' | head -n1)
+    [ -n "$started" ] && [ "$(date -d "$started" +%s 2>/dev/null || echo 0)" -ge "$launched" ]
 }
 
 # wait_node NAME : until the node is up (a node down from an earlier run is resumed once)
