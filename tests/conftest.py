@@ -42,7 +42,9 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`) a test file runs on one worker, so its module-scoped
     fixtures (a fault matrix, a sweep several tests read) run once; and every file with a test on the local
     SLURM cluster runs on one worker, one test at a time: those tests share one cluster, and some of them stop
-    its nodes. Without xdist the groups mean nothing and are not added."""
+    its nodes. Without xdist the groups mean nothing and are not added. Known not to work yet: the marks are
+    on the items, but xdist's scheduler does not group them (no `@group` in the node ids of a worker's run,
+    2026-12-03), so the full suite is not run under xdist in CI."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
 
