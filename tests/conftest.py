@@ -42,9 +42,10 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`) a test file runs on one worker, so its module-scoped
     fixtures (a fault matrix, a sweep several tests read) run once; and every file with a test on the local
     SLURM cluster runs on one worker, one test at a time: those tests share one cluster, and some of them stop
-    its nodes. Without xdist the groups mean nothing and are not added. Known not to work yet: the marks are
-    on the items, but xdist's scheduler does not group them (no `@group` in the node ids of a worker's run,
-    2026-12-03), so the full suite is not run under xdist in CI."""
+    its nodes. Without xdist the groups mean nothing and are not added. Known not to work yet: pytest-xdist
+    3.8 groups by appending `@group` to `item._nodeid`, which pytest 9.2's `nodeid` no longer reads (with
+    pytest 9.0.3 a test marked in `pytest_itemcollected` is grouped; with 9.2.0 not even a module's
+    `pytestmark` is), so the full suite is not run under xdist in CI."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
 
