@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from dpo_sweeps.launchers.optuna_sampler import constraints_per_trial
 from dpo_sweeps.launchers.optuna_space import SearchSpace
 from dpo_sweeps.launchers.trial_slots import SlotRun, TrialSlots
+from dpo_sweeps.rundir.atomic import write_text_atomic
 from dpo_sweeps.rundir.summary import Status, read_summary
 from dpo_sweeps.train.pruning import TrialLink
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
@@ -199,7 +200,7 @@ class AsyncStudy:
         runs = [{"num": r.job.num, "trial": r.tag, "started": r.started, "ended": r.ended}
                 for r in self.slots.timeline]
         record = {"n_jobs": self.slots.size, "started": self.started_at, "ended": self.ended_at, "runs": runs}
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        write_text_atomic(path, json.dumps(record, indent=1) + "\n")
 
     # ------------------------------------------------------------------ the result
     def save_results(self, path: Path) -> None:

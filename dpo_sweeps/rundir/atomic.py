@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -24,31 +24,29 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def temporary_beside(path: Path) -> Path:
+    """A fresh temporary name in `path`'s folder. Never a fixed one: two processes writing the same file
+    (two sweeps sharing one study folder write its multirun.yaml) would rename each other's temporary."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`path` through a temporary file, fsync and a rename: a reader never sees half of it, and a failed
+    write (a full disk) leaves the previous file whole and no temporary file behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = temporary_beside(path)
     try:
-        with writing(path), os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, allow_nan=False)
-            f.write("\n")
+        with writing(path), open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """`path` through a temporary file and a rename: a failed write (a full disk) leaves the previous
-    file whole and no temporary file behind."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with writing(path):
-            tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")

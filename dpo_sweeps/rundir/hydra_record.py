@@ -16,6 +16,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from dpo_sweeps.rundir.atomic import temporary_beside
 from dpo_sweeps.rundir.paths import writing
 from dpo_sweeps.rundir.secrets import REDACTED
 
@@ -41,7 +42,7 @@ def write_hydra_record(run_dir: Path, files: dict[str, str]) -> None:
     folder = Path(run_dir) / RECORD_DIR
     new_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    temporary = {name: folder / f".{name}.tmp" for name in files}
+    temporary = {name: temporary_beside(folder / name) for name in files}
     try:
         for name, text in files.items():
             with writing(folder / name):

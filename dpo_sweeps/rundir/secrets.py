@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dpo_sweeps.rundir.atomic import temporary_beside
+
 # A key is secret when its name is one of these or ends with "_" + one of them (so `hf_token` is,
 # `tokenizer` and `max_tokens` are not).
 SECRET_NAMES = ("api_key", "apikey", "token", "secret", "password", "passwd", "credentials")
@@ -66,6 +68,6 @@ def redact_files(paths: list[Path], secrets: set[str]) -> None:
         for secret in secrets:
             redacted = redacted.replace(secret, REDACTED)
         if redacted != text:
-            tmp = path.with_name(path.name + ".tmp")
+            tmp = temporary_beside(path)
             tmp.write_text(redacted)
             os.replace(tmp, path)

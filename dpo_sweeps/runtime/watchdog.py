@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dpo_sweeps.errors import Failure, FailureKind
+from dpo_sweeps.rundir.atomic import temporary_beside
 from dpo_sweeps.rundir.rank_failures import first_failure, write_rank_failure
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def read_heartbeats(run_dir: Path, rank: int | None = None) -> dict[int, dict]:
 
 def _write_heartbeat(path: Path, beat: dict) -> None:
     """Atomic (a reader never sees half a file); no fsync: a heartbeat is worth one second."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temporary_beside(path)
     try:
         tmp.write_text(json.dumps(beat))
     except OSError:
