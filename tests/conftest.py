@@ -38,20 +38,40 @@ def smollm2_tokenizer(smollm2_gguf):
     return tokenizer_of(smollm2_gguf)
 
 
+# The test files with a test on the local SLURM cluster (marked `slurm`). Under pytest-xdist they run on one
+# worker, one test at a time: they share one cluster, and some of them stop its nodes. A list, not the marks:
+# xdist's controller schedules by test id and never sees a mark. Collection checks the list is complete.
+ON_CLUSTER = frozenset(f"tests/integration/{name}.py" for name in (
+    "test_faults_slurm", "test_gpu_launch", "test_optuna_slurm", "test_requeue_slurm", "test_slurm_cluster",
+    "test_slurm_multinode", "test_sweeps_slurm"))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`) a test file runs on one worker, so its module-scoped
-    fixtures (a fault matrix, a sweep several tests read) run once; and every file with a test on the local
-    SLURM cluster runs on one worker, one test at a time: those tests share one cluster, and some of them stop
-    its nodes. Without xdist the groups mean nothing and are not added. Known not to work yet: pytest-xdist
-    3.8 groups by appending `@group` to `item._nodeid`, which pytest 9.2's `nodeid` no longer reads (with
-    pytest 9.0.3 a test marked in `pytest_itemcollected` is grouped; with 9.2.0 not even a module's
-    `pytestmark` is), so the full suite is not run under xdist in CI."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
+    missing = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slurm")} - ON_CLUSTER)
+    if missing:
+        raise pytest.UsageError(f"{', '.join(missing)}: a test marked slurm in a file not in ON_CLUSTER (tests/conftest.py)")
 
-    def file_of(item: pytest.Item) -> str:
-        return item.nodeid.split("::", 1)[0]
 
-    on_cluster = {file_of(item) for item in items if item.get_closest_marker("slurm") is not None}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("slurm" if file_of(item) in on_cluster else file_of(item)))
+class PerFileScheduling:
+    """Under pytest-xdist (`-n 2`, any --dist that spreads tests), a test file runs on one worker, so its
+    module-scoped fixtures (a fault matrix, a sweep several tests read) run once, and the ON_CLUSTER files run
+    on one worker together. Done by the scheduler, from test ids alone: xdist's own `xdist_group` mark rides
+    on a private attribute that pytest 9.2 no longer reads."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class PerFile(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                file = nodeid.split("::", 1)[0]
+                return "slurm" if file in ON_CLUSTER else file
+
+        return PerFile(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(PerFileScheduling(), "dpo_sweeps_per_file_scheduling")
