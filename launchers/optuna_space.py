@@ -173,7 +173,7 @@ class SearchSpace:
         import optuna
 
         fixed = {name: d.middle() for name, d in self.dimensions.items() if d.kind != "categorical" and not grid}
-        values = grid or {name: list(d.choices) for name, d in self.dimensions.items() if d.kind == "categorical"}
+        values = self._combined(grid)
         level = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created in memory" is not news
         points = []
@@ -194,8 +194,11 @@ class SearchSpace:
     def every_point_checked(self, grid: dict[str, list[Any]] | None = None, limit: int = MAX_POINTS) -> bool:
         """Whether `points` covers every combination of the categorical keys: not when it draws a sample
         of them, nor when a custom function may suggest more than it is shown here."""
-        values = grid or {name: d.choices for name, d in self.dimensions.items() if d.kind == "categorical"}
-        return self.custom is None and math.prod(len(v) for v in values.values()) <= limit
+        return self.custom is None and math.prod(len(v) for v in self._combined(grid).values()) <= limit
+
+    def _combined(self, grid: dict[str, list[Any]] | None) -> dict[str, list[Any]]:
+        """The values `points` combines: the grid's, else every categorical key's choices."""
+        return grid or {name: list(d.choices) for name, d in self.dimensions.items() if d.kind == "categorical"}
 
     def grid(self) -> dict[str, list[Any]]:
         return {name: d.grid_values() for name, d in self.dimensions.items()}

@@ -5,13 +5,13 @@ wrote before, and the sweep's other run completes. Needs root (it mounts the tmp
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from support import QUIET, REPO, cli_env
 from support.faults import fault_to_summary
+from support.mounts import tmpfs
 
 pytestmark = pytest.mark.slow
 TEST = "tests/integration/test_faults_disk.py::test_a_full_disk_is_recorded_and_the_sweep_goes_on"
@@ -20,18 +20,9 @@ TMPFS_SIZE = "512k"  # room for the run's logs and summary, not for a checkpoint
 
 @pytest.fixture
 def sweep_dir(tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("tests/integration/test_faults_disk.py mounts a tmpfs and must run as root (as CI does)")
     sweep = tmp_path / "sweep"
-    mounts = [sweep / "0", sweep / "1"]  # jobs 0 and 1 write onto their own small tmpfs, job 2 onto the disk
-    for mount in mounts:
-        mount.mkdir(parents=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(sweep / "0", TMPFS_SIZE), tmpfs(sweep / "1", TMPFS_SIZE):  # jobs 0 and 1 fill theirs; job 2 is on disk
         yield sweep
-    finally:
-        for mount in mounts:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_is_recorded_and_the_sweep_goes_on(sweep_dir):

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from support import QUIET, REPO, cli_env, run_cli
+from support.mounts import tmpfs
 
 TINY = ["train.max_steps=1", "train.eval_every=0", "data.num_train_pairs=64", "data.num_eval_pairs=8"]
 
@@ -46,17 +47,10 @@ def test_a_sweep_directory_that_is_a_file_is_one_line_naming_hydra_sweep_dir(tmp
 @pytest.fixture
 def read_only_run_dir(tmp_path):
     """An existing run directory on a read-only mount (root only: a tmpfs remounted read-only)."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    up = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if up.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {up.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro") as mount:
         (mount / "run").mkdir()
         subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
         yield mount / "run"
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_a_read_only_run_directory_is_one_line_naming_the_path_and_setting(read_only_run_dir):
@@ -70,21 +64,13 @@ def test_a_read_only_run_directory_is_one_line_naming_the_path_and_setting(read_
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 1 MiB tmpfs (root only), and `fill(free)`: a file that leaves `free` bytes of it free."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    up = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if up.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {up.stderr.decode().strip()}")
-
     def fill(free: int) -> None:
         with open(mount / "filler", "wb") as f:
             f.write(b"\0" * (shutil.disk_usage(mount).free - free))
         assert shutil.disk_usage(mount).free == free
 
-    try:
+    with tmpfs(tmp_path / "small") as mount:
         yield mount, fill
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def tree(root):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
 
 import pytest
 from safetensors import safe_open
 from support import run_cli
+from support.mounts import tmpfs
 
 from dpo_sweeps.models import gguf
 
@@ -41,19 +41,12 @@ def test_a_cache_that_fills_while_the_model_is_written_warns_and_loads_from_the_
                                                                                     smollm2_gguf, caplog):
     # A 1 MiB tmpfs (root only): the cache's folders fit, the model's weights do not, and safetensors
     # reports that in its own error type, which must not fail the run.
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    up = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)], capture_output=True)
-    if up.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {up.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "cache") as cache:
         monkeypatch.setenv("DPO_SWEEPS_CACHE", str(cache))
         with caplog.at_level(logging.WARNING):
             assert gguf.cached_folder(smollm2_gguf) is None
         assert "cannot cache the dequantized model" in caplog.text and "No space left on device" in caplog.text
         assert not [p for p in (cache / "gguf").iterdir() if p.is_dir() and p.name != "hashes"]  # no half entry
-    finally:
-        subprocess.run(["umount", str(cache)], check=False)
 
 
 @pytest.mark.slow
