@@ -19,6 +19,21 @@ def mixed_precision_policy(plan: ParallelPlan) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch_dtype(plan.param_dtype), reduce_dtype=torch_dtype(plan.reduce_dtype))
 
 
+def slow_on_this_cpu(dtype: str) -> str | None:
+    """Why computing in `dtype` (a torch dtype name) is slow on this machine's CPU, or None. oneDNN's bf16
+    kernels need AVX-512 (its fp16 ones AVX-512 FP16 or AMX); without them torch runs half-precision matmuls
+    on a generic path, many times slower than fp32's."""
+    kernels = {"bfloat16": ("bf16", torch.ops.mkldnn._is_mkldnn_bf16_supported),
+               "float16": ("fp16", torch.ops.mkldnn._is_mkldnn_fp16_supported)}
+    if dtype not in kernels:
+        return None
+    short, supported = kernels[dtype]
+    if supported():
+        return None
+    return (f"oneDNN has no {short} kernels for this CPU (torch sees {torch.backends.cpu.get_cpu_capability()}), "
+            f"so {short} matmuls take a generic path, many times slower than fp32's; precision=fp32 is faster here")
+
+
 def loss_scaler(plan: ParallelPlan) -> DynamicLossScaler:
     """The plan's loss scaler (one that never scales where the plan has no loss scaling)."""
     return DynamicLossScaler(enabled=plan.loss_scaling, initial_scale=plan.initial_loss_scale,

@@ -32,7 +32,7 @@ from dpo_sweeps.parallel.distributed import RankEnv, all_reduce
 from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
-from dpo_sweeps.parallel.precision import loss_scaler
+from dpo_sweeps.parallel.precision import loss_scaler, slow_on_this_cpu
 from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
@@ -116,6 +116,8 @@ class Trainer:
         self.tokenizer, self.sampler, self.data_counts = data.tokenizer, data.sampler, data.counts
         self.end_of_turn = data.end_of_turn
         self.longest_row, self.response_fraction = data.longest_row, data.response_fraction
+        if self.device.type == "cpu" and env.is_main and (why := slow_on_this_cpu(self.plan.param_dtype)):
+            log.warning("precision=%s: %s", cfg.precision.name, why)
         release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
         self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
         self.runtime_resident = trained_before()

@@ -1,4 +1,5 @@
-"""The GPU paths of tests/unit/test_gpu_paths.py that need the real CLI: a bf16 Llama's first step,
+"""The GPU paths of tests/unit/test_gpu_paths.py that need the real CLI: a bf16 Llama's first step (and the
+warning where the CPU has no bf16 kernels),
 and CPU offload under resources.device=auto on a node without a GPU."""
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ def test_bf16_llamas_step_zero_loss_is_ln_2(tmp_path):
                      "data.num_eval_pairs=8", "train.batch_size=8", "train.micro_batch_size=4")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.train_losses()[0] == pytest.approx(math.log(2), rel=1e-7)
+    # Where oneDNN has no bf16 kernels (they need AVX-512: read from /proc/cpuinfo, not from torch), the
+    # run says bf16 is slow here.
+    avx512 = {"avx512bw", "avx512vl", "avx512dq"} <= set(open("/proc/cpuinfo").read().split())
+    warned = "precision=bf16: oneDNN has no bf16 kernels for this CPU" in result.stdout + result.stderr
+    assert warned == (not avx512), result.stderr[-2000:]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a node without a GPU")
