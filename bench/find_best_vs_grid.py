@@ -4,6 +4,8 @@
     python bench/find_best_vs_grid.py --reuse DIR     # re-read the two sweeps of an earlier invocation
     python bench/find_best_vs_grid.py --model smollm2_135m    # pretrained SmolLM2-135M-Instruct on HH
     python bench/find_best_vs_grid.py --model smollm2_135m --smoke   # minutes: 2 points, 2 steps (it starts)
+    python bench/find_best_vs_grid.py --model smollm2_135m --systems fsdp=full_shard,shard_grad_op \
+        precision=fp32 train.micro_batch_size=2,4       # another plan grid (here: no bf16)
 
 Settings (tiny GPT-2, synthetic data, 2 ranks, 60 steps; or --model smollm2_135m, see MODELS): the
 parallel plan fsdp {full_shard, shard_grad_op} x precision {fp32, bf16} and the algorithm loss {dpo, ipo}
@@ -31,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dpo_sweeps.launchers.find_best import Candidate, recommend  # noqa: E402
+from dpo_sweeps.rundir.summary import read_summary  # noqa: E402
 
 COMMON = ["resources.nproc_per_node=2", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
           "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
@@ -65,8 +68,9 @@ def summaries(sweep_dir: Path) -> list[tuple[Path, dict]]:
     return [(p.parent, json.loads(p.read_text())) for p in sorted(sweep_dir.rglob("summary.json"))]
 
 
-def plan_of(summary: dict) -> tuple[str, str]:
-    return summary["config"]["fsdp"]["sharding_strategy"], summary["config"]["precision"]["name"]
+def plan_of(summary: dict) -> tuple[str, str, int]:
+    config = summary["config"]
+    return config["fsdp"]["sharding_strategy"], config["precision"]["name"], config["train"]["micro_batch_size"]
 
 
 def main() -> None:
@@ -76,9 +80,14 @@ def main() -> None:
     parser.add_argument("--reuse", type=Path, help="a folder holding grid/ and find_best/ from an earlier run")
     parser.add_argument("--model", default="tiny_gpt2", choices=sorted(MODELS))
     parser.add_argument("--smoke", action="store_true", help="2 points of 2 steps: that it runs, no figures")
+    parser.add_argument("--systems", nargs="+", metavar="KEY=V1,V2",
+                        help="the plan grid instead of SYSTEMS, e.g. precision=fp32 train.micro_batch_size=2,4 on a "
+                             "CPU without bf16 instructions, where a bf16 run costs hours")
     args = parser.parse_args()
     base = [*MODELS[args.model], *COMMON, *(SMOKE if args.smoke else [])]
-    systems, algorithm = (SMOKE_SYSTEMS, SMOKE_ALGORITHM) if args.smoke else (SYSTEMS, ALGORITHMS[args.model])
+    chosen = dict(s.split("=", 1) for s in args.systems) if args.systems else SYSTEMS
+    systems, algorithm = (SMOKE_SYSTEMS, SMOKE_ALGORITHM) if args.smoke else (chosen, ALGORITHMS[args.model])
+    base = [o for o in base if o.split("=", 1)[0] not in systems]  # the plan grid sets these
     probe_steps, top_k = (2, 1) if args.smoke else (args.probe_steps, args.top_k)
     root = args.reuse or Path(tempfile.mkdtemp(prefix="find-best-vs-grid-"))
     grid_dir, staged_dir = root / "grid", root / "find_best"
@@ -91,7 +100,7 @@ def main() -> None:
 
     grid = summaries(grid_dir)
     staged = summaries(staged_dir)
-    grid_pick = recommend([Candidate.of(d, s) for d, s in grid if s["status"] == "completed"])
+    grid_pick = recommend([Candidate.of(d, read_summary(d)) for d, s in grid if s["status"] == "completed"])
     staged_pick = json.loads((staged_dir / "find_best.json").read_text())["recommendation"]
     cost = {name: sum(s.get("device_seconds") or 0.0 for _, s in runs) for name, runs in (("grid", grid), ("staged", staged))}
 
