@@ -1,6 +1,6 @@
 """The benchmarks run: a seconds-long smoke of bench/dpo_vs_trl.py (ours and the bare loop; TRL is an
 optional extra CI does not install), bench/gpu_check.sh at its CPU size (bench/gpu_dpo.py --tiny
-among its checks) and bench/steadiness.py; the probe bench's ranking and pair-test helpers on known
+among its checks), bench/find_best_vs_grid.py --smoke and bench/steadiness.py; the probe bench's ranking and pair-test helpers on known
 numbers. No timing is asserted."""
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ def test_dpo_vs_trl_smoke_measures_ours_and_the_bare_loop(tmp_path):
     summary = json.loads((tmp_path / "ours-0" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["metrics"]["steps"] == results["workload"]["steps"]
     assert summary["metrics"]["perf/reference_precompute_s"] > 0
+
+
+@pytest.mark.slow
+def test_find_best_vs_grid_smoke_compares_both_picks_and_their_compute(tmp_path):
+    # Its sweeps go to a fresh folder under TMPDIR; the comparison reads their typed summaries.
+    proc = subprocess.run([sys.executable, "bench/find_best_vs_grid.py", "--smoke"], cwd=REPO,
+                          env={**cli_env(), "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (root,) = tmp_path.glob("find-best-vs-grid-*")
+    assert len(list((root / "grid").glob("*/summary.json"))) == 2
+    assert (root / "find_best" / "find_best.json").exists()
+    assert "full grid    2 runs" in proc.stdout and "find_best spent" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow
