@@ -3,6 +3,7 @@
     python bench/memory_estimate_error.py              # how long: bench/README.md
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
     python bench/memory_estimate_error.py --model smollm2_135m   # 8 shapes of pretrained SmolLM2-135M
+    python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
@@ -13,12 +14,18 @@ rows), computed here from the same config. The shapes cover three models (tiny_g
 bench_gpt2 with its 4,096-token BPE), full_shard / shard_grad_op / no_shard on 2 ranks and 1 rank,
 fp32 and bf16, micro-batches of 4 and 16 pairs, and activation checkpointing. CPU offload is refused on
 a CPU-only run (there is no device memory to offload from), so it is not measured here.
+
+A CPU peak is a resident set, and part of it is freed memory glibc's heap keeps (memory_estimate.py's
+`heap_kept`), which depends on the order in which tensors happen to be freed: the same shape's peak moves
+between runs. `--repeat N` probes every shape N times, one round of all shapes after another, and takes
+each error against the median, with the runs' range beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,27 +108,35 @@ def main() -> None:
                         help="tiny: the 14 shapes of tiny_gpt2, tiny_llama and bench_gpt2 (default); "
                              "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
+    parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
     args = parser.parse_args()
     root = args.reuse or Path(tempfile.mkdtemp(prefix="memory-estimate-"))
     shapes = SHAPE_SETS[args.model]
     if args.only:
         shapes = [(name, o) for name, o in shapes if name in args.only.split(",")]
-    rows = []
-    for name, overrides in shapes:
-        run_dir = root / name
-        summary = json.loads((run_dir / "summary.json").read_text()) if args.reuse else probe(run_dir, overrides)
-        m = summary["metrics"]
-        measured, in_run = m["perf/peak_memory_gib"], m["perf/peak_memory_estimate_gib"]
-        rows.append((name, measured, in_run, prelaunch_estimate(overrides)))
+    measured: dict[str, list[float]] = {name: [] for name, _ in shapes}
+    in_run: dict[str, list[float]] = {name: [] for name, _ in shapes}
+    for k in range(args.repeat):  # round by round, so that a slow drift of the machine touches every shape
+        for name, overrides in shapes:
+            run_dir = root / name if args.repeat == 1 else root / name / f"run-{k}"
+            summary = json.loads((run_dir / "summary.json").read_text()) if args.reuse else probe(run_dir, overrides)
+            measured[name].append(summary["metrics"]["perf/peak_memory_gib"])
+            in_run[name].append(summary["metrics"]["perf/peak_memory_estimate_gib"])
+    rows = [(name, statistics.median(measured[name]), min(measured[name]), max(measured[name]),
+             statistics.median(in_run[name]), prelaunch_estimate(overrides)) for name, overrides in shapes]
     print(f"runs in {root}\n")
-    print(f"{'shape':26} {'measured GiB':>12} {'run estimate':>12} {'error':>7} {'pre-launch':>10} {'error':>7}")
-    for name, measured, in_run, before in rows:
-        print(f"{name:26} {measured:12.3f} {in_run:12.3f} {100 * (in_run / measured - 1):+6.1f}% "
-              f"{before:10.3f} {100 * (before / measured - 1):+6.1f}%")
-    worst_run = max(abs(r[2] / r[1] - 1) for r in rows)
-    worst_before = max(abs(r[3] / r[1] - 1) for r in rows)
-    print(f"\nlargest error: run estimate {100 * worst_run:.1f}%, pre-launch estimate {100 * worst_before:.1f}% "
-          f"over {len(rows)} shapes")
+    spread = args.repeat > 1
+    print(f"{'shape':26} {'measured GiB':>12} " + (f"{'range':>13} " if spread else "")
+          + f"{'run estimate':>12} {'error':>7} {'pre-launch':>10} {'error':>7}")
+    for name, mid, low, high, run_est, before in rows:
+        print(f"{name:26} {mid:12.3f} " + (f"{low:6.3f}-{high:6.3f} " if spread else "")
+              + f"{run_est:12.3f} {100 * (run_est / mid - 1):+6.1f}% "
+              f"{before:10.3f} {100 * (before / mid - 1):+6.1f}%")
+    worst_run = max(abs(r[4] / r[1] - 1) for r in rows)
+    worst_before = max(abs(r[5] / r[1] - 1) for r in rows)
+    what = f"the median of {args.repeat} runs" if spread else "the measured peak"
+    print(f"\nlargest error against {what}: run estimate {100 * worst_run:.1f}%, "
+          f"pre-launch estimate {100 * worst_before:.1f}% over {len(rows)} shapes")
 
 
 if __name__ == "__main__":
