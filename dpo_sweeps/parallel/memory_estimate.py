@@ -205,8 +205,8 @@ def _split_gathers(run: RunShape) -> int:
     own hole stays whole for the next block (bf16: the heap barely grew; SmolLM2 bf16 mb16 within 1%)."""
     if run.shard_group_size <= 1:
         return 0
-    casts = run.param_dtype != "float32"
-    forward = 0 if run.activation_checkpointing and casts else 1
+    gather_casts = run.param_dtype != "float32"  # the parameters, not the gradients (unlike ParallelPlan.casts)
+    forward = 0 if run.activation_checkpointing and gather_casts else 1
     return forward + (1 if run.reshard_after_forward else 0)
 
 

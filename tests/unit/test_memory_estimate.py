@@ -35,7 +35,7 @@ def test_the_kept_buffers_are_in_the_compute_dtype_not_the_reduce_dtype():
     assert heap_kept(SMOLLM2, bf16) == 4 * BLOCKS // 2 + 4 * 2 * BLOCKS  # the fp32 optimizer temporary stays
 
 
-def test_fewer_gathers_are_split_when_kept_gathered_checkpointed_or_unsharded():
+def test_fewer_gathers_are_split_when_kept_gathered_checkpointed_in_bf16_or_unsharded():
     full = heap_kept(SMOLLM2, FULL_SHARD)
     kept_gathered = dataclasses.replace(FULL_SHARD, reshard_after_forward=False)
     assert full - heap_kept(SMOLLM2, kept_gathered) == 4 * BLOCKS  # no regather in backward
