@@ -70,9 +70,11 @@ def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):
     assert "probe.steps" in result.summary["failure"]["message"]
 
 
-# Two ranks, so the batch's runs reuse one process group; micro-batches far apart, so peaks differ.
+# Two ranks, so the batch's runs reuse one process group; micro-batches far apart, so peaks differ. The
+# default tiny_gpt2 (64 wide) holds a few MiB of activations at any micro-batch: within the resident set's
+# jitter. 256 wide, the two micro-batches' peaks lie about 100 MiB apart.
 BATCHED = ["train.eval_every=0", "train.batch_size=64", "resources.nproc_per_node=2", "probe.steps=3",
-           "perf.warmup_steps=1"]
+           "perf.warmup_steps=1", "model.from_config.n_embd=256"]
 
 
 def _submitit_jobs(sweep_dir) -> int:
@@ -91,15 +93,19 @@ def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_it
         assert summary["status"] == "completed" and summary["metrics"]["probe/steps"] == 3
     assert big["attempt"] != small["attempt"] and (tmp_path / "batch" / "1" / ".hydra" / "overrides.yaml").exists()
     peak = lambda s: s["metrics"]["perf/peak_memory_gib"]  # noqa: E731
-    # A process's peak resident set never falls by itself: the second probe measures from its own start.
-    assert peak(small) < peak(big) - 0.01, (peak(small), peak(big))
-    assert abs(peak(small) / peak(alone.summary(0)) - 1) < 0.05, (peak(small), peak(alone.summary(0)))
-    # The later probe's process already holds the runtime in its baseline: its estimate does not count it
-    # again, so it stays below the estimate of the same shape in a fresh process, which adds CPU_RUNTIME.
+    # A process's peak resident set never falls by itself: the second probe measures from its own start. Its
+    # peak lies near the same probe's alone (a little above it: glibc keeps some of what the first probe
+    # freed), far from the first probe's, which an inherited peak would equal.
+    peaks = peak(big), peak(small), peak(alone.summary(0))
+    assert abs(peak(small) - peak(alone.summary(0))) < (peak(big) - peak(alone.summary(0))) / 2, peaks
+    # The later probe's process already holds the runtime in its baseline (the resident set read before its
+    # model): its estimate must not add CPU_RUNTIME again, and so errs by about what the same probe's
+    # estimate errs alone. Counting the runtime twice would move its error by CPU_RUNTIME.
+    error = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"] - peak(s)  # noqa: E731
+    assert abs(error(small) - error(alone.summary(0))) < CPU_RUNTIME / 2 / 2**30, (error(small), error(alone.summary(0)))
+    # CPU_RUNTIME was measured on one machine and differs by tens of MiB on another:
+    # bench/memory_estimate_error.py measures the error.
     estimate = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"]  # noqa: E731
-    assert estimate(small) < estimate(alone.summary(0)), (estimate(small), estimate(alone.summary(0)))
-    # Counting it twice would add CPU_RUNTIME again, a sixth of the peak here. CPU_RUNTIME was measured on
-    # one machine and differs by tens of MiB on another: bench/memory_estimate_error.py measures the error.
     for summary in (big, small, alone.summary(0)):
         assert abs(estimate(summary) / peak(summary) - 1) < 0.15, summary["metrics"]
 
