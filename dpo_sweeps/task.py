@@ -17,12 +17,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dpo_sweeps.rundir.paths import remove_empty_run_dir
+from dpo_sweeps.runtime.startup import importing_the_training_stack
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one config (dpo_sweeps.app.run): returns the summary.json metrics; failed runs raise or exit 1."""
     try:
-        from dpo_sweeps.app import run as run_config
+        with importing_the_training_stack():
+            from dpo_sweeps.app import run as run_config
 
         return run_config(cfg)
     except KeyboardInterrupt:  # before the run took its directory (after, it stops with a summary)

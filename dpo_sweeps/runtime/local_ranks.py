@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import pickle
 import shutil
 import signal
 import sys
@@ -33,6 +34,7 @@ from dpo_sweeps.runtime.signals import (
     preemption_signal,
     terminal_signals_ignored,
 )
+from dpo_sweeps.runtime.startup import start_rank
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
 
 log = logging.getLogger("dpo_sweeps")
@@ -41,7 +43,8 @@ log = logging.getLogger("dpo_sweeps")
 RANK_EXIT_GRACE_S = 15.0
 
 
-def _rank_process(ctx: RunContext, env: RankEnv) -> None:
+def rank_process(ctx: RunContext, env: RankEnv) -> None:
+    """One local rank, in a process of its own (started by runtime.startup.start_rank)."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)
@@ -64,7 +67,7 @@ def spawn_local_ranks(ctx: RunContext, cfg: Config) -> Summary:
             for rank in range(world_size):
                 env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
                               master_addr="127.0.0.1", master_port=port)
-                proc = mp.Process(target=_rank_process, args=(ctx, env), name=f"rank{rank}")
+                proc = mp.Process(target=start_rank, args=(pickle.dumps((ctx, env)),), name=f"rank{rank}")
                 proc.start()
                 procs.append(proc)
         _wait_for_ranks(procs)
