@@ -10,7 +10,7 @@ import hydra
 from hydra.errors import CompactHydraException
 
 from dpo_sweeps.config import config_dir
-from dpo_sweeps.config.schema_errors import group_refusal, one_line_message, schema_refusal
+from dpo_sweeps.config.schema_errors import group_refusal, one_line_message, removed_group_refusal, schema_refusal
 from dpo_sweeps.errors import RunFailure, say
 from dpo_sweeps.rundir.paths import failed_path, is_path_error, unwritable_path
 from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c
@@ -30,6 +30,10 @@ def main() -> None:
     A user who sets HYDRA_FULL_ERROR=1 gets Hydra's full report as before.
     """
     python_handles_ctrl_c()  # the imports are done: a Ctrl-C is caught below as KeyboardInterrupt
+    removed = removed_group_refusal(sys.argv[1:])
+    if removed is not None:  # before Hydra makes a run or sweep directory
+        say(f"error: {removed}")
+        sys.exit(1)
     if os.environ.get(FULL_ERROR) == "1":
         hydra_main()
         return

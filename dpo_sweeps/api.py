@@ -37,9 +37,12 @@ def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None)
     from hydra import initialize_config_dir
 
     from dpo_sweeps.config import config_dir
-    from dpo_sweeps.config.schema_errors import one_line_message, schema_refusal
+    from dpo_sweeps.config.schema_errors import one_line_message, removed_group_refusal, schema_refusal
 
     overrides = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
+    removed = removed_group_refusal(overrides)
+    if removed is not None:
+        raise removed
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="dpo_sweeps"):
             return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)

@@ -143,6 +143,37 @@ def group_refusal(exc: BaseException, overrides: list[str]) -> InvalidConfig | N
     return None
 
 
+def _composed_groups() -> dict[str, list[str]]:
+    """The config groups every run composes (conf/config.yaml's defaults list), each with its options."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from dpo_sweeps.config import config_dir
+
+    conf = Path(config_dir())
+    named = [next(iter(entry)) for entry in OmegaConf.load(conf / "config.yaml").defaults
+             if not isinstance(entry, str) and len(entry) == 1]
+    return {name: sorted(f.stem for f in (conf / name).glob("*.yaml"))
+            for name in named if "@" not in name and " " not in name and (conf / name).is_dir()}
+
+
+def removed_group_refusal(overrides: list[str]) -> InvalidConfig | None:
+    """The InvalidConfig for an override that removes a group every run composes (`~data`, `~model=tiny_gpt2`,
+    `~loss@loss`), None if there is none. Hydra takes it; the run would then fail later, on the first setting
+    of the missing section it reads, with a run directory already made."""
+    groups = None
+    for override in overrides:
+        if not override.startswith("~"):
+            continue
+        groups = groups if groups is not None else _composed_groups()
+        key = override[1:].partition("=")[0].partition("@")[0]
+        if key in groups:
+            return InvalidConfig(key, f"{override.partition('=')[0]} removes it, and every run needs one",
+                                 f"{key}={'|'.join(groups[key])} to choose another")
+    return None
+
+
 def one_line_message(exc: BaseException) -> str:
     """Hydra's own error (a group option that does not exist, an override it cannot parse) in one line."""
     text = str(exc).strip()

@@ -253,6 +253,34 @@ def test_a_group_given_null_or_a_number_is_one_line_listing_its_options(tmp_path
     assert group_refusal(ValueError("another"), ["fsdp=null"]) is None
 
 
+@pytest.mark.parametrize(("args", "group", "removal"), [
+    (["~data"], "data", "~data"),
+    (["~model=tiny_gpt2"], "model", "~model"),
+    (["-m", "~loss@loss", "loss.beta=0.1,0.2"], "loss", "~loss@loss"),
+    (["-m", "fsdp=full_shard,shard_grad_op", "~precision"], "precision", "~precision"),
+])
+def test_removing_a_group_every_run_composes_is_one_line_listing_its_options_before_any_folder(
+        tmp_path, args, group, removal):
+    # Hydra takes `~data`; the run then failed on data.max_length, with its run directory made.
+    out = tmp_path / "out"
+    run = _cli(tmp_path, *args, f"hydra.{'sweep' if args[0] == '-m' else 'run'}.dir={out}")
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    options = "|".join(sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml")))
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"error: {group}: {removal} removes it, and every run needs one (accepted: {group}={options} to choose another)")
+    assert not out.exists()
+
+
+def test_the_api_refuses_removing_a_group_and_hydra_still_judges_the_rest():
+    from dpo_sweeps import api
+    from dpo_sweeps.config.schema_errors import removed_group_refusal
+
+    with pytest.raises(InvalidConfig, match=r"^fsdp: ~fsdp removes it"):
+        api.compose(["~fsdp"])
+    # Settings and groups that are not composed by every run are Hydra's and the schema's to judge.
+    assert removed_group_refusal(["~train.lr", "~sweep", "~hydra/launcher", "data=hh", "+sweep=quickstart"]) is None
+
+
 @pytest.mark.parametrize("setting", ["data.max_length", "train.batch_size", "loss.beta", "precision.param_dtype"])
 def test_a_required_setting_left_unset_gets_an_example_the_checks_accept(setting):
     with pytest.raises(Exception) as caught:  # as the CLI reads it (dpo_sweeps/app.py)
