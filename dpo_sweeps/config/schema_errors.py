@@ -125,16 +125,21 @@ def _shipped_value(setting: str) -> str | None:
     return None
 
 
+def _group_options() -> dict[str, list[str]]:
+    """Every config group in conf/, with the names of its options."""
+    from pathlib import Path
+
+    from dpo_sweeps.config import config_dir
+
+    return {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(config_dir()).iterdir() if p.is_dir()}
+
+
 def group_refusal(exc: BaseException, overrides: list[str]) -> InvalidConfig | None:
     """The InvalidConfig for a config group given a value that is not an option's name (`model=null`,
     `data=1`), which Hydra reports as a bare ValueError; None for any other error."""
     if not (isinstance(exc, ValueError) and str(exc).startswith("Config group override must be")):
         return None
-    from pathlib import Path
-
-    from dpo_sweeps.config import config_dir
-
-    groups = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(config_dir()).iterdir() if p.is_dir()}
+    groups = _group_options()
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key in groups and value not in groups[key]:  # Hydra parsed it as null, a number or a bool
@@ -151,11 +156,9 @@ def _composed_groups() -> dict[str, list[str]]:
 
     from dpo_sweeps.config import config_dir
 
-    conf = Path(config_dir())
-    named = [next(iter(entry)) for entry in OmegaConf.load(conf / "config.yaml").defaults
-             if not isinstance(entry, str) and len(entry) == 1]
-    return {name: sorted(f.stem for f in (conf / name).glob("*.yaml"))
-            for name in named if "@" not in name and " " not in name and (conf / name).is_dir()}
+    named = {next(iter(entry)) for entry in OmegaConf.load(Path(config_dir()) / "config.yaml").defaults
+             if not isinstance(entry, str) and len(entry) == 1}
+    return {name: options for name, options in _group_options().items() if name in named}
 
 
 def removed_group_refusal(overrides: list[str]) -> InvalidConfig | None:

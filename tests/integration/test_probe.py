@@ -101,11 +101,11 @@ def test_probes_that_need_the_same_ranks_share_one_start_up_and_each_measures_it
     # The later probe's process already holds the runtime in its baseline (the resident set read before its
     # model): its estimate must not add CPU_RUNTIME again, and so errs by about what the same probe's
     # estimate errs alone. Counting the runtime twice would move its error by CPU_RUNTIME.
-    error = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"] - peak(s)  # noqa: E731
+    estimate = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"]  # noqa: E731
+    error = lambda s: estimate(s) - peak(s)  # noqa: E731
     assert abs(error(small) - error(alone.summary(0))) < CPU_RUNTIME / 2 / 2**30, (error(small), error(alone.summary(0)))
     # CPU_RUNTIME was measured on one machine and differs by tens of MiB on another:
     # bench/memory_estimate_error.py measures the error.
-    estimate = lambda s: s["metrics"]["perf/peak_memory_estimate_gib"]  # noqa: E731
     for summary in (big, small, alone.summary(0)):
         assert abs(estimate(summary) / peak(summary) - 1) < 0.15, summary["metrics"]
 
