@@ -13,9 +13,9 @@ from typing import Any
 from dpo_sweeps.analysis.ranking import Ranking, Stat
 
 # Logged by every loss: the loss itself, rewards/* and logps/* (the ranking's own columns), and the
-# zero-shot baseline (train.zero_shot_eval).
+# zero-shot baseline and the trained policy's own preference (train.zero_shot_eval).
 SHARED = ("eval/loss",)
-SHARED_PREFIXES = ("eval/rewards/", "eval/logps/", "eval/zero_shot/")
+SHARED_PREFIXES = ("eval/rewards/", "eval/logps/", "eval/zero_shot/", "eval/policy/")
 
 
 def own_metric_names(metrics: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from dpo_sweeps.analysis.runs import PREFERENCE_ACCURACY, Run
 
 SAMPLES_FILE = "samples.json"
 ZERO_SHOT_ACCURACY = "eval/zero_shot/accuracy"
+POLICY_ACCURACY = "eval/policy/accuracy"  # the trained policy's own preference, measured as the baseline is
 # How much of a prompt's end is shown: its last turn and the opening of the reply.
 PROMPT_TAIL_CHARS = 240
 PRE = "white-space:pre-wrap;max-width:460px;margin:0;font-size:12px"
@@ -36,13 +37,16 @@ def best_samples(runs: list[Run]) -> BestSamples | None:
 
 
 def accuracy_text(run: Run) -> str:
-    """"held-out accuracy 0.621 [0.560, 0.678] vs zero-shot 0.582 [0.521, 0.641]" (95% intervals)."""
+    """"held-out reward accuracy 0.621 [0.560, 0.678], the policy's own 0.611 [...] vs zero-shot 0.582
+    [0.521, 0.641]" (95% intervals; the policy's own where the run logged it)."""
     def one(key: str) -> str:
         low, high = run.metrics.get(f"{key}_ci95_low"), run.metrics.get(f"{key}_ci95_high")
         interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
         return f"{run.metrics[key]:.3f}{interval}"
 
     text = f"held-out reward accuracy {one(PREFERENCE_ACCURACY)}"
+    if run.metrics.get(POLICY_ACCURACY) is not None:
+        text += f", the policy's own {one(POLICY_ACCURACY)}"
     if run.metrics.get(ZERO_SHOT_ACCURACY) is not None:
         text += f" vs zero-shot {one(ZERO_SHOT_ACCURACY)}"
     return text

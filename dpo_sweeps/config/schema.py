@@ -85,7 +85,8 @@ class TrainConfig(Section):
     zero_shot_eval: bool = False
     """Before the first step, score the held-out pairs with the policy alone (log p(chosen) against
     log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
-    (step 0) and summary.json, the baseline beside eval/rewards/accuracies (train/zero_shot.py)."""
+    (step 0) and summary.json, the baseline beside eval/rewards/accuracies; every eval then also scores the
+    trained policy alike, eval/policy/{accuracy, margin} (train/zero_shot.py)."""
     sample_prompts: int = 0
     """> 0: after the final model is saved (needs save_model), rank 0 writes samples.json, the greedy
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""

@@ -280,7 +280,13 @@ class Trainer:
     # ------------------------------------------------------------------ eval
     def evaluate(self) -> dict[str, Any]:
         """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes)."""
-        means = self._held_out_means(lambda stats: {k: stats[k] for k in self.stat_names})
+        def per_pair(stats: dict) -> dict[str, torch.Tensor]:
+            kept = {k: stats[k] for k in self.stat_names}
+            if self.cfg.train.zero_shot_eval:  # the baseline's own measure, now of the trained policy
+                kept.update({f"policy/{k}": v for k, v in zero_shot_stats(stats).items()})
+            return kept
+
+        means = self._held_out_means(per_pair)
         return {f"eval/{k}": v for k, v in means.items()}
 
     def zero_shot_eval(self) -> dict[str, Any]:

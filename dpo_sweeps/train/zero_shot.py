@@ -3,8 +3,12 @@
 Before the first step (train.zero_shot_eval), the policy scores each held-out pair with no reference:
 it prefers the chosen response when log p(chosen | prompt) > log p(rejected | prompt), summed over
 the response tokens as the loss sums them. `eval/zero_shot/accuracy` is the share of pairs it gets
-right, `eval/zero_shot/margin` the mean log-prob difference; the final held-out reward accuracy is
-reported beside it with the same 95% interval, so that the two can be compared in summary.json.
+right, `eval/zero_shot/margin` the mean log-prob difference. Two held-out accuracies are reported
+beside it, each with the same 95% interval, so that they can be compared in summary.json:
+- `eval/rewards/accuracies`, DPO's implicit reward: the policy against the reference. It starts at 0
+  (every margin is 0), so it measures what training added, not what the model already knew;
+- `eval/policy/accuracy` (and `eval/policy/margin`), the trained policy's own preference measured as the
+  baseline is: the same quantity before and after training.
 """
 
 from __future__ import annotations
@@ -31,7 +35,11 @@ def wilson_interval(accuracy: float, n: int, z: float = Z95) -> tuple[float, flo
         return 0.0, 1.0
     centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0 (or 1) the bound is exactly 0 (1); computed, it is off by a rounding error (1e-17) that would
+    # put the interval beside the proportion instead of around it.
+    low = 0.0 if accuracy <= 0 else max(0.0, centre - half)
+    high = 1.0 if accuracy >= 1 else min(1.0, centre + half)
+    return low, high
 
 
 def interval_record(key: str, accuracy: float, n: int) -> dict[str, float]:
@@ -59,7 +67,15 @@ def zero_shot_from_reference(eval_pairs: list) -> dict[str, float] | None:
     return zero_shot_record({k: float(v.mean()) for k, v in stats.items()}, len(eval_pairs))
 
 
+# The held-out accuracies compared with the baseline: DPO's implicit reward (policy against reference),
+# and the trained policy's own preference, measured as the baseline is (Trainer.evaluate).
+COMPARED_ACCURACIES = ("eval/rewards/accuracies", "eval/policy/accuracy")
+
+
 def accuracy_interval(eval_metrics: dict, pairs: int) -> dict[str, float]:
-    """The 95% interval of the held-out reward accuracy: eval/rewards/accuracies_ci95_{low,high}."""
-    accuracy = eval_metrics.get("eval/rewards/accuracies")
-    return {} if accuracy is None else interval_record("eval/rewards/accuracies", accuracy, pairs)
+    """The 95% interval of each held-out accuracy compared with the baseline: <key>_ci95_{low,high}."""
+    record: dict[str, float] = {}
+    for key in COMPARED_ACCURACIES:
+        if eval_metrics.get(key) is not None:
+            record.update(interval_record(key, eval_metrics[key], pairs))
+    return record
