@@ -50,14 +50,17 @@ class Stages:
     algorithm: dict[str, str]
     probe_steps: int = 10
     top_k: int = 2
+    # Each probe's probe.max_seconds: a plan far slower than the rest (bf16 on a CPU without bf16 kernels,
+    # say) is stopped after one timed step past this many seconds instead of running all probe_steps.
+    probe_max_seconds: float | None = None
 
     @classmethod
     def of(cls, raw: Any) -> Stages:
         raw = dict(raw)
-        unknown = sorted(set(raw) - {"systems", "algorithm", "probe_steps", "top_k"})
+        unknown = sorted(set(raw) - {"systems", "algorithm", "probe_steps", "top_k", "probe_max_seconds"})
         if unknown:
             raise InvalidSweep(f"hydra.sweeper.stages.{unknown[0]}: not a setting of the staged search "
-                               "(accepted: systems, algorithm, probe_steps, top_k)")
+                               "(accepted: systems, algorithm, probe_steps, top_k, probe_max_seconds)")
         for key in ("systems", "algorithm"):
             if not raw.get(key) or not hasattr(raw[key], "items"):
                 raise InvalidSweep(f"hydra.sweeper.stages.{key}: got {raw.get(key)!r} (accepted: a mapping of "
@@ -66,9 +69,19 @@ class Stages:
             value = raw.get(key, cls.__dataclass_fields__[key].default)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidSweep(f"hydra.sweeper.stages.{key}: got {value!r} (accepted: an integer >= 1)")
+        seconds = raw.get("probe_max_seconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not seconds > 0):
+            raise InvalidSweep(f"hydra.sweeper.stages.probe_max_seconds: got {seconds!r} "
+                               "(accepted: null, for no limit, or a number of seconds > 0)")
         return cls(systems={str(k): str(v) for k, v in raw["systems"].items()},
                    algorithm={str(k): str(v) for k, v in raw["algorithm"].items()},
-                   probe_steps=raw.get("probe_steps", 10), top_k=raw.get("top_k", 2))
+                   probe_steps=raw.get("probe_steps", 10), top_k=raw.get("top_k", 2), probe_max_seconds=seconds)
+
+    def probe_overrides(self) -> list[str]:
+        """What makes a point a probe of its plan."""
+        limit = [] if self.probe_max_seconds is None else [f"probe.max_seconds={self.probe_max_seconds}"]
+        return [f"probe.steps={self.probe_steps}", *limit]
 
 
 def _sweep_values(settings: dict[str, str]) -> list[str]:
@@ -90,7 +103,7 @@ class FindBest:
     def run(self, arguments: Sequence[str]) -> list[Outcome]:
         base = list(arguments)
         probes = self._compose("probes", self.sweeper.grid(
-            base + _sweep_values(self.stages.systems) + [f"probe.steps={self.stages.probe_steps}", _subdir("probes")]), 0)
+            base + _sweep_values(self.stages.systems) + self.stages.probe_overrides() + [_subdir("probes")]), 0)
         # Every algorithm setting is checked before anything runs too, on the first plan.
         first_plan = self._plan_of(probes[0])
         self._compose("train", self.sweeper.grid(base + first_plan + _sweep_values(self.stages.algorithm)

@@ -275,9 +275,16 @@ class ProbeConfig(Section):
     """> 0: train only this many steps (the first perf.warmup_steps untimed) to measure speed and peak
     memory; no periodic eval, saved model, checkpoints or reference pass. 0: a normal run."""
 
+    max_seconds: float | None = None
+    """> 0: the probe also ends once its steps have run this long (wall seconds from its first step), though
+    never before one timed step after perf.warmup_steps: a plan far slower than the others costs little to
+    rule out. summary.json: probe/steps (as many as it ran) and probe/stopped_at_max_seconds. null: none."""
+
     def check(self) -> None:
         """probe.steps >= 0; that it leaves timed steps after perf.warmup_steps is validate.py's."""
         at_least(self.steps, 0, "probe.steps", "0 (a normal run) or the number of steps to probe")
+        if self.max_seconds is not None:
+            positive_number(self.max_seconds, "probe.max_seconds", "null (no limit) or a number of seconds > 0")
 
 
 # faults.kind's accepted values (besides null); train/faults.py injects them.

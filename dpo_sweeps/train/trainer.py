@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,6 +324,7 @@ class Trainer:
         if self.state.step == 0 and cfg.train.zero_shot_eval and not self.probing:
             self.state.zero_shot = self.zero_shot_eval()
             self._log({"step": 0, **self.state.zero_shot})
+        started = time.monotonic()
         try:
             while self.state.step < max_steps:
                 record = self.train_step(self.state.step)
@@ -341,9 +343,19 @@ class Trainer:
                 bar.set_postfix(loss=f"{record['train/loss']:.4f}",
                                 acc=f"{record['train/rewards/accuracies']:.2f}")
                 self._checkpoint_or_stop()
+                if self._probe_time_is_up(started):
+                    break
         finally:
             bar.close()
         return self.final_metrics()
+
+    def _probe_time_is_up(self, started: float) -> bool:
+        """probe.max_seconds: whether the probe has run long enough, once it has a timed step; every rank
+        takes the slowest rank's time, so that all stop after the same step."""
+        limit = self.cfg.probe.max_seconds
+        if not self.probing or limit is None or self.state.step <= self.cfg.perf.warmup_steps:
+            return False
+        return all_reduce([time.monotonic() - started], "max")[0] >= limit
 
     def _report_to_trial(self, step: int) -> None:
         """An Optuna trial with a pruner: report this evaluation; every rank stops when the pruner says so."""
@@ -371,6 +383,7 @@ class Trainer:
             # A probe's losses and rewards are against placeholder reference log-probs, after a few
             # steps: they say nothing of the config's preference accuracy, so the summary leaves them out.
             metrics["probe/steps"] = self.state.step
+            metrics["probe/stopped_at_max_seconds"] = self.state.step < self.cfg.train.max_steps
         else:
             metrics.update({k: v for k, v in self.state.last_eval.items() if k != "step"})
             metrics.update(self.state.zero_shot)

@@ -21,7 +21,7 @@ def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
     result = run_cli(tmp_path / "run", *SHORT, "probe.steps=5", "perf.warmup_steps=2", "train.save_model=true")
     assert result.returncode == 0, result.stderr[-2000:]
     m = result.summary["metrics"]
-    assert m["steps"] == 5 and m["perf/timed_steps"] == 3
+    assert m["steps"] == 5 and m["perf/timed_steps"] == 3 and m["probe/stopped_at_max_seconds"] is False
     for key in ("perf/tokens_per_s_per_device", "perf/peak_memory_gib", "perf/speed_per_memory",
                 "perf/peak_memory_estimate_gib"):
         assert m[key] > 0, key
@@ -61,6 +61,18 @@ def test_a_probe_sweep_is_ranked_by_speed_per_memory_and_claims_no_accuracy(tmp_
     assert "2 runs: 2 completed (2 of them probes), 0 failed" in report.stdout
     assert re.search(r"Best by perf/speed_per_memory: 'fsdp=\w+'", report.stdout), report.stdout
     assert "Best by eval/rewards/accuracies: none: the completed runs are probes" in report.stdout
+
+
+@pytest.mark.slow  # two ranks
+def test_a_probe_past_its_time_limit_stops_on_every_rank_after_its_first_timed_step(tmp_path):
+    # A limit every step exceeds: the probe still times one step after the warm-up, then all ranks stop.
+    result = run_cli(tmp_path / "run", *SHORT, "probe.steps=50", "perf.warmup_steps=2", "probe.max_seconds=0.001",
+                     "resources.nproc_per_node=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    m = result.summary["metrics"]
+    assert m["probe/steps"] == 3 and m["perf/timed_steps"] == 1 and m["probe/stopped_at_max_seconds"] is True
+    assert result.summary["status"] == "completed" and m["perf/speed_per_memory"] > 0
+    assert [r["step"] for r in result.records if "train/loss" in r] == [1, 2, 3]
 
 
 def test_probe_steps_must_leave_timed_steps_after_the_warmup(tmp_path):

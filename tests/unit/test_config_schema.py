@@ -100,6 +100,7 @@ def test_each_data_source_has_its_own_keys():
     ("data.max_prompt_lenght=8", "data.max_prompt_lenght", "did you mean data.max_prompt_length?"),
     ("loss.lr=1", "loss.lr", "is not a hyperparameter of loss=dpo (accepted: its keys: beta, label_smoothing"),
     ("loss.beta=high", "loss.beta", "(accepted: a number)"),
+    ("probe.max_seconds=soon", "probe.max_seconds", "(accepted: a number, or null)"),
 ])
 def test_a_wrong_type_or_unknown_key_is_refused_naming_the_key(override, setting, text):
     refusal = _refusal(override)
@@ -118,6 +119,8 @@ def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
     ("checkpoint.every_steps=-2", "checkpoint.every_steps: got -2"),
     ("train.logps_chunk_size=-5", "train.logps_chunk_size: got -5 (accepted: an integer >= 1, or 0 for full logits)"),
     ("probe.steps=2", "probe.steps: 2 leaves no timed step after perf.warmup_steps=3"),
+    ("probe.max_seconds=0", "probe.max_seconds: got 0 (accepted: null (no limit) or a number of seconds > 0)"),
+    ("probe.max_seconds=-30", "probe.max_seconds: got -30"),
     ("data.length_group_window=0", "data.length_group_window: got 0"),
     ("model.tokenizer.kind=bpe", "model.tokenizer.vocab_size: got None (accepted: an integer >= 259 for kind=bpe)"),
     ("precision=fp16", None),
@@ -298,3 +301,18 @@ def test_a_refused_run_leaves_no_folder_of_hydras_default_run_dir(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "data.max_length: required, and not set" in run.stderr, run.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_probe_time_limit_is_read_by_probes_only_and_find_best_passes_it_to_its_probes():
+    from dpo_sweeps.config.unused import unread_keys
+    from dpo_sweeps.launchers.find_best import Stages
+    from dpo_sweeps.launchers.preflight import InvalidSweep
+
+    assert "probe.max_seconds" in unread_keys(_typed(_compose("probe.max_seconds=30")))
+    assert "probe.max_seconds" not in unread_keys(_typed(_compose("probe.steps=8", "probe.max_seconds=30")))
+    stages = {"systems": {"precision": "fp32"}, "algorithm": {"loss.beta": "0.1"}}
+    assert Stages.of(stages).probe_overrides() == ["probe.steps=10"]
+    assert Stages.of({**stages, "probe_max_seconds": 90}).probe_overrides() == ["probe.steps=10", "probe.max_seconds=90"]
+    for bad in (0, -1, "soon", True):
+        with pytest.raises(InvalidSweep, match=r"^hydra.sweeper.stages.probe_max_seconds: got .* \(accepted: null"):
+            Stages.of({**stages, "probe_max_seconds": bad})
