@@ -283,8 +283,7 @@ class ProbeConfig(Section):
     def check(self) -> None:
         """probe.steps >= 0; that it leaves timed steps after perf.warmup_steps is validate.py's."""
         at_least(self.steps, 0, "probe.steps", "0 (a normal run) or the number of steps to probe")
-        if self.max_seconds is not None:
-            positive_number(self.max_seconds, "probe.max_seconds", "null (no limit) or a number of seconds > 0")
+        positive_number(self.max_seconds, "probe.max_seconds", "null (no limit) or a number of seconds > 0")
 
 
 # faults.kind's accepted values (besides null); train/faults.py injects them.
