@@ -26,7 +26,7 @@ from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.config.unused import Launch, check_settings_used
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
-from dpo_sweeps.parallel.distributed import RankEnv, free_port, from_submitit_env, from_torchrun_env
+from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
 from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
@@ -35,7 +35,8 @@ from dpo_sweeps.rundir.secrets import redact_files, scrub_secrets, secret_values
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 from dpo_sweeps.runtime.context import RunContext, attempt_id
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
-from dpo_sweeps.runtime.rank import prepare_run_dir, refused_summary, run_rank, write_failed
+from dpo_sweeps.runtime.owner import prepare_run_dir, refused_summary, write_failed
+from dpo_sweeps.runtime.startup import training_rank
 from dpo_sweeps.train.tracking import sweep_group
 
 
@@ -186,6 +187,10 @@ def run_config(ctx: RunContext) -> Summary:
     cfg = Config.of(ctx.config)  # typed and frozen: nothing changes it
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     rank_env = from_torchrun_env() or from_submitit_env()
+    # A process that trains imports the training stack now, before the run takes its directory: a Ctrl-C
+    # during the import leaves the directory as Hydra made it (task.py). One that starts local ranks
+    # only supervises them, and never imports it.
+    run_rank = training_rank() if rank_env is not None or cfg.world_size == 1 else None
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock
         return run_rank(ctx, rank_env, claim_run_dir=True)
     try:

@@ -5,7 +5,7 @@ A point is done when some run directory under the sweep directory has a summary.
 reordered or extended since). Other points run in their own numbered directory; when that
 directory holds a different run (another config), the point gets the next free number instead.
 A failed or interrupted earlier attempt of the same point is run again in its own directory,
-where the run itself picks up from its latest checkpoint (dpo_sweeps.train.checkpoint).
+where the run itself picks up from its latest checkpoint (dpo_sweeps.rundir.checkpoints).
 """
 
 from __future__ import annotations

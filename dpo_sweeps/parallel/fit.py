@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
+from dpo_sweeps.parallel.gpu_driver import gpu_driver_present, wants_cuda
 from dpo_sweeps.parallel.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.plan import resolve_plan
 
@@ -51,8 +51,6 @@ def device_memory_limit_gib(cfg) -> float | None:
         return None
     if cfg.resources.device_memory_gib is not None:
         return float(cfg.resources.device_memory_gib)
-    from dpo_sweeps.parallel.distributed import wants_cuda
-
     if wants_cuda(cfg.resources.device):
         import torch
 
@@ -63,8 +61,6 @@ def device_memory_limit_gib(cfg) -> float | None:
 
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
-    from dpo_sweeps.parallel.distributed import wants_cuda
-
     shape = _model_shape(_architecture_key(cfg.model))
     baseline = 0 if wants_cuda(cfg.resources.device) else rank_baseline_bytes()
     plan = resolve_plan(cfg, world_size)

@@ -14,15 +14,16 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import Failure, FailureKind
-from dpo_sweeps.parallel.distributed import RankEnv, free_port
+from dpo_sweeps.parallel.rank_env import RankEnv, free_port
 from dpo_sweeps.rundir.rank_failures import first_failure
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary
 from dpo_sweeps.runtime.context import RunContext
-from dpo_sweeps.runtime.rank import run_rank, write_failed
+from dpo_sweeps.runtime.owner import write_failed
 from dpo_sweeps.runtime.signals import (
     STOP_INTERRUPT,
     STOP_PREEMPT_SIGNAL,
@@ -43,8 +44,9 @@ log = logging.getLogger("dpo_sweeps")
 RANK_EXIT_GRACE_S = 15.0
 
 
-def rank_process(ctx: RunContext, env: RankEnv) -> None:
-    """One local rank, in a process of its own (started by runtime.startup.start_rank)."""
+def rank_process(ctx: RunContext, env: RankEnv, run_rank: Callable) -> None:
+    """One local rank, in a process of its own (started by runtime.startup.start_rank, which imported
+    the training stack and `run_rank` with it)."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[%(asctime)s][rank{env.rank}][%(levelname)s] %(message)s", force=True)

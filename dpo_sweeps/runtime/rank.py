@@ -14,7 +14,6 @@ import gc
 import logging
 import multiprocessing
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,51 +26,29 @@ import torch.distributed as dist
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import PEER_STOPPED, Failure, FailureKind, RunFailure, failure_of
-from dpo_sweeps.parallel.distributed import (
-    OWN_CORES_ENV,
-    RankEnv,
-    all_reduce,
-    init_process_group,
-    rank_cores,
-    select_device,
-    wants_cuda,
-)
+from dpo_sweeps.parallel.cpu_binding import OWN_CORES_ENV, rank_cores
+from dpo_sweeps.parallel.distributed import all_reduce, init_process_group, select_device
+from dpo_sweeps.parallel.gpu_driver import wants_cuda
 from dpo_sweeps.parallel.plan import resolve_plan
-from dpo_sweeps.rundir.cost import run_cost
+from dpo_sweeps.parallel.rank_env import RankEnv
+from dpo_sweeps.rundir.checkpoints import remove_checkpoints
 from dpo_sweeps.rundir.hydra_record import write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.paths import UnwritablePath, failed_write_message, is_path_error, unwritable_path
-from dpo_sweeps.rundir.rank_failures import RANK_FAILURES, first_failure, write_rank_failure
-from dpo_sweeps.rundir.summary import Status, Summary, reserve_summary_space, write_summary
+from dpo_sweeps.rundir.rank_failures import first_failure, write_rank_failure
+from dpo_sweeps.rundir.summary import Status, Summary, write_summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.lost_rank0 import summary_version, take_over_from_lost_rank0
+from dpo_sweeps.runtime.owner import attempt_cost, prepare_run_dir, refused_summary
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
-from dpo_sweeps.runtime.watchdog import Watchdog, heartbeat_dir
-from dpo_sweeps.train.checkpoint import remove_checkpoints, remove_partial_checkpoints
+from dpo_sweeps.runtime.watchdog import Watchdog
 from dpo_sweeps.train.trainer import Trainer
 
 log = logging.getLogger("dpo_sweeps")
 
 # How long rank 0 waits for a failed peer to record why.
 PEER_REPORT_WAIT_S = 5.0
-
-
-def refused_summary(ctx: RunContext, exc: RunDirInUse | UnwritablePath, rank: int = 0) -> Summary:
-    """Another job owns the run directory, or it cannot be written: report it, and write nothing there."""
-    return Summary(Status.FAILED, failure_of(exc), ctx.overrides, ctx.config, {}, attempt=ctx.attempt, rank=rank,
-                   written=False)
-
-
-def prepare_run_dir(run_dir: Path, cfg: Config) -> None:
-    """What the owner of a run directory does before any rank starts: forget the previous attempt's
-    rank failures and heartbeats, drop its half-written checkpoints, and start over when checkpoint.resume is false."""
-    shutil.rmtree(run_dir / RANK_FAILURES, ignore_errors=True)
-    shutil.rmtree(heartbeat_dir(run_dir), ignore_errors=True)
-    reserve_summary_space(run_dir)
-    remove_partial_checkpoints(run_dir)
-    if not cfg.checkpoint.resume:
-        remove_checkpoints(run_dir, "checkpoint.resume=false")
 
 
 def _claim_run_dir(ctx: RunContext, env: RankEnv, cfg: Config) -> RunDirLock | None:
@@ -102,18 +79,6 @@ def _oom_context(cfg: Config, env: RankEnv) -> str:
             f"train.batch_size={cfg.train.batch_size}, train.micro_batch_size={cfg.train.micro_batch_size}, "
             f"data.max_length={cfg.data.max_length}, "
             f"fsdp.activation_checkpointing={cfg.fsdp.activation_checkpointing}, ranks={env.world_size}")
-
-
-def _cost(ctx: RunContext) -> dict[str, Any]:
-    """This attempt's cost fields (rundir/cost.py run_cost) from the config's ranks and device."""
-    resources = Config.of(ctx.config).resources
-    return run_cost(ctx.started_at, resources.world_size, wants_cuda(resources.device))
-
-
-def write_failed(ctx: RunContext, failure: Failure) -> Summary:
-    """The failed summary.json of a run whose ranks could not report (or never started)."""
-    return write_summary(ctx.run_dir, Summary(Status.FAILED, failure, ctx.overrides, ctx.config, {},
-                                              attempt=ctx.attempt, **_cost(ctx)))
 
 
 def _rank_threads(cfg: Config, env: RankEnv, bind_cores: bool) -> int:
@@ -173,7 +138,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
 
     def summary_of(failure: Failure | None, metrics: dict[str, Any]) -> Summary:
         summary = Summary(_status_of(failure), failure, ctx.overrides, ctx.config, metrics, attempt=ctx.attempt,
-                          **_cost(ctx))
+                          **attempt_cost(ctx))
         if trainer is not None:
             summary = dataclasses.replace(
                 summary, resumed_from_step=trainer.resumed_from, data=trainer.data_counts, layout=trainer.layout,

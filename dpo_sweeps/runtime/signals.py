@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from dpo_sweeps.errors import RunFailure
-from dpo_sweeps.parallel.distributed import all_reduce
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +142,9 @@ class StopWatch:
         """The stop reason of any rank (collective when world_size > 1)."""
         reason = self.local_reason()
         if world_size > 1:
+            # Here, not at the top: the process that supervises local ranks reads this module without torch.
+            from dpo_sweeps.parallel.distributed import all_reduce
+
             reason = int(all_reduce([float(reason)], "max")[0])
         return reason
 

@@ -17,7 +17,7 @@ import gc
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 INTERRUPTED_BEFORE_START = "error: interrupted (Ctrl-C) before the run started; nothing was trained"
@@ -67,13 +67,22 @@ def importing_the_training_stack() -> Iterator[None]:
             gc.enable()
 
 
+def training_rank() -> Callable:
+    """`dpo_sweeps.runtime.rank.run_rank`, imported with the training stack (torch, transformers,
+    torch.distributed) inside importing_the_training_stack: by the processes that train, and only by
+    them (the process that starts local ranks supervises them without it)."""
+    with importing_the_training_stack():
+        from dpo_sweeps.runtime.rank import run_rank
+    return run_rank
+
+
 def start_rank(payload: bytes) -> None:
-    """A local rank process's entry (dpo_sweeps/runtime/local_ranks.py). Its arguments come pickled:
-    unpickling them imports the training stack, which must happen inside importing_the_training_stack."""
+    """A local rank process's entry (dpo_sweeps/runtime/local_ranks.py). Its arguments come pickled;
+    the rank imports the training stack first (`training_rank`), and then unpickles them."""
     import pickle
 
-    with importing_the_training_stack():
-        from dpo_sweeps.runtime.local_ranks import rank_process
+    run_rank = training_rank()
+    from dpo_sweeps.runtime.local_ranks import rank_process
 
-        ctx, env = pickle.loads(payload)
-    rank_process(ctx, env)
+    ctx, env = pickle.loads(payload)
+    rank_process(ctx, env, run_rank)

@@ -25,15 +25,12 @@ reads exactly the batches the uninterrupted run would have read.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,80 +43,18 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.checkpoints import (
+    BROKEN_SUFFIX,
+    MARKER,
+    CheckpointInfo,
+    checkpoint_problem,
+    checkpoints_dir,
+    complete_checkpoints,
+)
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
 from dpo_sweeps.rundir.paths import failed_write
 
 log = logging.getLogger(__name__)
-
-CHECKPOINTS = "checkpoints"
-MARKER = "COMPLETE"
-_COMPLETE_NAME = re.compile(r"^step_(\d+)$")
-_LEFTOVER_SUFFIXES = (".tmp", ".deleting")
-BROKEN_SUFFIX = ".broken"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    path: Path
-    marker: dict
-
-
-def checkpoints_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINTS
-
-
-def complete_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
-    """The run's complete checkpoints, oldest first (what a reader may trust)."""
-    folder = checkpoints_dir(run_dir)
-    found = []
-    for path in folder.iterdir() if folder.is_dir() else []:
-        match = _COMPLETE_NAME.match(path.name)
-        if not match:
-            continue
-        try:
-            marker = json.loads((path / MARKER).read_text())
-        except (OSError, ValueError):
-            continue
-        found.append(CheckpointInfo(int(match.group(1)), path, marker))
-    return sorted(found, key=lambda c: c.step)
-
-
-def checkpoint_problem(info: CheckpointInfo) -> str | None:
-    """Why a complete checkpoint cannot be loaded (a file missing or of the wrong size), or None.
-    Checkpoints written before markers listed their files pass unchecked."""
-    for name, size in sorted((info.marker.get("files") or {}).items()):
-        path = info.path / name
-        try:
-            found = path.stat().st_size
-        except OSError:
-            return f"{name} is missing"
-        if found != size:
-            return f"{name} has {found} of its {size} bytes"
-    return None
-
-
-def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
-    found = complete_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def remove_partial_checkpoints(run_dir: Path) -> None:
-    """Drop the half-written or half-deleted folders an interrupted attempt left (not collective)."""
-    folder = checkpoints_dir(run_dir)
-    for path in folder.iterdir() if folder.is_dir() else []:
-        if path.name.endswith(_LEFTOVER_SUFFIXES):
-            log.info("removing %s, left by an interrupted attempt", path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def remove_checkpoints(run_dir: Path, reason: str) -> None:
-    """Delete every checkpoint of the run directory (not collective)."""
-    folder = checkpoints_dir(run_dir)
-    if folder.is_dir():
-        log.info("removing %s (%s)", folder, reason)
-        shutil.rmtree(folder, ignore_errors=True)
-
 
 # ---------------------------------------------------------------------- RNG states
 def capture_rng_state(device: torch.device) -> dict[str, Any]:

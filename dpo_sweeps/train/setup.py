@@ -25,11 +25,12 @@ from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
-from dpo_sweeps.parallel.distributed import RankEnv, rank_layout
+from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.mfu import ModelFlops
 from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
 from dpo_sweeps.parallel.precision import mixed_precision_policy
+from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.shared_ranks import sharing
 
 log = logging.getLogger(__name__)

@@ -29,11 +29,12 @@ from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model
-from dpo_sweeps.parallel.distributed import RankEnv, all_reduce
+from dpo_sweeps.parallel.distributed import all_reduce
 from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler, slow_on_this_cpu
+from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch

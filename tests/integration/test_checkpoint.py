@@ -16,14 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from dpo_sweeps.rundir.checkpoints import MARKER, complete_checkpoints, latest_checkpoint
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
-from dpo_sweeps.train.checkpoint import (
-    MARKER,
-    capture_rng_state,
-    complete_checkpoints,
-    latest_checkpoint,
-    restore_rng_state,
-)
+from dpo_sweeps.train.checkpoint import capture_rng_state, restore_rng_state
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]

@@ -9,7 +9,7 @@ import json
 import pytest
 from support import run_cli
 
-from dpo_sweeps.train.checkpoint import MARKER, CheckpointInfo, checkpoint_problem
+from dpo_sweeps.rundir.checkpoints import MARKER, CheckpointInfo, checkpoint_problem
 
 RUN = ["data.num_train_pairs=256", "data.num_eval_pairs=32", "train.max_steps=8", "train.eval_every=4",
        "checkpoint.every_steps=2", "checkpoint.keep_last=2"]

@@ -16,7 +16,7 @@ import sys
 import pytest
 from support.faults import HANG_BOUND, SHORT, dpo, fault_to_summary, injected_at, run_watched, summary_of
 
-from dpo_sweeps.parallel.distributed import free_port
+from dpo_sweeps.parallel.rank_env import free_port
 
 pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 120  # HANG_BOUND's

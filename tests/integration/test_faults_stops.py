@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import QUIET, REPO, cli_env, run_cli
 
-from dpo_sweeps.parallel.distributed import free_port
+from dpo_sweeps.parallel.rank_env import free_port
 from dpo_sweeps.rundir.lock import RunDirLock
 
 # 2 self-spawned ranks, 12 steps, no periodic checkpoint: only the stop's checkpoint is there to resume from.

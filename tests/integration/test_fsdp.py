@@ -108,7 +108,7 @@ def test_saved_model_is_gathered_to_rank_zero_and_loads_with_from_pretrained(tmp
 def test_torchrun_starts_the_same_entry_point(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     run_dir = tmp_path / "run"
-    from dpo_sweeps.parallel.distributed import free_port
+    from dpo_sweeps.parallel.rank_env import free_port
 
     args = [torchrun, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "dpo_sweeps", *QUIET, *SHORT,
             "fsdp=shard_grad_op", f"hydra.run.dir={run_dir}"]

@@ -106,7 +106,7 @@ def test_torchrun_without_hydra_run_dir_writes_one_run_directory(tmp_path):
 
     from support import QUIET, REPO, cli_env
 
-    from dpo_sweeps.parallel.distributed import free_port
+    from dpo_sweeps.parallel.rank_env import free_port
 
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}",
             "-m", "dpo_sweeps", *QUIET, "train.max_steps=2", "train.eval_every=0", "train.batch_size=16",

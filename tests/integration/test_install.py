@@ -4,6 +4,7 @@ work there, and importing the plugins costs other Hydra apps nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -66,6 +67,22 @@ def test_checking_a_sweep_before_launch_loads_no_training_stack(tmp_path):
     assert "dry run: 8 of 8 jobs would be launched" in proc.stdout, proc.stdout
     if not gpu_driver_present():  # with a GPU driver, torch is asked how many GPUs there are
         assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
+
+
+def test_a_run_on_local_ranks_imports_the_training_stack_only_in_the_ranks(tmp_path):
+    # The command's own process checks the config, takes the run directory and supervises its two rank
+    # processes; they train, it never needs torch (on a CPU machine, where no GPU driver is asked).
+    run_dir = tmp_path / "run"
+    code = ("import sys, runpy\n"
+            f"sys.argv = ['dpo_sweeps', *{ONE_JOB!r}, 'resources.nproc_per_node=2', 'train.micro_batch_size=4', 'hydra.run.dir={run_dir}']\n"
+            "try:\n    runpy.run_module('dpo_sweeps', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    proc = _python(["-c", code], cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["metrics"]["world_size"] == 2, summary
+    if not gpu_driver_present():
+        assert proc.stdout.splitlines()[-1] == "[]", proc.stdout[-3000:]
 
 
 def _sweep_and_report_from(cwd: Path, scripts: Path, pythonpath: Path | None = None) -> None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import summary_json  # noqa: E402
 from support.slurm import checkpoint_after, ensure_slurm_cluster, slurm, wait_for  # noqa: E402
 
-from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
+from dpo_sweeps.rundir.checkpoints import latest_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -29,8 +29,8 @@ from support.sweeps import FAST, SweepResult, run_sweep  # noqa: E402
 
 from dpo_sweeps.errors import Failure, FailureKind  # noqa: E402
 from dpo_sweeps.launchers.jobs import SweepJob  # noqa: E402
+from dpo_sweeps.rundir.checkpoints import latest_checkpoint  # noqa: E402
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary  # noqa: E402
-from dpo_sweeps.train.checkpoint import latest_checkpoint  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=20",
             "hydra.launcher.poll_interval_s=1"]
@@ -61,7 +61,7 @@ def two_node_sweep(slurm2, tmp_path_factory) -> SweepResult:
 
 def test_submitit_rank_takes_the_first_node_over_a_master_addr_already_set(monkeypatch):
     """No cluster needed: the environment SLURM gives rank 2 of a 2-node x 2-task job."""
-    from dpo_sweeps.parallel.distributed import from_submitit_env
+    from dpo_sweeps.parallel.rank_env import from_submitit_env
 
     for key, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "4",
                        "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "dpo-n[1-2]",

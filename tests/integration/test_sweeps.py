@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.sweeps import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
 from dpo_sweeps.launchers.placement import DevicePool  # noqa: E402
-from dpo_sweeps.parallel.distributed import rank_cores  # noqa: E402
+from dpo_sweeps.parallel.cpu_binding import rank_cores  # noqa: E402
 
 # Four jobs, one of which fails: only the 2-rank job that reaches step 5 has the faulty rank 1.
 # It checkpoints at step 4, so a second attempt resumes past the fault (faults hit first attempts only).

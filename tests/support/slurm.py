@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dpo_sweeps.train.checkpoint import latest_checkpoint
+from dpo_sweeps.rundir.checkpoints import latest_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "launchers" / "slurm" / "local_cluster.sh"

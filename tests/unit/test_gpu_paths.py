@@ -123,7 +123,7 @@ def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_g
 
     from transformers import PreTrainedModel
 
-    from dpo_sweeps.parallel.distributed import RankEnv
+    from dpo_sweeps.parallel.rank_env import RankEnv
     from dpo_sweeps.runtime.context import RunContext
     from dpo_sweeps.train.trainer import Trainer
 
