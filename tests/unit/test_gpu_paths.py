@@ -292,3 +292,20 @@ def test_the_loss_scaler_reads_one_flag_from_the_device_for_all_gradients():
         assert scaler.unscale_and_check(params) is True
     assert reads.count == 1
     assert torch.equal(params[0].grad, torch.full((4,), 2.0))  # a skipped step leaves the gradients alone
+
+
+def test_wants_cuda_asks_torch_only_where_a_gpu_driver_is_loaded():
+    """resources.device: cuda wants a GPU, cpu never; auto asks torch, but only where a driver is loaded
+    (without one torch sees no GPU), so the process that supervises local ranks needs no torch."""
+    import subprocess
+    import sys
+
+    from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
+
+    code = ("import sys; from dpo_sweeps.parallel.gpu_driver import wants_cuda; "
+            "print(wants_cuda('cuda'), wants_cuda('cpu'), wants_cuda('auto'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    cuda, cpu, auto, torch_loaded = out.stdout.split()
+    assert (cuda, cpu, auto) == ("True", "False", str(torch.cuda.is_available())), out.stdout
+    if not gpu_driver_present():
+        assert torch_loaded == "False", out.stdout
