@@ -33,8 +33,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def drop_empty_run_dir() -> None:
     """A Ctrl-C after Hydra made a single run's directory and before the run took it (while the job
-    checks its config or imports the training stack): the empty folder goes, as a refused run's does (app.py). The log file
-    opens there at its first line, which torch may write at exit: one not yet opened goes with it."""
+    checks its config or imports the training stack): the empty folder goes, as a refused run's does
+    (app.py). The log file opens there at its first line, which torch may write at exit: one not yet
+    opened goes with it."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
         return

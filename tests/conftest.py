@@ -7,7 +7,7 @@ from pathlib import Path
 
 # The suite runs two test workers on two cores, and each starts runs whose ranks take a core's worth of
 # OpenMP threads: the cores are oversubscribed most of the time. OpenMP's default wait (spinning at
-# every barrier for a descheduled thread) then burns the CPU another run needs; a short run took 2.7x
+# every barrier for a descheduled thread) then burns the CPU another run needs; a short run took 2.9x
 # its fair share beside two busy processes, and a passive wait brings it back (bench/README.md, "The
 # suite's wall time"). Numbers are unchanged; only how idle threads wait. Set before anything loads
 # torch's OpenMP runtime, and inherited by every run, rank and SLURM job the tests start.

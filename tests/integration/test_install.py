@@ -44,11 +44,17 @@ def test_importing_the_plugin_package_loads_no_training_stack(tmp_path):
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
 
 
-def test_help_loads_no_training_stack():
-    code = ("import sys, runpy; sys.argv = ['dpo_sweeps', '--help']\n"
+def _command_then_heavy_modules(*args: str):
+    """`python -m dpo_sweeps ARGS` run in one interpreter, which then prints which of HEAVY it loaded (the
+    last line of its stdout); rank or job processes it starts are not counted."""
+    code = (f"import sys, runpy; sys.argv = ['dpo_sweeps', *{list(args)!r}]\n"
             "try:\n    runpy.run_module('dpo_sweeps', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
-    proc = _python(["-c", code], cwd=REPO)
+    return _python(["-c", code], cwd=REPO)
+
+
+def test_help_loads_no_training_stack():
+    proc = _command_then_heavy_modules("--help")
     assert proc.returncode == 0, proc.stderr
     assert "== Config ==" in proc.stdout or "Powered by Hydra" in proc.stdout, proc.stdout
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
@@ -57,12 +63,8 @@ def test_help_loads_no_training_stack():
 def test_checking_a_sweep_before_launch_loads_no_training_stack(tmp_path):
     # The sweep's own process composes and validates every point (losses, lengths, the fit check's
     # "is there a GPU") before any job starts; on a CPU machine it needs none of the training stack.
-    code = ("import sys, runpy\n"
-            f"sys.argv = ['dpo_sweeps', '-m', '+sweep=quickstart', 'hydra.sweeper.dry_run=true', "
-            f"'hydra.sweep.dir={tmp_path / 'sweep'}']\n"
-            "try:\n    runpy.run_module('dpo_sweeps', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])")
-    proc = _python(["-c", code], cwd=REPO)
+    proc = _command_then_heavy_modules("-m", "+sweep=quickstart", "hydra.sweeper.dry_run=true",
+                                       f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert proc.returncode == 0, proc.stderr
     assert "dry run: 8 of 8 jobs would be launched" in proc.stdout, proc.stdout
     if not gpu_driver_present():  # with a GPU driver, torch is asked how many GPUs there are
@@ -73,11 +75,8 @@ def test_a_run_on_local_ranks_imports_the_training_stack_only_in_the_ranks(tmp_p
     # The command's own process checks the config, takes the run directory and supervises its two rank
     # processes; they train, it never needs torch (on a CPU machine, where no GPU driver is asked).
     run_dir = tmp_path / "run"
-    code = ("import sys, runpy\n"
-            f"sys.argv = ['dpo_sweeps', *{ONE_JOB!r}, 'resources.nproc_per_node=2', 'train.micro_batch_size=4', 'hydra.run.dir={run_dir}']\n"
-            "try:\n    runpy.run_module('dpo_sweeps', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])")
-    proc = _python(["-c", code], cwd=REPO)
+    proc = _command_then_heavy_modules(*ONE_JOB, "resources.nproc_per_node=2", "train.micro_batch_size=4",
+                                       f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["metrics"]["world_size"] == 2, summary

@@ -4,6 +4,8 @@ loss scaler (tests/integration/test_gpu_launch.py: SLURM, rank devices, torchrun
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import asdict
 
 import pytest
@@ -16,6 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.models.build import build_reference
 from dpo_sweeps.parallel.fsdp import needs_fully_shard, shard_model
+from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import mixed_precision_policy
 
@@ -297,11 +300,6 @@ def test_the_loss_scaler_reads_one_flag_from_the_device_for_all_gradients():
 def test_wants_cuda_asks_torch_only_where_a_gpu_driver_is_loaded():
     """resources.device: cuda wants a GPU, cpu never; auto asks torch, but only where a driver is loaded
     (without one torch sees no GPU), so the process that supervises local ranks needs no torch."""
-    import subprocess
-    import sys
-
-    from dpo_sweeps.parallel.gpu_driver import gpu_driver_present
-
     code = ("import sys; from dpo_sweeps.parallel.gpu_driver import wants_cuda; "
             "print(wants_cuda('cuda'), wants_cuda('cpu'), wants_cuda('auto'), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
