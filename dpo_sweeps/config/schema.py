@@ -33,6 +33,7 @@ from dpo_sweeps.config.section import Section, at_least, positive_number, refuse
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("adamw", "rmsprop")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
 # A BPE's vocabulary holds the 256 bytes and the special tokens before any merge.
 MIN_BPE_VOCAB = 259
@@ -55,7 +56,7 @@ class TrainConfig(Section):
     weight_decay: float = MISSING
     """The optimizer's decoupled (adamw) or L2 (rmsprop) weight decay (>= 0)."""
     warmup_steps: int = MISSING
-    """Steps of linear warmup from 0, then constant, as the reference DPO implementation (>= 0)."""
+    """Steps of linear warmup from 0 to train.lr (>= 0); then train.lr_schedule."""
     max_grad_norm: float | None = MISSING
     """Clip the global gradient norm to this (> 0); null: no clipping (grad_norm is still logged)."""
     eval_every: int = MISSING
@@ -92,6 +93,9 @@ class TrainConfig(Section):
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
     sample_max_new_tokens: int = 64
     """With sample_prompts: the longest reply generated, in tokens (>= 1)."""
+    lr_schedule: str = "constant"
+    """After the warmup: constant (the reference DPO implementation), linear or cosine (decay to 0 at
+    train.max_steps, as transformers' schedulers of those names; TRL's DPOTrainer defaults to linear)."""
 
     def check(self) -> None:
         at_least(self.batch_size, 1, "train.batch_size")
@@ -103,6 +107,8 @@ class TrainConfig(Section):
         if self.weight_decay < 0:
             refuse("train.weight_decay", f"got {self.weight_decay!r}", "a number >= 0")
         at_least(self.warmup_steps, 0, "train.warmup_steps")
+        if self.lr_schedule not in LR_SCHEDULES:
+            refuse("train.lr_schedule", f"unknown schedule '{self.lr_schedule}'", ", ".join(LR_SCHEDULES))
         at_least(self.eval_every, 0, "train.eval_every", "an integer >= 0 (0: only at the end)")
         if self.eval_max_pairs is not None:
             at_least(self.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")

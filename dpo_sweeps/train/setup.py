@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -179,9 +180,23 @@ def build_optimizer(train: TrainConfig, policy: torch.nn.Module) -> torch.optim.
     return optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over train.warmup_steps, then a constant learning rate."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+def lr_factor(step: int, train: TrainConfig) -> float:
+    """The share of train.lr that optimizer step `step` (0-based) takes: a linear warm-up whose first step
+    is already lr / (warmup + 1), then train.lr_schedule (schema.LR_SCHEDULES) down to 0 at max_steps."""
+    warmup = train.warmup_steps
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, train.max_steps - warmup)  # 0 at the warmup's end; < 1 on any step
+    if train.lr_schedule == "linear":
+        return 1.0 - progress
+    if train.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """train.lr times `lr_factor` of the step; a resumed run restores the step count (train/checkpoint.py)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train))
 
 
 def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, cfg: Config, env: RankEnv,

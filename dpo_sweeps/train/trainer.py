@@ -134,7 +134,7 @@ class Trainer:
         self.train_pairs, self.eval_pairs = data.train_pairs, data.eval_pairs
 
         self.optimizer = build_optimizer(cfg.train, self.policy)
-        self.scheduler = build_scheduler(self.optimizer, cfg.train.warmup_steps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train)
         self.scaler = loss_scaler(self.plan)
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)

@@ -23,9 +23,11 @@ from dpo_sweeps.train.checkpoint import capture_rng_state, restore_rng_state
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
 SMALL = ["data.num_train_pairs=512", "data.num_eval_pairs=64"]
-# 2 ranks, 16 steps, evaluated at 8 and 16, a checkpoint every 5 steps.
+# 2 ranks, 16 steps, evaluated at 8 and 16, a checkpoint every 5 steps. The learning rate decays from step
+# 4 on, so each resumed attempt has to pick up the schedule where the checkpoint left it.
 TWO_RANKS = [*SMALL, "resources.nproc_per_node=2", "train.max_steps=16", "train.eval_every=8",
-             "checkpoint.every_steps=5", "checkpoint.keep_when_completed=true"]
+             "checkpoint.every_steps=5", "checkpoint.keep_when_completed=true", "train.warmup_steps=4",
+             "train.lr_schedule=linear"]
 
 
 class RunResult:

@@ -122,6 +122,8 @@ def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
     ("probe.max_seconds=0", "probe.max_seconds: got 0 (accepted: null (no limit) or a number of seconds > 0)"),
     ("probe.max_seconds=-30", "probe.max_seconds: got -30"),
     ("data.length_group_window=0", "data.length_group_window: got 0"),
+    ("train.lr_schedule=warmup_cosine", "train.lr_schedule: unknown schedule 'warmup_cosine' "
+                                        "(accepted: constant, linear, cosine)"),
     ("model.tokenizer.kind=bpe", "model.tokenizer.vocab_size: got None (accepted: an integer >= 259 for kind=bpe)"),
     ("precision=fp16", None),
 ])
