@@ -23,7 +23,8 @@ NON_DEFINING_KEYS = (
 # Keys added after runs were written, with the value that trains as those runs did: dropped at that
 # value, so that the runs' sweep directories still resume.
 ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto", "train.zero_shot_eval": False,
-              "train.sample_prompts": 0, "train.sample_max_new_tokens": 64, "probe.max_seconds": None}
+              "train.sample_prompts": 0, "train.sample_max_new_tokens": 64, "probe.max_seconds": None,
+              "train.lr_schedule": "constant"}
 
 
 def _drop_key(tree: dict, dotted: str) -> None:

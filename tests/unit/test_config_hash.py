@@ -25,6 +25,15 @@ def test_a_config_written_before_the_schema_hashes_as_it_does_now():
     assert config_hash(before) == config_hash(now)
 
 
+def test_a_run_written_before_a_setting_existed_keeps_its_hash_at_that_settings_old_behaviour():
+    now = _composed()
+    assert now["train"]["lr_schedule"] == "constant"  # how every run trained before the setting
+    before = copy.deepcopy(now)
+    del before["train"]["lr_schedule"]
+    assert config_hash(before) == config_hash(now)
+    assert config_hash(_composed("train.lr_schedule=linear")) != config_hash(now)
+
+
 def test_settings_that_change_the_run_change_its_hash():
     fp16 = _composed("precision=fp16")
     assert fp16["precision"]["loss_scaling"]
