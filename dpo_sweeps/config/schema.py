@@ -57,6 +57,9 @@ class TrainConfig(Section):
     """The optimizer's decoupled (adamw) or L2 (rmsprop) weight decay (>= 0)."""
     warmup_steps: int = MISSING
     """Steps of linear warmup from 0 to train.lr (>= 0); then train.lr_schedule."""
+    lr_schedule: str = "constant"
+    """After the warmup: constant (the reference DPO implementation), linear or cosine (decay to 0 at
+    train.max_steps, as transformers' schedulers of those names; TRL's DPOTrainer defaults to linear)."""
     max_grad_norm: float | None = MISSING
     """Clip the global gradient norm to this (> 0); null: no clipping (grad_norm is still logged)."""
     eval_every: int = MISSING
@@ -93,9 +96,6 @@ class TrainConfig(Section):
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
     sample_max_new_tokens: int = 64
     """With sample_prompts: the longest reply generated, in tokens (>= 1)."""
-    lr_schedule: str = "constant"
-    """After the warmup: constant (the reference DPO implementation), linear or cosine (decay to 0 at
-    train.max_steps, as transformers' schedulers of those names; TRL's DPOTrainer defaults to linear)."""
 
     def check(self) -> None:
         at_least(self.batch_size, 1, "train.batch_size")

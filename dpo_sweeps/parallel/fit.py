@@ -79,8 +79,8 @@ def check_fit(cfg, world_size: int) -> FitCheck | None:
 # that differ only in them share one fit check (launchers/preflight.py); tests/unit/test_fit_key.py
 # changes each of them and finds the estimate unchanged.
 NOT_ESTIMATED = {
-    "train": ("seed", "lr", "lr_schedule", "weight_decay", "warmup_steps", "max_steps", "eval_every", "eval_max_pairs",
-              "log_every", "max_grad_norm", "time_limit_min", "progress_bar", "save_model"),
+    "train": ("seed", "lr", "lr_schedule", "weight_decay", "warmup_steps", "max_steps", "eval_every",
+              "eval_max_pairs", "log_every", "max_grad_norm", "time_limit_min", "progress_bar", "save_model"),
     "loss": ("beta", "label_smoothing"),
     "wandb": None, "faults": None, "checkpoint": None,  # None: the whole section
 }

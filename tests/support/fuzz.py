@@ -119,8 +119,9 @@ def check_data_file(folder: Path, name: str, content: bytes) -> str:
 
 
 # Keys users set, and values of every type and range; unknown keys and group typos beside them.
-KEYS = ("train.lr", "train.batch_size", "train.micro_batch_size", "train.max_steps", "train.warmup_steps", "train.lr_schedule",
-        "train.eval_every", "train.max_grad_norm", "train.time_limit_min", "train.logps_chunk_size",
+KEYS = ("train.lr", "train.batch_size", "train.micro_batch_size", "train.max_steps", "train.warmup_steps",
+        "train.lr_schedule", "train.eval_every", "train.max_grad_norm", "train.time_limit_min",
+        "train.logps_chunk_size",
         "loss.beta", "loss.label_smoothing", "loss.sft_weight", "loss.nll_average", "data.max_length",
         "data.max_prompt_length", "data.noise", "data.eval_size", "data.max_pairs", "data.path",
         "data.truncation_mode", "fsdp.hybrid_group_size", "resources.nproc_per_node", "resources.nodes",
