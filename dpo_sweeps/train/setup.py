@@ -180,18 +180,22 @@ def build_optimizer(train: TrainConfig, policy: torch.nn.Module) -> torch.optim.
     return optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
 
 
+# train.lr_schedule (schema.LR_SCHEDULES): the share of train.lr after the warm-up, from the progress
+# through the remaining steps (0 at the warm-up's end, below 1 on every step that trains).
+DECAYS: dict[str, Callable[[float], float]] = {
+    "constant": lambda progress: 1.0,
+    "linear": lambda progress: 1.0 - progress,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+}
+
+
 def lr_factor(step: int, train: TrainConfig) -> float:
     """The share of train.lr that optimizer step `step` (0-based) takes: a linear warm-up whose first step
-    is already lr / (warmup + 1), then train.lr_schedule (schema.LR_SCHEDULES) down to 0 at max_steps."""
-    warmup = train.warmup_steps
+    is already lr / (warmup + 1), then the schedule's decay (`DECAYS`) towards 0 at train.max_steps."""
+    decay, warmup = DECAYS[train.lr_schedule], train.warmup_steps
     if step < warmup:
         return (step + 1) / (warmup + 1)
-    progress = (step - warmup) / max(1, train.max_steps - warmup)  # 0 at the warmup's end; < 1 on any step
-    if train.lr_schedule == "linear":
-        return 1.0 - progress
-    if train.lr_schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return 1.0
+    return decay((step - warmup) / max(1, train.max_steps - warmup))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
