@@ -33,15 +33,20 @@ def test_a_probe_trains_a_few_steps_and_records_speed_and_memory(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_estimate_of_a_sharded_probe_of_bench_gpt2_is_within_10_percent_of_its_peak(tmp_path):
+def test_the_estimate_of_a_sharded_probe_of_bench_gpt2_is_within_10_percent_of_its_median_peak(tmp_path):
     """A model whose parameter-sized buffers are megabytes: glibc's heap keeps what FSDP frees each
-    step (memory_estimate.heap_kept); without that term this estimate was 16% low."""
-    result = run_cli(tmp_path / "run", "model=bench_gpt2", "fsdp=full_shard", "precision=fp32",
-                     "resources.nproc_per_node=2", "resources.device=cpu", "data.num_train_pairs=512",
-                     "data.num_eval_pairs=64", "probe.steps=6", "perf.warmup_steps=1")
-    assert result.returncode == 0, result.stderr[-2000:]
-    m = result.summary["metrics"]
-    assert 0.9 < m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"] < 1.1, m
+    step (memory_estimate.heap_kept); without that term this estimate was 16% low. One probe's peak
+    moves with the order in which the heap's holes are filled (bench/README.md, the memory estimate),
+    so the estimate is held to the median of three."""
+    ratios = []
+    for attempt in range(3):
+        result = run_cli(tmp_path / f"run{attempt}", "model=bench_gpt2", "fsdp=full_shard", "precision=fp32",
+                         "resources.nproc_per_node=2", "resources.device=cpu", "data.num_train_pairs=512",
+                         "data.num_eval_pairs=64", "probe.steps=6", "perf.warmup_steps=1")
+        assert result.returncode == 0, result.stderr[-2000:]
+        m = result.summary["metrics"]
+        ratios.append(m["perf/peak_memory_estimate_gib"] / m["perf/peak_memory_gib"])
+    assert 0.9 < sorted(ratios)[1] < 1.1, ratios
 
 
 @pytest.mark.slow
