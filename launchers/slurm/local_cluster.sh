@@ -823,6 +823,20 @@ cmd_status() {
     return 1
 }
 
+# deepest_first PID... : the pids ordered by their depth in the process tree, deepest first
+deepest_first() {
+    ps -e -o pid=,ppid= | awk -v want=" $* " '
+        { parent[$1] = $2 }
+        END {
+            n = split(want, pids, " ")
+            for (i = 1; i <= n; i++) {
+                depth = 0
+                for (p = pids[i]; (p in parent) && p > 1; p = parent[p]) depth++
+                print depth, pids[i]
+            }
+        }' | sort -k1,1nr | awk '{ print $2 }'
+}
+
 cmd_kill_node() {
     require_root
     local name=${1:-} pids
@@ -833,7 +847,19 @@ cmd_kill_node() {
     netns_exists "$name" || die "node $name has no namespace (is the cluster up? \`$0 status\`)"
     pids=$(ip netns pids "$name")
     [ -n "$pids" ] || { say "node $name: no process to kill"; return 0; }
-    kill -KILL $pids 2>/dev/null || true
+    # A lost machine stops all at once; kill(1) goes through the pids one at a time. A process still
+    # running could act on another's end (srun --kill-on-bad-exit ends the job's tasks on the other nodes),
+    # so every one is stopped first (a fork made meanwhile too), then killed deepest first: a process dies
+    # after its descendants, or the kernel would wake a stopped group it orphaned (SIGHUP, SIGCONT).
+    local stopped="" new=$pids round
+    for round in 1 2 3 4 5; do
+        kill -STOP $new 2>/dev/null || true
+        stopped="$stopped $new"
+        new=$(comm -13 <(printf '%s\n' $stopped | sort) <(ip netns pids "$name" | sort))
+        [ -n "$new" ] || break
+    done
+    pids=$(ip netns pids "$name")
+    kill -KILL $(deepest_first $pids) 2>/dev/null || true
     say "node $name: killed $(echo $pids | wc -w) processes (slurmd, job steps, ranks); SLURM marks it down after SlurmdTimeout"
     say "bring it back with: $0 start --nodes $NODES $STATE_DIR"
 }
