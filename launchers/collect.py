@@ -91,6 +91,12 @@ def collect(job: SweepJob, submitted: Any, started: float, attempt: str, timeout
     return failed_return(job.overrides, JobNotRun(f"{kind}: {message}"), job)
 
 
+# The lines submitit wraps a job's stderr in ("Job X (task: 0) with path ...", "has not produced any
+# output (state: S)", "Error stream produced:"): they say nothing the state does not; a cause, if any,
+# is in the stderr below them (a rank whose stderr has none adds no detail).
+SUBMITIT_FRAMING = ("Job ", "has not produced any output", "Error stream produced:", "No error stream produced")
+
+
 def _failure_message(found: RankReport | None, state: str, error: BaseException | None, submitted: Any) -> str:
     """The failure message of a job that ended without rank 0's summary.json (`found`: first_failure's)."""
     if found is not None and found.reported_by is not None:  # a rank recorded why
@@ -98,9 +104,13 @@ def _failure_message(found: RankReport | None, state: str, error: BaseException 
     detail = ""
     if error is not None:
         lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not set(ln.strip()) <= {"-"}]
-        # submitit's message opens with "Job X (task: 0) with path ..."; the cause is further down.
-        causes = [ln for ln in lines if "Error" in ln or "error" in ln or "Killed" in ln]
-        detail = (causes[-1] if causes else lines[0] if lines else type(error).__name__)[:300]
+        own = [ln for ln in lines if not ln.startswith(SUBMITIT_FRAMING)]
+        causes = [ln for ln in own if "Error" in ln or "error" in ln or "Killed" in ln]
+        if causes:
+            detail = causes[-1]
+        elif len(own) == len(lines):  # not submitit's message: its first line
+            detail = lines[0] if lines else type(error).__name__
+        detail = detail[:300]
     logs = ""
     try:
         logs = f"; logs: {submitted.paths.folder}"
