@@ -17,7 +17,13 @@ from hydra.core.utils import JobReturn, JobStatus
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.launchers.base import JobNotRun, failed_return, task_overrides
 from dpo_sweeps.launchers.jobs import SweepJob
-from dpo_sweeps.launchers.slurm.forensics import STATE_KINDS, ended_in_srun_log, name_the_dead_rank, state_of
+from dpo_sweeps.launchers.slurm.forensics import (
+    STATE_KINDS,
+    ended_in_srun_log,
+    lost_node_report,
+    name_the_dead_rank,
+    state_of,
+)
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.rank_failures import RankReport, first_failure
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, write_summary
@@ -71,6 +77,8 @@ def collect(job: SweepJob, submitted: Any, started: float, attempt: str, timeout
     if kind == "crash" and timeout_min and elapsed >= 60 * timeout_min - 5:
         kind = "timeout"
     found = first_failure(job.run_dir, ended_in_srun_log(submitted))
+    if found is None and kind == "node_failure":  # the lost node's srun log went with it: its heartbeats tell
+        found = lost_node_report(job.run_dir)
     message = _failure_message(found, state, error, submitted)
     if kind == "crash" and found is not None and found.reported_by is not None:  # what a rank recorded beats "the job ended"
         kind = found.failure.kind

@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.errors import FailureKind
-from dpo_sweeps.rundir.rank_failures import first_failure
+from dpo_sweeps.errors import Failure, FailureKind
+from dpo_sweeps.rundir.rank_failures import RankReport, first_failure
 from dpo_sweeps.rundir.summary import Summary, rewrite_summary
+from dpo_sweeps.runtime.watchdog import STALE_S, read_heartbeats
 
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
@@ -81,3 +82,30 @@ def ended_in_srun_log(submitted: Any) -> list[tuple[int, str]]:
         return []
     node, ranks, how = first
     return [(r, f"rank {r} ended abruptly on node {node} ({how})") for r in ranks]
+
+
+def lost_node_report(run_dir: Path, stale_s: float = STALE_S) -> RankReport | None:
+    """The node lost first, read from the ranks' heartbeats, for a job SLURM ended NODE_FAIL before any
+    rank recorded why (the survivors were still waiting in a collective when SLURM killed them): the
+    node whose ranks all stopped beating at least `stale_s` before any rank of another node did. Its
+    first rank is the failed one. None when the heartbeats do not tell (one node, or all stopped
+    within `stale_s` of each other)."""
+    beats = read_heartbeats(run_dir)
+    by_host: dict[str, list[int]] = {}
+    for rank, beat in beats.items():
+        by_host.setdefault(str(beat.get("host")), []).append(rank)
+    if len(by_host) < 2:
+        return None
+    last = {host: max(beats[r]["time"] for r in ranks) for host, ranks in by_host.items()}
+    lost = min(last, key=last.__getitem__)
+    gap = min(t for host, t in last.items() if host != lost) - last[lost]
+    if gap < stale_s:
+        return None
+    ranks = sorted(by_host[lost])
+    beat = max((beats[r] for r in ranks), key=lambda b: b["time"])
+    at = f"step {beat.get('step')} ({beat.get('phase')})" if beat.get("step") is not None else str(beat.get("phase"))
+    listed = ", ".join(map(str, ranks))
+    message = (f"rank {ranks[0]} lost with its node {lost} (ranks {listed} there): their heartbeats stopped "
+               f"{gap:.0f} s before the other nodes' ranks, the last at {at}")
+    return RankReport(Failure(FailureKind.NODE_FAILURE, message, rank=ranks[0], step=beat.get("step")),
+                      reported_by=None)

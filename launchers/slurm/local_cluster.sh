@@ -8,6 +8,8 @@
 #   local_cluster.sh status [STATE_DIR]             exit 0 when the cluster is up and healthy, 1 otherwise
 #   local_cluster.sh kill-node NAME [STATE_DIR]     a lost node: kill every process in node NAME's namespaces
 #                                                   (its slurmd, job steps, ranks); `start` brings it back
+#       --silent                                    cut its link first, so no peer sees a connection close
+#                                                   (a machine that lost power): peers wait in a collective
 #
 # --nodes 1 (the default): this machine is the one compute node (its hostname, 127.0.0.1).
 # --nodes N > 1: node i is its own host: a network and UTS namespace with hostname dpo-n<i> and
@@ -53,7 +55,7 @@ say() { printf '[local_cluster] %s\n' "$*"; }
 die() { printf '[local_cluster] error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-2}"
 }
 
@@ -845,6 +847,12 @@ cmd_kill_node() {
     [ "$NODES" != 1 ] || die "kill-node needs a cluster of several nodes (start --nodes N); this one is this machine"
     [[ " ${NODE_NAMES[*]} " == *" $name "* ]] || die "no node '$name' (accepted: ${NODE_NAMES[*]})"
     netns_exists "$name" || die "node $name has no namespace (is the cluster up? \`$0 status\`)"
+    if [ "$OPT_SILENT" = 1 ]; then
+        # the node's end of the bridge goes down: what its processes send from now on (a FIN, a RST as they
+        # die) is lost, as from a machine without power; `start` brings the link up again
+        ip link set "dpo-h${name#dpo-n}" down
+        say "node $name: link dpo-h${name#dpo-n} down"
+    fi
     pids=$(ip netns pids "$name")
     [ -n "$pids" ] || { say "node $name: no process to kill"; return 0; }
     # A lost machine stops all at once; kill(1) goes through the pids one at a time. A process still
@@ -868,16 +876,19 @@ main() {
     local cmd=${1:-} args=()
     [ $# -gt 0 ] && shift
     OPT_NODES=1
+    OPT_SILENT=0
     while [ $# -gt 0 ]; do
         case "$1" in
             --nodes) [ $# -ge 2 ] || usage; OPT_NODES=$2; shift 2 ;;
             --nodes=*) OPT_NODES=${1#--nodes=}; shift ;;
+            --silent) OPT_SILENT=1; shift ;;
             -*) usage ;;
             *) args+=("$1"); shift ;;
         esac
     done
     [ "${#args[@]}" -le "$([ "$cmd" = kill-node ] && echo 2 || echo 1)" ] || usage
     [ "$OPT_NODES" = 1 ] || [ "$cmd" = start ] || die "--nodes goes with start only"
+    [ "$OPT_SILENT" = 0 ] || [ "$cmd" = kill-node ] || die "--silent goes with kill-node only"
     case "$cmd" in
         kill-node) [ "${#args[@]}" -ge 1 ] || usage; cmd_kill_node "${args[@]}" ;;
         install) cmd_install ;;

@@ -66,6 +66,8 @@ setup_node_network() {
             ip -n "$ns" addr add "${NODE_ADDRS[$((i - 1))]}/24" dev "$node_if"
             ip -n "$ns" link set "$node_if" up
             say "namespace $ns: ${NODE_ADDRS[$((i - 1))]} (veth $host_if on $BRIDGE)"
+        else
+            ip link set "$host_if" up  # cut by `kill-node --silent`
         fi
         if ! grep -q "^${NODE_ADDRS[$((i - 1))]} $ns $HOSTS_TAG" /etc/hosts; then
             local kept
