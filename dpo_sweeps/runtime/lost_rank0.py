@@ -31,7 +31,7 @@ from pathlib import Path
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.summary import SUMMARY, Summary
-from dpo_sweeps.runtime.watchdog import POLL_S, STALE_S, Watchdog
+from dpo_sweeps.runtime.watchdog import POLL_S, STALE_S, Watchdog, beat_position
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,10 @@ def rank0_last_beat(run_dir: Path, watchdog: Watchdog, summary_before: tuple[int
 def lost_rank0_failure(beat: dict, own: Failure, reporter: int) -> Failure:
     """The failure of a run whose rank 0 ended without a word (`beat`: its last heartbeat), as the
     surviving rank `reporter` writes it (`own`: what that rank itself saw, a peer going away)."""
-    step, phase = beat.get("step"), beat.get("phase")
-    at = f"step {step} ({phase})" if step is not None else str(phase)
     message = (f"rank 0 ended abruptly on node {beat.get('host') or '?'} (no heartbeat for {STALE_S:.0f} s, "
-               f"the last at {at}; it wrote no summary); rank {reporter} saw: {own.cause or own.message}")
-    return Failure(FailureKind.CRASH, message, rank=0, step=step)
+               f"the last at {beat_position(beat)}; it wrote no summary); rank {reporter} saw: "
+               f"{own.cause or own.message}")
+    return Failure(FailureKind.CRASH, message, rank=0, step=beat.get("step"))
 
 
 def write_for_lost_rank0(run_dir: Path, write: Callable[[], Summary],

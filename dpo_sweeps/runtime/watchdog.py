@@ -79,6 +79,12 @@ def _write_heartbeat(path: Path, beat: dict) -> None:
     os.replace(tmp, path)
 
 
+def beat_position(beat: dict) -> str:
+    """Where a heartbeat says its rank was: "step 3 (backward)", or its phase alone before a first step."""
+    step, phase = beat.get("step"), beat.get("phase")
+    return f"step {step} ({phase})" if step is not None else str(phase)
+
+
 def hang_failure(beats: dict[int, dict], stale: set[int], bound_s: float) -> Failure:
     """The `hang` failure for ranks that made no progress for bound_s: which rank held the others up."""
     if stale:

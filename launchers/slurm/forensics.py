@@ -15,7 +15,7 @@ from typing import Any
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.rundir.rank_failures import RankReport, first_failure
 from dpo_sweeps.rundir.summary import Summary, rewrite_summary
-from dpo_sweeps.runtime.watchdog import STALE_S, read_heartbeats
+from dpo_sweeps.runtime.watchdog import STALE_S, beat_position, read_heartbeats
 
 # SLURM job states (sacct) and the summary.json failure.kind each means.
 STATE_KINDS = {"TIMEOUT": "timeout", "PREEMPTED": "preempted", "OUT_OF_MEMORY": "oom", "DEADLINE": "timeout",
@@ -103,9 +103,8 @@ def lost_node_report(run_dir: Path, stale_s: float = STALE_S) -> RankReport | No
         return None
     ranks = sorted(by_host[lost])
     beat = max((beats[r] for r in ranks), key=lambda b: b["time"])
-    at = f"step {beat.get('step')} ({beat.get('phase')})" if beat.get("step") is not None else str(beat.get("phase"))
     listed = ", ".join(map(str, ranks))
     message = (f"rank {ranks[0]} lost with its node {lost} (ranks {listed} there): their heartbeats stopped "
-               f"{gap:.0f} s before the other nodes' ranks, the last at {at}")
+               f"{gap:.0f} s before the other nodes' ranks, the last at {beat_position(beat)}")
     return RankReport(Failure(FailureKind.NODE_FAILURE, message, rank=ranks[0], step=beat.get("step")),
                       reported_by=None)

@@ -13,6 +13,7 @@ from submitit.core.utils import UncompletedJobError
 from dpo_sweeps.errors import FailureKind
 from dpo_sweeps.launchers.collect import _failure_message
 from dpo_sweeps.launchers.slurm.forensics import lost_node_report
+from dpo_sweeps.runtime.watchdog import heartbeat_dir
 
 SUBMITTED = SimpleNamespace(paths=SimpleNamespace(folder="/runs/.submitit/216"))
 
@@ -46,7 +47,7 @@ def test_an_error_of_another_kind_gives_its_first_line():
 
 def write_beats(run_dir, beats: dict[int, tuple[str, float, int]]) -> None:
     """Heartbeats as the ranks' watchdogs leave them (INTERFACE.md): rank -> (host, time, step)."""
-    folder = run_dir / "heartbeats"
+    folder = heartbeat_dir(run_dir)
     folder.mkdir(parents=True)
     for rank, (host, at, step) in beats.items():
         (folder / f"rank{rank}.json").write_text(json.dumps({
