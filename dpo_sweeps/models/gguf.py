@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE_SCHEME = "pkg://"
 GGUF_SOURCES = "a local .gguf file, or pkg://PACKAGE/FILE for a file inside an installed Python package"
+GGUF_MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file (the format's own magic number)
 # Marks a complete cache entry; written last, so a folder without it is a fill that did not finish.
 COMPLETE = "source.json"
 HASH_CHUNK = 1 << 22
@@ -46,7 +47,7 @@ def gguf_cache_root() -> Path:
 
 
 def resolve_gguf_file(spec: str, install_hint: str | None = None) -> Path:
-    """The GGUF file `model.gguf_file` names; a one-line InvalidConfig when it does not exist."""
+    """The GGUF file `model.gguf_file` names; a one-line InvalidConfig when it does not exist or is not GGUF."""
     hint = f"; to get it: {install_hint}" if install_hint else ""
     if spec.startswith(PACKAGE_SCHEME):
         package, _, name = spec[len(PACKAGE_SCHEME):].partition("/")
@@ -62,6 +63,15 @@ def resolve_gguf_file(spec: str, install_hint: str | None = None) -> Path:
         path = Path(spec).expanduser()
     if not path.is_file():
         raise InvalidConfig("model.gguf_file", f"no such file '{spec}' (resolved to {path}){hint}", GGUF_SOURCES)
+    # Read here, before any job starts: a rank would only find it out when transformers parses the file.
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise InvalidConfig("model.gguf_file", f"cannot read '{spec}': {exc.strerror}", GGUF_SOURCES) from exc
+    if magic != GGUF_MAGIC:
+        raise InvalidConfig("model.gguf_file", f"'{spec}' is not a GGUF file (it does not open with the bytes "
+                            "'GGUF')", GGUF_SOURCES)
     return path.resolve()
 
 

@@ -20,6 +20,7 @@ from dpo_sweeps.config.schema_errors import schema_refusal
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.dpo.losses import LOSS_SCHEMAS
 from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.models.gguf import GGUF_MAGIC
 
 CONF = REPO / "conf"
 # Group options that compose to a runnable config as they are (preference needs data.path).
@@ -80,7 +81,7 @@ def test_every_conf_file_fits_the_schema_and_passes_validation(group, tmp_path):
             with pytest.raises(InvalidConfig) as refused:
                 validate_config(_typed(cfg), REPO)
             assert refused.value.setting == "model.gguf_file" and cfg.model.install_hint in str(refused.value)
-            (tmp_path / "model.gguf").touch()
+            (tmp_path / "model.gguf").write_bytes(GGUF_MAGIC)  # a file that opens as GGUF does
             cfg.model.gguf_file = str(tmp_path / "model.gguf")
         validate_config(_typed(cfg), REPO)
 
@@ -106,6 +107,22 @@ def test_a_wrong_type_or_unknown_key_is_refused_naming_the_key(override, setting
     refusal = _refusal(override)
     assert refusal.setting == setting and text in str(refusal)
     assert "\n" not in str(refusal)
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    (b"", "an empty file"),
+    (b'{"model_type": "llama"}', "a config.json renamed"),
+    (b"PK\x03\x04" + bytes(60), "a zip archive (a wheel, not the file inside it)"),
+], ids=["empty", "json", "zip"])
+def test_a_file_that_is_not_gguf_is_refused_before_any_process(tmp_path, content, what):
+    """A rank would find it out only when transformers parses the file, after the job started."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    cfg = _compose("model=smollm2_135m", f"model.gguf_file={path}")
+    with pytest.raises(InvalidConfig) as caught:
+        validate_config(_typed(cfg), REPO)
+    assert str(caught.value).startswith(f"model.gguf_file: '{path}' is not a GGUF file"), what
+    assert "\n" not in str(caught.value)
 
 
 def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
