@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import typing
 from functools import cache
 from pathlib import Path
@@ -60,7 +61,16 @@ def _type_text(cls: type, field: dataclasses.Field) -> str:
     if isinstance(hint, str):
         return hint
     text = str(hint) if typing.get_origin(hint) else getattr(hint, "__name__", str(hint))
-    return text.replace("typing.", "").replace("NoneType", "None").replace("Optional[float]", "float | None")
+    text = re.sub(r"\b(?:[a-z_]\w*\.)+(?=[A-Za-z_]\w*)", "", text)  # dpo_sweeps.dpo.losses.schema.MixTerm: MixTerm
+    return re.sub(r"Optional\[(.+)\]", r"\1 | None", text.replace("NoneType", "None"))
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    """The dataclass a field holds: its type, or the one inside `X | None` or `list[X]`."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
+    inner = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+    return inner[0] if len(inner) == 1 else None
 
 
 def _default_text(field: dataclasses.Field) -> str:
@@ -97,9 +107,10 @@ def _table(prefix: str, cls: type) -> tuple[list[str], list[tuple[str, type]]]:
     for field in dataclasses.fields(cls):
         if field.name.startswith("_"):
             continue
-        hint = typing.get_type_hints(cls).get(field.name) if not _unresolved(cls) else None
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            nested.append((f"{prefix}.{field.name}", hint))
+        inner = _dataclass_in(typing.get_type_hints(cls).get(field.name)) if not _unresolved(cls) else None
+        if inner is not None:
+            is_list = typing.get_origin(typing.get_type_hints(cls)[field.name]) is list
+            nested.append((f"{prefix}.{field.name}" + ("[]" if is_list else ""), inner))
         lines.append(f"| `{prefix}.{field.name}` | `{_cell(_type_text(cls, field))}` | {_default_text(field)} | "
                      f"{_cell(_description(cls, field))} |")
     return lines, nested
@@ -138,17 +149,18 @@ def _group_schemas(section: str) -> dict[str, type]:
     return schemas
 
 
-def render() -> str:
-    """The page's Markdown, from the schema as it is imported now."""
+def render(root: type | None = None) -> str:
+    """The page's Markdown, from the schema as it is imported now (`root`: the config class; default `Config`)."""
     import dpo_sweeps  # noqa: F401  (registers every schema in the ConfigStore)
     from dpo_sweeps.config.schema import Config
 
+    Config = root or Config  # noqa: N806
     hints = typing.get_type_hints(Config)
     lines = [INTRO, "Sections: " + ", ".join(f"[`{f.name}`](#{f.name})" for f in dataclasses.fields(Config)), ""]
     for field in dataclasses.fields(Config):
-        hint = hints.get(field.name)
+        hint = _dataclass_in(hints.get(field.name))
         doc = _field_docs(Config).get(field.name)
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if hint is not None:
             lines += [f"## {field.name}", ""] + ([doc, ""] if doc else [])
             rows, nested = _table(field.name, hint)
             class_doc = inspect.getdoc(hint) if hint.__doc__ and not hint.__doc__.startswith(hint.__name__ + "(") else None
