@@ -92,15 +92,46 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _description(cls: type, field: dataclasses.Field) -> str:
-    doc = _field_docs(cls).get(field.name)
-    if doc:
-        return doc
+@dataclasses.dataclass
+class ConfFile:
+    """What a conf/ file says of its keys: a group's file documents the keys its schema leaves undocumented
+    (a loss's hyperparameters are documented in conf/loss/NAME.yaml, once: dpo/losses/schema.py)."""
+
+    path: str
+    header: str  # the comment block the file opens with
+    comments: dict[str, str]  # top-level key: the comment lines right above it
+    values: dict[str, str]  # top-level key: its value as written
+
+    @classmethod
+    def read(cls, path: Path, repo: Path) -> ConfFile:
+        lines = path.read_text().splitlines()
+        header = []
+        for line in lines:
+            if not line.startswith("#"):
+                break
+            header.append(line[1:].removeprefix(" "))
+        comments, values, pending = {}, {}, []
+        for line in lines[len(header):]:
+            key = re.match(r"([A-Za-z_]\w*):\s*(.*)$", line)
+            if line.startswith("#"):
+                pending.append(line.lstrip("# ").rstrip())
+            elif key:
+                if pending:
+                    comments[key.group(1)] = " ".join(pending)
+                values[key.group(1)] = key.group(2).split(" #")[0].strip()
+                pending = []
+            elif not line.startswith(" "):
+                pending = []
+        return cls(str(path.relative_to(repo)), "\n".join(header), comments, values)
+
+
+def _description(cls: type, field: dataclasses.Field, conf: ConfFile | None = None) -> str:
+    doc = _field_docs(cls).get(field.name) or (conf.comments.get(field.name, "") if conf else "")
     accepted = next((getattr(v, "accepted", None) for v in field.metadata.values()), None)
-    return f"Accepted: {accepted}." if accepted else ""
+    return " ".join(part for part in (doc, f"Accepted: {accepted}." if accepted else "") if part)
 
 
-def _table(prefix: str, cls: type) -> tuple[list[str], list[tuple[str, type]]]:
+def _table(prefix: str, cls: type, conf: ConfFile | None = None) -> tuple[list[str], list[tuple[str, type]]]:
     """The rows of `cls`'s fields, and the nested dataclasses to render after it."""
     lines = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
     nested = []
@@ -111,8 +142,11 @@ def _table(prefix: str, cls: type) -> tuple[list[str], list[tuple[str, type]]]:
         if inner is not None:
             is_list = typing.get_origin(typing.get_type_hints(cls)[field.name]) is list
             nested.append((f"{prefix}.{field.name}" + ("[]" if is_list else ""), inner))
-        lines.append(f"| `{prefix}.{field.name}` | `{_cell(_type_text(cls, field))}` | {_default_text(field)} | "
-                     f"{_cell(_description(cls, field))} |")
+        default = _default_text(field)
+        if conf and field.name in conf.values and default == "*set by conf/*":
+            default = f"`{conf.values[field.name]}` (its conf/ file)" if conf.values[field.name] else default
+        lines.append(f"| `{prefix}.{field.name}` | `{_cell(_type_text(cls, field))}` | {_cell(default)} | "
+                     f"{_cell(_description(cls, field, conf))} |")
     return lines, nested
 
 
@@ -124,16 +158,27 @@ def _unresolved(cls: type) -> bool:
         return True
 
 
-def _section(prefix: str, cls: type, level: int, title: str | None = None) -> list[str]:
+def _section(prefix: str, cls: type, level: int, title: str | None = None, conf: ConfFile | None = None) -> list[str]:
     lines = [f"{'#' * level} {title or f'`{prefix}`'}", ""]
     doc = inspect.getdoc(cls) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else None
     if doc:
         lines += [doc, ""]
-    rows, nested = _table(prefix, cls)
+    if conf and conf.header:
+        lines += [f"`{conf.path}` opens with:", "", "```text", conf.header, "```", ""]
+    rows, nested = _table(prefix, cls, conf)
     lines += rows + [""]
     for name, inner in nested:
         lines += _section(name, inner, level + 1)
     return lines
+
+
+def _conf_file(section: str, schema: str) -> ConfFile | None:
+    """conf/<section>/<schema>.yaml, the group's file of the same name as the schema (a loss's), if there is one."""
+    from dpo_sweeps.config import config_dir
+
+    conf = Path(config_dir())
+    path = conf / section / f"{schema}.yaml"
+    return ConfFile.read(path, conf.parent) if path.exists() else None
 
 
 def _group_schemas(section: str) -> dict[str, type]:
@@ -173,7 +218,8 @@ def render(root: type | None = None) -> str:
         if not schemas:
             lines += [f"`{field.name}` is typed `{_type_text(Config, field)}`.", ""]
         for name, schema in schemas.items():
-            lines += _section(field.name, schema, 3, title=f"`{field.name}`: the `{name}` schema (`schema/{field.name}/{name}`)")
+            lines += _section(field.name, schema, 3, title=f"`{field.name}`: the `{name}` schema (`schema/{field.name}/{name}`)",
+                              conf=_conf_file(field.name, name))
     return "\n".join(lines) + "\n"
 
 

@@ -198,3 +198,13 @@ def test_readme_links_point_at_files_that_exist():
                if not re.match(r"[a-z]+:", m.group(1))}
     missing = sorted(t for t in targets if t and not (REPO / t).exists())
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run mirrors the README's second command, step by step (quietly: `pip install -q`), then builds the site."""
+    readme = (REPO / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("python3 -m venv") and "pytest" in line)
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    for step in (s.strip() for s in command.split("&&")):
+        assert step.replace("pip install ", "pip install -q ") in ci, step
+    assert "mkdocs build --strict" in ci
