@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 
 from omegaconf import MISSING
 from support import REPO
@@ -17,6 +18,7 @@ from dpo_sweeps.config.section import Section
 def generator():
     spec = importlib.util.spec_from_file_location("config_reference", REPO / "docs" / "hooks" / "config_reference.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as MkDocs loads a hook
     spec.loader.exec_module(module)
     return module
 
