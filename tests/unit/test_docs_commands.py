@@ -1,7 +1,8 @@
 """Every dpo-sweeps command the docs show composes: a documented override that no longer exists fails here.
 
 The commands are read from the shell code blocks (```bash, ```sh, ```console, ``` with no language) of
-README.md and docs/**/*.md. A line may chain commands (`&&`, `||`, `;`, `|`) and end in a `# comment`; each
+README.md and docs/**/*.md, and the override lists of `api.compose([...])` and `api.train([...])` calls in
+their ```python blocks. A line may chain commands (`&&`, `||`, `;`, `|`) and end in a `# comment`; each
 command of the chain is judged on its own. What is checked, and the only things skipped:
 - checked: a command whose program is `python`/`python3` with `-m dpo_sweeps`, `dpo-sweeps`, or
   `torchrun`/`dpo-sweeps-torchrun` running `-m dpo_sweeps` (leading `NAME=value` environment settings and a
@@ -18,6 +19,7 @@ Composing reads no data and no model, so a command that needs a file this machin
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from dataclasses import dataclass
@@ -63,6 +65,34 @@ def shell_lines(path: Path) -> list[tuple[int, str, str]]:
     return out
 
 
+def python_blocks(path: Path) -> list[tuple[int, str]]:
+    """(first line number, code) of every ```python block."""
+    blocks, block, start, code = [], None, 0, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fence = FENCE.match(line.strip())
+        if fence and block is None:
+            block, start, code = fence.group(2), number + 1, []
+        elif fence:
+            if block == "python":
+                blocks.append((start, "\n".join(code)))
+            block = None
+        elif block is not None:
+            code.append(line)
+    return blocks
+
+
+def api_overrides(path: Path) -> list[tuple[int, list[str]]]:
+    """The override lists a ```python block passes to `api.compose([...])` or `api.train([...])`."""
+    found = []
+    for start, code in python_blocks(path):
+        for node in ast.walk(ast.parse(code)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("compose", "train")
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "api"
+                    and node.args and isinstance(node.args[0], ast.List)):
+                found.append((start + node.lineno - 1, [ast.literal_eval(e) for e in node.args[0].elts]))
+    return found
+
+
 def dpo_sweeps_arguments(tokens: list[str]) -> list[str] | None:
     """The arguments a command gives dpo-sweeps, or None when the command is not dpo-sweeps."""
     while tokens and ENV_SETTING.match(tokens[0]):
@@ -101,6 +131,8 @@ def documented_commands() -> tuple[list[DocCommand], int]:
                 assert not options, f"{where}: options the docs' check does not know: {options}"
                 overrides = tuple(a for a in arguments if a not in ("-m", "--multirun"))
                 commands.append(DocCommand(where, multirun, overrides))
+        for number, overrides in api_overrides(path):
+            commands.append(DocCommand(f"{path.relative_to(REPO)}:{number}", False, tuple(overrides)))
     return commands, refusals
 
 
@@ -115,6 +147,7 @@ def test_the_docs_show_the_commands_a_newcomer_runs():
     assert {"README.md", "docs/runs.md", "docs/sweeps.md", "docs/optuna.md", "docs/losses.md"} <= pages, pages
     assert sum(c.multirun for c in COMMANDS) >= 10 and sum(not c.multirun for c in COMMANDS) >= 10
     assert REFUSALS >= 3  # the refusals runs.md shows
+    assert ("loss=ipo", "train.max_steps=20") in {c.overrides for c in COMMANDS if c.where.startswith("docs/api.md")}
 
 
 def sweep_points(master, overrides: list[str]) -> list[list[str]]:
