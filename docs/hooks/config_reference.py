@@ -53,11 +53,23 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _type_text(cls: type, field: dataclasses.Field) -> str:
+def _hints(cls: type) -> dict[str, Any]:
+    """The fields' types; a field whose annotation its module cannot resolve keeps it as written (a string)."""
     try:
-        hint = typing.get_type_hints(cls).get(field.name, field.type)
-    except Exception:  # a forward reference the module cannot resolve: its annotation as written
-        hint = field.type
+        return typing.get_type_hints(cls)
+    except Exception:
+        namespace = vars(inspect.getmodule(cls) or typing)
+        hints = {}
+        for field in dataclasses.fields(cls):
+            try:
+                hints[field.name] = eval(field.type, namespace) if isinstance(field.type, str) else field.type  # noqa: S307
+            except Exception:
+                hints[field.name] = field.type
+        return hints
+
+
+def _type_text(cls: type, field: dataclasses.Field) -> str:
+    hint = _hints(cls).get(field.name, field.type)
     if isinstance(hint, str):
         return hint
     text = str(hint) if typing.get_origin(hint) else getattr(hint, "__name__", str(hint))
@@ -138,9 +150,9 @@ def _table(prefix: str, cls: type, conf: ConfFile | None = None) -> tuple[list[s
     for field in dataclasses.fields(cls):
         if field.name.startswith("_"):
             continue
-        inner = _dataclass_in(typing.get_type_hints(cls).get(field.name)) if not _unresolved(cls) else None
+        inner = _dataclass_in(_hints(cls).get(field.name))
         if inner is not None:
-            is_list = typing.get_origin(typing.get_type_hints(cls)[field.name]) is list
+            is_list = typing.get_origin(_hints(cls)[field.name]) is list
             nested.append((f"{prefix}.{field.name}" + ("[]" if is_list else ""), inner))
         default = _default_text(field)
         if conf and field.name in conf.values and default == "*set by conf/*":
@@ -148,14 +160,6 @@ def _table(prefix: str, cls: type, conf: ConfFile | None = None) -> tuple[list[s
         lines.append(f"| `{prefix}.{field.name}` | `{_cell(_type_text(cls, field))}` | {_cell(default)} | "
                      f"{_cell(_description(cls, field, conf))} |")
     return lines, nested
-
-
-def _unresolved(cls: type) -> bool:
-    try:
-        typing.get_type_hints(cls)
-        return False
-    except Exception:
-        return True
 
 
 def _section(prefix: str, cls: type, level: int, title: str | None = None, conf: ConfFile | None = None) -> list[str]:
@@ -200,7 +204,7 @@ def render(root: type | None = None) -> str:
     from dpo_sweeps.config.schema import Config
 
     Config = root or Config  # noqa: N806
-    hints = typing.get_type_hints(Config)
+    hints = _hints(Config)
     lines = [INTRO, "Sections: " + ", ".join(f"[`{f.name}`](#{f.name})" for f in dataclasses.fields(Config)), ""]
     for field in dataclasses.fields(Config):
         hint = _dataclass_in(hints.get(field.name))
