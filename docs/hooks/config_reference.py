@@ -101,7 +101,9 @@ def _yaml(value: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: on one line, its pipes escaped outside code spans (a table ignores those inside)."""
+    parts = " ".join(text.split()).split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
 @dataclasses.dataclass
@@ -157,7 +159,7 @@ def _table(prefix: str, cls: type, conf: ConfFile | None = None) -> tuple[list[s
         default = _default_text(field)
         if conf and field.name in conf.values and default == "*set by conf/*":
             default = f"`{conf.values[field.name]}` (its conf/ file)" if conf.values[field.name] else default
-        lines.append(f"| `{prefix}.{field.name}` | `{_cell(_type_text(cls, field))}` | {_cell(default)} | "
+        lines.append(f"| `{prefix}.{field.name}` | {_cell(f'`{_type_text(cls, field)}`')} | {_cell(default)} | "
                      f"{_cell(_description(cls, field, conf))} |")
     return lines, nested
 
