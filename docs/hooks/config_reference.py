@@ -100,9 +100,15 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _text(text: str) -> str:
+    """A docstring as Markdown: `<conf/model file>` is text, not an HTML tag (code spans are left as they are)."""
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;").replace(">", "&gt;") for i, part in enumerate(parts))
+
+
 def _cell(text: str) -> str:
     """One table cell: on one line, its pipes escaped outside code spans (a table ignores those inside)."""
-    parts = " ".join(text.split()).split("`")
+    parts = _text(" ".join(text.split())).split("`")
     return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
@@ -168,7 +174,7 @@ def _section(prefix: str, cls: type, level: int, title: str | None = None, conf:
     lines = [f"{'#' * level} {title or f'`{prefix}`'}", ""]
     doc = inspect.getdoc(cls) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else None
     if doc:
-        lines += [doc, ""]
+        lines += [_text(doc), ""]
     if conf and conf.header:
         lines += [f"`{conf.path}` opens with:", "", "```text", conf.header, "```", ""]
     rows, nested = _table(prefix, cls, conf)
@@ -212,20 +218,21 @@ def render(root: type | None = None) -> str:
         hint = _dataclass_in(hints.get(field.name))
         doc = _field_docs(Config).get(field.name)
         if hint is not None:
-            lines += [f"## {field.name}", ""] + ([doc, ""] if doc else [])
+            lines += [f"## {field.name}", ""] + ([_text(doc), ""] if doc else [])
             rows, nested = _table(field.name, hint)
             class_doc = inspect.getdoc(hint) if hint.__doc__ and not hint.__doc__.startswith(hint.__name__ + "(") else None
-            lines += ([class_doc, ""] if class_doc else []) + rows + [""]
+            lines += ([_text(class_doc), ""] if class_doc else []) + rows + [""]
             for name, inner in nested:
                 lines += _section(name, inner, 3)
             continue
         schemas = _group_schemas(field.name)
-        lines += [f"## {field.name}", ""] + ([doc, ""] if doc else [])
+        lines += [f"## {field.name}", ""] + ([_text(doc), ""] if doc else [])
         if not schemas:
             lines += [f"`{field.name}` is typed `{_type_text(Config, field)}`.", ""]
         for name, schema in schemas.items():
-            lines += _section(field.name, schema, 3, title=f"`{field.name}`: the `{name}` schema (`schema/{field.name}/{name}`)",
-                              conf=_conf_file(field.name, name))
+            conf = _conf_file(field.name, name)
+            title = f"`{field.name}={name}`" if conf else f"`{field.name}`: the `{name}` schema"
+            lines += _section(field.name, schema, 3, title=title, conf=conf)
     return "\n".join(lines) + "\n"
 
 
