@@ -34,13 +34,14 @@ from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory
 from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler, slow_on_this_cpu
+from dpo_sweeps.parallel.process_memory import release_freed_heap, resident_bytes
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
-from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
+from dpo_sweeps.train.perf import GIB, PerfMeter, trained_before
 from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.samples import write_samples
