@@ -75,7 +75,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
                           **attempt_cost(ctx))
         if trainer is not None:
             summary = dataclasses.replace(
-                summary, resumed_from_step=trainer.resumed_from, data=trainer.data_counts, layout=trainer.layout,
+                summary, resumed_from_step=trainer.resumed_from, data=trainer.setup_summary.data,
+                layout=trainer.setup_summary.layout,
                 plan=trainer.plan.as_dict(), broken_checkpoints=trainer.broken_checkpoints() or None)
         return write_summary(ctx.run_dir, summary)
 
