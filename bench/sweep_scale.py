@@ -7,7 +7,7 @@
 
 Each measurement is one `python -m dpo_sweeps -m 'train.seed=range(0,N)' hydra.sweeper.dry_run=true`
 process with the fit check on (`resources.device_memory_gib`): composing every point, the pre-launch
-checks (launchers/preflight.py, dpo_sweeps/config/validate.py), the fit check and the listing. The
+checks (launchers/preflight.py, dpo_sweeps/checks/validate.py), the fit check and the listing. The
 sizes alternate within each repeat (100, 1,000, 10,000, 100, ...), and the table gives each size's
 median wall time and the sweep process's peak resident memory (its own, from wait4: the estimator
 process it starts is not counted). `--resume N` instead writes N completed runs of one real run

@@ -9,8 +9,8 @@ from pathlib import Path
 import hydra
 from hydra.errors import CompactHydraException
 
+from dpo_sweeps.checks.schema_errors import group_refusal, one_line_message, removed_group_refusal, schema_refusal
 from dpo_sweeps.config import config_dir
-from dpo_sweeps.config.schema_errors import group_refusal, one_line_message, removed_group_refusal, schema_refusal
 from dpo_sweeps.errors import RunFailure, say
 from dpo_sweeps.rundir.paths import failed_path, is_path_error, unwritable_path
 from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c

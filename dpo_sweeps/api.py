@@ -36,8 +36,8 @@ def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from dpo_sweeps.checks.schema_errors import one_line_message, removed_group_refusal, schema_refusal
     from dpo_sweeps.config import config_dir
-    from dpo_sweeps.config.schema_errors import one_line_message, removed_group_refusal, schema_refusal
 
     overrides = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
     removed = removed_group_refusal(overrides)

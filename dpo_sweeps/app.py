@@ -4,7 +4,7 @@
 wraps it with `hydra.main`. It validates the config, then either trains as one rank (under torchrun
 or a multi-task submitit job), or starts `resources.nproc_per_node` local rank processes
 (`dpo_sweeps.runtime.local_ranks`), or trains in this process. What one rank does, from binding its
-cores to writing summary.json, is `dpo_sweeps.runtime.rank.run_rank`.
+cores to writing summary.json, is `dpo_sweeps.train.lifecycle.run_rank`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dpo_sweeps.checks.schema_errors import schema_refusal
+from dpo_sweeps.checks.unused import Launch, check_settings_used
+from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.config.unused import Launch, check_settings_used
-from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
@@ -36,7 +36,7 @@ from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 from dpo_sweeps.runtime.context import RunContext, attempt_id
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.owner import prepare_run_dir, refused_summary, write_failed
-from dpo_sweeps.runtime.startup import training_rank
+from dpo_sweeps.train.entry import start_rank, training_rank
 from dpo_sweeps.train.tracking import sweep_group
 
 
@@ -209,7 +209,7 @@ def run_config(ctx: RunContext) -> Summary:
         except RunFailure as exc:
             return write_failed(ctx, failure_of(exc))
         if cfg.world_size > 1:
-            return spawn_local_ranks(ctx, cfg)
+            return spawn_local_ranks(ctx, cfg, start_rank)
         port = cfg.resources.master_port or free_port()
         rank_env = RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                            master_addr="127.0.0.1", master_port=port)

@@ -5,11 +5,11 @@ Both launchers submit one submitit job per run with `resources.nodes` x `resourc
 tasks, one task per rank, taken from that run's own config (a sweep may vary them); a probe batch
 (launchers.jobs.probe_batches) is one job whose tasks run its probes in turn. Every task
 runs the Hydra job (hydra-submitit-launcher's design); tasks other than rank 0 write nothing into
-the run directory (no `.hydra/`, no log file), and `dpo_sweeps.runtime.rank` lets only rank 0 write outputs.
+the run directory (no `.hydra/`, no log file), and `dpo_sweeps.train.lifecycle` lets only rank 0 write outputs.
 
 What runs in each task is launchers/job_side.py; collecting a job's results (and the failed
 summary.json of a job that ended without rank 0's) is launchers/collect.py; the progress line
-launchers/progress.py; what SLURM says of a job that died launchers/slurm/forensics.py.
+launchers/progress.py; what SLURM says of a job that died launchers/forensics.py.
 """
 
 from __future__ import annotations

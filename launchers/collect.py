@@ -16,14 +16,14 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from dpo_sweeps.errors import Failure, FailureKind
 from dpo_sweeps.launchers.base import JobNotRun, failed_return, task_overrides
-from dpo_sweeps.launchers.jobs import SweepJob
-from dpo_sweeps.launchers.slurm.forensics import (
+from dpo_sweeps.launchers.forensics import (
     STATE_KINDS,
     ended_in_srun_log,
     lost_node_report,
     name_the_dead_rank,
     state_of,
 )
+from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.rank_failures import RankReport, first_failure
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, write_summary

@@ -25,8 +25,8 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
+from dpo_sweeps.checks.schema_errors import group_refusal, schema_refusal
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.schema_errors import group_refusal, schema_refusal
 from dpo_sweeps.launchers.compose import PointRecipe, SweepComposer, run_dir_of
 from dpo_sweeps.rundir.hashing import config_hash
 from dpo_sweeps.rundir.paths import writing

@@ -103,9 +103,9 @@ class AsyncStudy:
     # ------------------------------------------------------------------ the loop
     def run(self, n_jobs: int) -> None:
         """Run n_trials trials, n_jobs at a time; a slot gets its next trial the moment it is free."""
-        # Each trial is checked before it starts (dpo_sweeps.config.validate); import the checker now, not
+        # Each trial is checked before it starts (dpo_sweeps.checks.validate); import the checker now, not
         # while the first slots wait for it.
-        import dpo_sweeps.config.validate  # noqa: F401
+        import dpo_sweeps.checks.validate  # noqa: F401
 
         self.slots = slots = TrialSlots(self.trials.inner, n_jobs)
         self.started_at = time.time()

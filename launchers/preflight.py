@@ -1,7 +1,7 @@
 """Check every point of a sweep before any job starts.
 
 Each point is composed (`launchers.jobs.compose_job`), read as its typed Config and checked by
-`dpo_sweeps.config.validate.validate_config` (cheap: no data or model is loaded) and by the launcher
+`dpo_sweeps.checks.validate.validate_config` (cheap: no data or model is loaded) and by the launcher
 (`check_job`: what this launcher can place, e.g. a 2-node job on the local launcher). A sweep with any
 invalid point is refused as a whole, with the first invalid points listed beside their overrides and
 the count of the rest.
@@ -24,8 +24,8 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig
 
+from dpo_sweeps.checks.unused import Launch, SettingsRead
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.unused import Launch, SettingsRead
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig, RunFailure
 from dpo_sweeps.launchers.jobs import JobCompositionError, PointLabels, SweepJob, compose_job
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary
@@ -72,7 +72,7 @@ class CheckedConfig:
 
     def validate(self, task_config: dict[str, Any], base_dir: Path) -> RunFailure | None:
         # The training stack loads here, when a sweep is checked, not when Hydra imports the plugins.
-        from dpo_sweeps.config.validate import validate_config, validation_key
+        from dpo_sweeps.checks.validate import validate_config, validation_key
 
         key = validation_key(task_config)
         if key not in self.verdicts:
@@ -114,7 +114,7 @@ def compose_and_check(
     """Compose and check every point; returns the good jobs and the invalid points (numbered from first_num).
 
     `whole_sweep`: `points` are all the sweep will run (a grid, not one Optuna trial), so a setting they
-    give that none of them reads is refused (dpo_sweeps/config/unused.py)."""
+    give that none of them reads is refused (dpo_sweeps/checks/unused.py)."""
     base_dir = base_dir or Path.cwd()
     launcher_check = getattr(launcher, "check_job", None)
     jobs: list[SweepJob] = []
@@ -147,7 +147,7 @@ def compose_and_check(
 
 def refuse_unread_settings(hydra_context: HydraContext, master_config: DictConfig, points: Sequence[Sequence[str]],
                            launcher: Any, only_point: str, sample: bool = False) -> None:
-    """Raise InvalidSweep for a setting `points` give that none of them reads (dpo_sweeps/config/unused.py).
+    """Raise InvalidSweep for a setting `points` give that none of them reads (dpo_sweeps/checks/unused.py).
     For points drawn from a search space (an Optuna study's): each is composed and typed, nothing more, and
     only while a setting it gives is still unread; one that cannot be composed or typed is left out (its
     trial is refused when drawn). `sample`: the points are a sample of those the sweep can run, where an

@@ -103,11 +103,10 @@ if os.environ.get("RSS_TIMELINE_DIR"):
             block.register_forward_hook(forward)
 
     def _instrument(trainer_module) -> None:
-        from dpo_sweeps.train import setup
+        from dpo_sweeps.train import final_metrics, reference_pass, setup
 
-        for name in ("build_data", "build_models", "precompute_reference_logps", "build_optimizer"):
-            _phase(trainer_module, name)
-        for name in ("build_policy", "build_reference", "build_mesh", "shard_model"):
+        for name in ("build_data", "build_models", "precompute_reference_logps", "free_reference", "build_optimizer",
+                     "build_policy", "build_reference", "build_mesh", "shard_model"):
             _phase(setup, name)
         shard_model = setup.shard_model
 
@@ -118,7 +117,7 @@ if os.environ.get("RSS_TIMELINE_DIR"):
 
         setup.shard_model = shard_model_with_hooks
         trainer = trainer_module.Trainer
-        init, final_metrics = trainer.__init__, trainer.final_metrics
+        init, final = trainer.__init__, trainer.final_metrics
 
         def __init__(self, *args, **kwargs):
             enter("trainer")
@@ -133,21 +132,21 @@ if os.environ.get("RSS_TIMELINE_DIR"):
 
         def final_metrics_with_estimate(self):
             enter("final_metrics")
-            estimate = self.memory_estimate()
-            record("estimate", rss_before_model=self.rss_before_model / MIB, longest_row=self.longest_row,
+            estimate = final_metrics.memory_estimate(self.cfg, self.plan, self.built)
+            record("estimate", rss_before_model=self.built.rss_before_model / MIB, longest_row=self.built.longest_row,
                    **{k: v / MIB for k, v in vars(estimate).items()})
-            return final_metrics(self)
+            return final(self)
 
         trainer.__init__, trainer.final_metrics = __init__, final_metrics_with_estimate
-        score = trainer._reference_logps
+        score = reference_pass.reference_batch_logps
 
-        def reference_batch(self, pairs):  # one record per micro-batch the reference pass scores
-            out = score(self, pairs)
+        def reference_batch(reference, pairs, *args, **kwargs):  # one record per micro-batch the reference pass scores
+            out = score(reference, pairs, *args, **kwargs)
             record("reference_batch", pairs=len(pairs), longest=max(p.length for p in pairs))
             return out
 
-        trainer._reference_logps = reference_batch
-        for name in ("setup", "_free_reference", "evaluate"):
+        reference_pass.reference_batch_logps = reference_batch
+        for name in ("setup", "evaluate"):
             _phase(trainer, name)
 
     class _Finder(importlib.abc.MetaPathFinder):

@@ -1,4 +1,4 @@
-"""Reading the run's configuration: the checks every run and sweep point passes before launch."""
+"""The run's configuration: the typed schema every run and sweep point is read into (checks/ validates it)."""
 
 from pathlib import Path
 

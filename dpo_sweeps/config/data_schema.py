@@ -3,7 +3,7 @@
 The sources share the keys of DataConfig; the synthetic task adds its generator's knobs, files and
 hub datasets add where to read them. conf/data/<file>.yaml starts with `defaults: [/schema/data/<kind>@_here_]`.
 A resolved config's `data` is read as the one whose keys it has (`data_config`); each checks its own
-fields (`check`); whether data.path is there is validate.py's (it resolves it against the command's directory).
+fields (`check`); whether data.path is there is checks/validate.py's (it resolves it against the command's directory).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ config is composed, before anything runs.
 Once resolved, a config is read as these same dataclasses: `Config.of(resolved)` is the frozen, typed
 config every rank trains with. Each
 section checks its own fields' ranges in `check`, beside them; the checks that span sections are in
-validate.py, which runs both.
+checks/validate.py, which runs both.
 
 `loss` is typed per loss, as `data` is per source: each loss has its own hyperparameters, so its
 dataclass is made from the loss registry (dpo/losses/schema.py, `schema/loss/NAME`) and conf/config.yaml
@@ -167,7 +167,7 @@ class ModelConfig(Section):
     """How to get the model's files where they are missing (e.g. a pip command), shown in the error."""
 
     def check(self) -> None:
-        """Its own settings; whether the GGUF file is there is validate.py's (it looks on disk)."""
+        """Its own settings; whether the GGUF file is there is checks/validate.py's (it looks on disk)."""
         if self.block_name in (None, ""):
             refuse("model.block_name", "not set", "the transformer block class FSDP wraps, e.g. GPT2Block")
         self.tokenizer.check()
@@ -287,7 +287,7 @@ class ProbeConfig(Section):
     rule out. summary.json: probe/steps (as many as it ran) and probe/stopped_at_max_seconds. null: none."""
 
     def check(self) -> None:
-        """probe.steps >= 0; that it leaves timed steps after perf.warmup_steps is validate.py's."""
+        """probe.steps >= 0; that it leaves timed steps after perf.warmup_steps is checks/validate.py's."""
         at_least(self.steps, 0, "probe.steps", "0 (a normal run) or the number of steps to probe")
         positive_number(self.max_seconds, "probe.max_seconds", "null (no limit) or a number of seconds > 0")
 
@@ -396,7 +396,7 @@ class Config(Section):
         return self.resources.world_size
 
     def check(self) -> None:
-        """Each section's own checks, in the order a reader meets them; validate.py adds those that span
+        """Each section's own checks, in the order a reader meets them; checks/validate.py adds those that span
         sections."""
         for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
                         self.perf, self.probe, self.checkpoint, self.wandb, self.faults):

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, eval_micro_batch_indices, rank_micro_batch_indices
-from dpo_sweeps.models.tokenizers import cache_dir
+from dpo_sweeps.rundir.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def cache_key(reference: torch.nn.Module, train_pairs: list[EncodedPair], eval_p
 
 def cache_path(key: dict) -> Path:
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_dir() / "reference_logps" / f"{name}.pt"
+    return cache_root() / "reference_logps" / f"{name}.pt"
 
 
 def _load(path: Path, key: dict) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -98,7 +98,7 @@ class ResponseLogps:
 
 def response_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_size: int) -> ResponseLogps:
     """Score every response token of a collated batch under `model` (see the module docstring for the two ways)."""
-    if chunk_size == 0:  # full logits; never a prefix-shared batch (config/validate.py refuses share_prompt with it)
+    if chunk_size == 0:  # full logits; never a prefix-shared batch (checks/validate.py refuses share_prompt with it)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         token_logps, sequences = labelled_token_logps(logits, batch["labels"])
         num_sequences = batch["input_ids"].shape[0]

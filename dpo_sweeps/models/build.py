@@ -83,7 +83,7 @@ def build_tokenizer(model_cfg: ModelConfig, training_texts: list[str]) -> PreTra
     kind = model_cfg.tokenizer.kind
     if kind == "byte":
         return byte_tokenizer()
-    if kind == "bpe":  # kind and vocab_size were checked by config/validate.py
+    if kind == "bpe":  # kind and vocab_size were checked by checks/validate.py
         return bpe_tokenizer(training_texts, model_cfg.tokenizer.vocab_size)
     try:  # pretrained
         tokenizer = AutoTokenizer.from_pretrained(model_cfg.name_or_path)

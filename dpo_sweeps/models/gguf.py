@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.rundir.paths import writing
+from dpo_sweeps.rundir.paths import cache_root, writing
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,7 @@ HASH_CHUNK = 1 << 22
 
 
 def gguf_cache_root() -> Path:
-    from dpo_sweeps.models.tokenizers import cache_dir  # not at import: the config check loads this module
-
-    return cache_dir() / "gguf"
+    return cache_root() / "gguf"
 
 
 def resolve_gguf_file(spec: str, install_hint: str | None = None) -> Path:

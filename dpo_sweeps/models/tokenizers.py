@@ -19,15 +19,13 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from dpo_sweeps.rundir.paths import cache_root
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [EOS, PAD]
 
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DPO_SWEEPS_CACHE", Path.home() / ".cache" / "dpo_sweeps"))
 
 
 def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
@@ -56,7 +54,7 @@ def bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     for text in texts:
         digest.update(text.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
-    path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{digest.hexdigest()[:16]}"
+    path = cache_root() / "tokenizers" / f"bpe-{vocab_size}-{digest.hexdigest()[:16]}"
     if (path / "tokenizer.json").exists():
         try:
             return _wrap(Tokenizer.from_file(str(path / "tokenizer.json")))

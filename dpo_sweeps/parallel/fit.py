@@ -23,6 +23,7 @@ from typing import Any
 from dpo_sweeps.parallel.gpu_driver import gpu_driver_present, wants_cuda
 from dpo_sweeps.parallel.memory_estimate import GIB, ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.plan import resolve_plan
+from dpo_sweeps.parallel.process_memory import resident_bytes
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def fit_key(task_config: dict, world_size: int) -> str:
     return json.dumps([world_size, kept], sort_keys=True, default=str)
 
 
-RANK_IMPORTS = "dpo_sweeps.runtime.rank"  # the module a rank process runs (and all it imports)
+RANK_IMPORTS = "dpo_sweeps.train.lifecycle"  # the module a rank process runs (and all it imports)
 
 
 class _Estimator:
@@ -108,7 +109,7 @@ class _Estimator:
     line). It starts while a sweep composes its points (`measure_in_background`), so neither its
     imports nor torch's and transformers' model classes cost the sweep its time, or this process its memory."""
 
-    CODE = (f"import {RANK_IMPORTS}; from dpo_sweeps.train.perf import resident_bytes; print(resident_bytes(), "
+    CODE = (f"import {RANK_IMPORTS}; from dpo_sweeps.parallel.process_memory import resident_bytes; print(resident_bytes(), "
             "flush=True); from dpo_sweeps.parallel.fit import serve_model_shapes; serve_model_shapes()")
 
     def __init__(self) -> None:
@@ -195,8 +196,6 @@ def rank_baseline_bytes() -> int:
     """The resident memory of a fresh Python process once it has imported what a rank imports: a CPU
     rank's memory before its data and model. Falls back to this process's (larger: the safe side)
     where that process cannot be run."""
-    from dpo_sweeps.train.perf import resident_bytes
-
     return _estimator.rank_baseline() or resident_bytes()
 
 

@@ -35,7 +35,6 @@ from dpo_sweeps.runtime.signals import (
     preemption_signal,
     terminal_signals_ignored,
 )
-from dpo_sweeps.runtime.startup import start_rank
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
 
 log = logging.getLogger("dpo_sweeps")
@@ -45,7 +44,7 @@ RANK_EXIT_GRACE_S = 15.0
 
 
 def rank_process(ctx: RunContext, env: RankEnv, run_rank: Callable) -> None:
-    """One local rank, in a process of its own (started by runtime.startup.start_rank, which imported
+    """One local rank, in a process of its own (started by train.entry.start_rank, which imported
     the training stack and `run_rank` with it)."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
@@ -54,8 +53,9 @@ def rank_process(ctx: RunContext, env: RankEnv, run_rank: Callable) -> None:
     sys.exit(0 if summary.status == Status.COMPLETED else 1)
 
 
-def spawn_local_ranks(ctx: RunContext, cfg: Config) -> Summary:
-    """Start one process per rank on this machine (cfg.world_size of them); a rank that dies takes the others down."""
+def spawn_local_ranks(ctx: RunContext, cfg: Config, start_rank: Callable[[bytes], None]) -> Summary:
+    """Start one process per rank on this machine (cfg.world_size of them); a rank that dies takes the others down.
+    `start_rank`: each rank process's entry, given its pickled (ctx, env) (dpo_sweeps/train/entry.py)."""
     world_size = cfg.world_size
     port = cfg.resources.master_port or free_port()
     if cfg.resources.master_port is None:

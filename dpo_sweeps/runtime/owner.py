@@ -2,7 +2,7 @@
 ranks could not report (runtime/local_ranks.py, app.py), and what a refused run reports.
 
 Torch-free: the process that starts a run's local ranks only supervises them and never imports the
-training stack (dpo_sweeps.runtime.rank, which each rank runs, uses these too).
+training stack (dpo_sweeps.train.lifecycle, which each rank runs, uses these too).
 """
 
 from __future__ import annotations

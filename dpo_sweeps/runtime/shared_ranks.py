@@ -6,7 +6,7 @@ measures. So the launchers run the probes of a sweep that need the same ranks as
 (`launchers.jobs.probe_batches`), and every rank process of that job runs them one after another,
 each as the Hydra job it would be alone: its own run directory, summary.json and metrics. Within
 `sharing_ranks()`:
-- the process group stays up from one run to the next (`runtime.rank.run_rank` joins it once);
+- the process group stays up from one run to the next (`train.lifecycle.run_rank` joins it once);
 - the tokenized data of the previous run is reused when the next run's data settings are the same
   (`train.setup.build_data`);
 - each run's peak memory is its own: what the previous run held is freed (`free_previous_run`)
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dpo_sweeps.parallel.distributed import all_reduce
-from dpo_sweeps.train.perf import release_freed_heap
+from dpo_sweeps.parallel.process_memory import release_freed_heap
 
 _sharing = False
 

@@ -6,8 +6,9 @@ from whichever import it hit. The package installs `quiet_ctrl_c_while_starting`
 the command being run, and `dpo_sweeps.__main__.main` gives Python's handler back once it can catch
 KeyboardInterrupt itself. A SIGINT ignored when the command starts (nohup, `trap '' INT`) stays ignored.
 
-The training stack's import (`importing_the_training_stack`): every process that trains (a run, a rank,
-a job's task) imports torch, transformers and torch.distributed; it is most of what a short run costs.
+The training stack's import (`importing_the_training_stack`, which dpo_sweeps/train/entry.py enters): every
+process that trains (a run, a rank, a job's task) imports torch, transformers and torch.distributed; it is
+most of what a short run costs.
 Imports only the standard library at module level: it runs before anything else of the package.
 """
 
@@ -17,7 +18,7 @@ import gc
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 INTERRUPTED_BEFORE_START = "error: interrupted (Ctrl-C) before the run started; nothing was trained"
@@ -65,24 +66,3 @@ def importing_the_training_stack() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
-
-
-def training_rank() -> Callable:
-    """`dpo_sweeps.runtime.rank.run_rank`, imported with the training stack (torch, transformers,
-    torch.distributed) inside importing_the_training_stack: by the processes that train, and only by
-    them (the process that starts local ranks supervises them without it)."""
-    with importing_the_training_stack():
-        from dpo_sweeps.runtime.rank import run_rank
-    return run_rank
-
-
-def start_rank(payload: bytes) -> None:
-    """A local rank process's entry (dpo_sweeps/runtime/local_ranks.py). Its arguments come pickled;
-    the rank imports the training stack first (`training_rank`), and then unpickles them."""
-    import pickle
-
-    run_rank = training_rank()
-    from dpo_sweeps.runtime.local_ranks import rank_process
-
-    ctx, env = pickle.loads(payload)
-    rank_process(ctx, env, run_rank)

@@ -109,7 +109,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, checkpoint_cfg, *, rank: int, world_size: int, config: dict,
                  device: torch.device):
-        self.folder = checkpoints_dir(run_dir)  # checkpoint_cfg was checked by config/validate.py
+        self.folder = checkpoints_dir(run_dir)  # checkpoint_cfg was checked by checks/validate.py
         self.every_steps = checkpoint_cfg.every_steps
         self.keep_last = checkpoint_cfg.keep_last
         self.resume = checkpoint_cfg.resume

@@ -36,7 +36,7 @@ def inject_in_step(fault, step: int, rank: int, loss: torch.Tensor, resumed: boo
         log.warning("injected hang %s", where)
         while True:
             time.sleep(3600)
-    return loss  # sigkill_in_checkpoint fires in the checkpoint's save (fault_in_checkpoint); validate.py refuses other kinds
+    return loss  # sigkill_in_checkpoint fires in the checkpoint's save (fault_in_checkpoint); checks/validate.py refuses other kinds
 
 
 def fault_in_checkpoint(fault, step: int, rank: int, resumed: bool) -> Callable[[], None] | None:

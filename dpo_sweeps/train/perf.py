@@ -8,43 +8,20 @@ resident memory), perf/mfu (GPU only; perf/mfu_reason says why it is null, mfu.p
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 
 import torch
 
 from dpo_sweeps.parallel.distributed import all_reduce
+from dpo_sweeps.parallel.process_memory import resident_bytes
 
 GIB = 1024**3
-
-
-def resident_bytes(field: str = "VmRSS") -> int:
-    """This process's resident set from /proc/self/status: now (VmRSS) or at its peak (VmHWM); 0 if unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def peak_resident_gib() -> float:
     """This process's peak resident set (VmHWM), in GiB."""
     return resident_bytes("VmHWM") / GIB
-
-
-def release_freed_heap() -> None:
-    """Hand the memory glibc's heap holds free back to the system (malloc_trim(3)), so that the
-    process's resident memory counts only what it holds: read before a model is built, it is the
-    baseline the memory estimate's `heap_kept` assumes, also in a process that trained before (a
-    probe batch). No-op without glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -30,7 +30,7 @@ def is_probe(cfg: Config) -> bool:
 
 def probe_config(cfg: Config, world_size: int) -> Config:
     """The config a probe trains with, derived from `cfg` (which stays as it was resolved: summary.json
-    records it); `cfg` itself when probe.steps is 0. probe.steps was checked by config/validate.py (>= 0,
+    records it); `cfg` itself when probe.steps is 0. probe.steps was checked by checks/validate.py (>= 0,
     and more than perf.warmup_steps when set)."""
     if not is_probe(cfg):
         return cfg

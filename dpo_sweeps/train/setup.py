@@ -1,8 +1,8 @@
 """What a Trainer trains with, built before its first step: the data, the tokenizer, the sharded
 policy and reference, the optimizer, its schedule and the loss scaler.
 
-The Trainer (train/trainer.py) calls these once in `setup()` and then only runs the loop over what
-they return; nothing here runs a training step.
+The Trainer (train/trainer.py) calls `build_training` once in `setup()` and then only runs the loop
+over the one record it returns (`TrainingSetup`); nothing here runs a training step.
 """
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ from dpo_sweeps.config.schema import Config, TrainConfig
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
 from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
 from dpo_sweeps.data.sources import load_preference_rows
-from dpo_sweeps.dpo import reference_logps
-from dpo_sweeps.dpo.losses import ld_alpha_of
+from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.mfu import ModelFlops
 from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
-from dpo_sweeps.parallel.precision import mixed_precision_policy
+from dpo_sweeps.parallel.precision import DynamicLossScaler, loss_scaler, mixed_precision_policy, slow_on_this_cpu
+from dpo_sweeps.parallel.process_memory import release_freed_heap, resident_bytes
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.shared_ranks import sharing
+from dpo_sweeps.runtime.signals import StopWatch
+from dpo_sweeps.train.perf import trained_before
+from dpo_sweeps.train.reference_pass import free_reference, precompute_reference_logps
 
 log = logging.getLogger(__name__)
 
@@ -203,29 +206,67 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> tor
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train))
 
 
-def precompute_reference_logps(data: TrainingData, reference: torch.nn.Module, cfg: Config, env: RankEnv,
-                               device: torch.device, probing: bool,
-                               score: Callable[[list[EncodedPair]], torch.Tensor]) -> float:
-    """Score every pair under the reference once (`score`: the reference's log-probs of some pairs) and
-    attach the numbers to `data`'s pairs; returns the seconds it took. The caller then frees the reference."""
-    share_prompt = cfg.train.share_prompt
-    layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
-                                         cfg.train.max_steps)
-    key = reference_logps.cache_key(
-        reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
-        scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": share_prompt,
-                 "param_dtype": cfg.precision.param_dtype, "device": device.type,
-                 "ld_alpha": ld_alpha_of(cfg.loss)},
-    ) if not probing else {}
-    if probing:  # the values cannot change a step's speed or memory: skip the scoring pass
-        found = reference_logps.placeholder(len(data.train_pairs), len(data.eval_pairs))
-    else:
-        found = reference_logps.load_or_compute(score, key, data.train_pairs, data.eval_pairs, data.sampler,
-                                                layout, env.rank, device)
-    data.train_pairs = reference_logps.attach(data.train_pairs, found.train)
-    data.eval_pairs = reference_logps.attach(data.eval_pairs, found.eval)
-    if env.is_main:
-        log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
-                 found.source, int((~found.train.isnan().any(1)).sum()), len(data.eval_pairs), found.seconds,
-                 found.path)
-    return found.seconds
+@dataclass
+class SetupSummary:
+    """What summary.json says of a run's setup, noted as each part is built: a run that fails part-way
+    through its setup still reports what it got to."""
+
+    data: dict[str, int] | None = None  # summary.json's `data`: the pairs loaded, truncated and dropped
+    layout: dict[str, Any] | None = None  # summary.json's `layout`, once the mesh is built
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Everything the training loop trains with, built once before its first step (`build_training`)."""
+
+    tokenizer: Any
+    end_of_turn: str | None  # the chat template's end-of-turn token, when pairs were rendered with one
+    train_pairs: list[EncodedPair]  # with the reference's log-probs attached, when they were precomputed
+    eval_pairs: list[EncodedPair]
+    sampler: GlobalBatchSampler
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None  # None when the loss needs none, or once its log-probs are precomputed
+    num_params: int
+    model_flops: ModelFlops
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: DynamicLossScaler
+    reference_precompute_s: float | None  # the one-time scoring pass, outside the timed steps
+    # For the memory estimate: the widest row, the scored share of tokens, the process's resident bytes
+    # before the model was built, and whether a run trained in this process before (a probe batch).
+    longest_row: int
+    response_fraction: float
+    rss_before_model: int
+    runtime_resident: bool
+
+
+def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan, device: torch.device, *,
+                   probing: bool, stop_watch: StopWatch, summary: SetupSummary) -> TrainingSetup:
+    """Build, in order: the data, the models, the reference's log-probs (then the reference is freed,
+    train.precompute_reference_logps), the optimizer, its schedule and the loss scaler. `summary` gets
+    summary.json's `data` and `layout` as soon as they are known."""
+    data = build_data(cfg, base_dir, env)
+    summary.data = data.counts
+    if device.type == "cpu" and env.is_main and (why := slow_on_this_cpu(plan.param_dtype)):
+        log.warning("precision=%s: %s", cfg.precision.name, why)
+    release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
+    rss_before_model = resident_bytes() if device.type == "cpu" else 0  # for the memory estimate
+    runtime_resident = trained_before()
+    models = build_models(cfg, env, plan, device, data.tokenizer, with_reference=uses_reference(cfg.loss))
+    summary.layout = models.layout
+    policy, reference, num_params, model_flops = models.policy, models.reference, models.num_params, models.model_flops
+    del models  # `reference` is then the only name of the reference model, for free_reference
+    precompute_s = None
+    if reference is not None and cfg.train.precompute_reference_logps:
+        precompute_s = precompute_reference_logps(data, reference, cfg, env, device, probing, stop_watch)
+        reference = None
+        free_reference(device)
+    optimizer = build_optimizer(cfg.train, policy)
+    return TrainingSetup(
+        tokenizer=data.tokenizer, end_of_turn=data.end_of_turn, train_pairs=data.train_pairs,
+        eval_pairs=data.eval_pairs, sampler=data.sampler, policy=policy, reference=reference,
+        num_params=num_params, model_flops=model_flops, optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.train), scaler=loss_scaler(plan),
+        reference_precompute_s=precompute_s, longest_row=data.longest_row,
+        response_fraction=data.response_fraction, rss_before_model=rss_before_model,
+        runtime_resident=runtime_resident)

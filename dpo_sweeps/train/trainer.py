@@ -1,20 +1,19 @@
 """DPO training on one rank: the loop over the training step, evaluation and checkpoints.
 
-Every rank runs this, over the data and models train/setup.py builds. The step reads top to bottom: a global batch of pairs is split across ranks
-and micro-batches; chosen and rejected go through one concatenated forward pass (or one prefix-shared
-row per pair); the frozen reference's log-probs come precomputed with the pairs, or from a reference
-pass over the same batch without grad; gradients accumulate to the global batch; fp16 steps go
-through the rank-consistent loss scaler; the optimizer steps.
+Every rank runs this, over the one record train/setup.py builds (`TrainingSetup`). The step reads top
+to bottom: a global batch of pairs is split across ranks and micro-batches; chosen and rejected go
+through one concatenated forward pass (or one prefix-shared row per pair); the frozen reference's
+log-probs come precomputed with the pairs, or from a reference pass over the same batch without grad;
+gradients accumulate to the global batch; fp16 steps go through the rank-consistent loss scaler; the
+optimizer steps.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,51 +21,36 @@ import torch
 from tqdm import tqdm
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair, eval_micro_batch_indices, rank_micro_batch_indices
-from dpo_sweeps.dpo.losses import ld_alpha_of, metric_names, uses_reference
+from dpo_sweeps.dpo.losses import metric_names, uses_reference
 from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
-from dpo_sweeps.dpo.response_logps import response_logps
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model
 from dpo_sweeps.parallel.distributed import all_reduce
-from dpo_sweeps.parallel.memory_estimate import ModelShape, estimate_peak_memory, run_shape_of
-from dpo_sweeps.parallel.mfu import BatchPositions, device_peak_flops
+from dpo_sweeps.parallel.mfu import BatchPositions
 from dpo_sweeps.parallel.plan import resolve_plan
-from dpo_sweeps.parallel.precision import loss_scaler, slow_on_this_cpu
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
-from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
+from dpo_sweeps.train.final_metrics import final_metrics
+from dpo_sweeps.train.perf import PerfMeter
 from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.samples import write_samples
-from dpo_sweeps.train.setup import (
-    build_data,
-    build_models,
-    build_optimizer,
-    build_scheduler,
-    precompute_reference_logps,
-)
+from dpo_sweeps.train.scoring import batch_logps, collate_pairs
+from dpo_sweeps.train.setup import SetupSummary, TrainingSetup, build_training
+from dpo_sweeps.train.state import TrainState
 from dpo_sweeps.train.tracking import Tracker
-from dpo_sweeps.train.zero_shot import accuracy_interval, zero_shot_from_reference, zero_shot_record, zero_shot_stats
+from dpo_sweeps.train.zero_shot import zero_shot_from_reference, zero_shot_record, zero_shot_stats
 
 log = logging.getLogger(__name__)
 
 # Per-pair statistics summed over ranks, then divided by the pair count.
 PAIR_STATS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
               "logps/chosen", "logps/rejected")
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    last_train: dict[str, Any] = field(default_factory=dict)
-    last_eval: dict[str, Any] = field(default_factory=dict)
-    zero_shot: dict[str, Any] = field(default_factory=dict)  # train.zero_shot_eval's baseline, from step 0
 
 
 class Trainer:
@@ -82,60 +66,27 @@ class Trainer:
         # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
         self.plan = resolve_plan(cfg, world_size=env.world_size)
         self.stop_watch = stop_watch or StopWatch()
-        self.resumed_from: int | None = None  # the checkpoint step this attempt started from
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
         self.perf = PerfMeter(device, cfg.perf.warmup_steps)
-        self.tracker: Tracker | None = None
+        self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
+        self.checkpointer = Checkpointer(ctx.run_dir, cfg.checkpoint, rank=env.rank, world_size=env.world_size,
+                                         config=ctx.config, device=device)
+        self.resumed_from: int | None = None  # the checkpoint step this attempt started from
         # An Optuna trial with a pruner reports each evaluation to its study; rank 0 holds the connection.
         self.trial_link = pruning_link(ctx.run_dir)
         self.trial_reporter: TrialReporter | None = None
-        # What setup() builds: None until it has (a run that fails in setup reports what it got to).
-        self.tokenizer: Any = None
-        self.sampler: Any = None
-        self.data_counts: dict[str, int] | None = None  # summary.json's `data`
-        self.longest_row, self.response_fraction = 0, 1.0  # the batches' shape, for the memory estimate
-        self.rss_before_model, self.runtime_resident = 0, 0  # bytes, for the memory estimate
-        self.uses_reference = uses_reference(cfg.loss)
-        self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
-        self.policy: torch.nn.Module | None = None
-        self.reference: torch.nn.Module | None = None  # None once its log-probs are precomputed
-        self.layout: dict[str, Any] | None = None  # summary.json's `layout`, once the mesh is built
-        self.num_params: int = 0
-        self.model_flops: Any = None
-        self.reference_precompute_s: float | None = None
-        self.train_pairs: list[EncodedPair] = []
-        self.eval_pairs: list[EncodedPair] = []
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: Any = None
-        self.scaler: Any = None
-        self.checkpointer: Checkpointer | None = None
+        self.tracker: Tracker | None = None
+        # What setup() builds: summary.json's facts as they come (a run that fails in setup reports what
+        # it got to), then the one record the loop trains with.
+        self.setup_summary = SetupSummary()
+        self.built: TrainingSetup | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         """Build what the loop trains with (train/setup.py), then resume from a checkpoint if there is one."""
         cfg, env = self.cfg, self.env
-        data = build_data(cfg, self.ctx.base_dir, env)
-        self.tokenizer, self.sampler, self.data_counts = data.tokenizer, data.sampler, data.counts
-        self.end_of_turn = data.end_of_turn
-        self.longest_row, self.response_fraction = data.longest_row, data.response_fraction
-        if self.device.type == "cpu" and env.is_main and (why := slow_on_this_cpu(self.plan.param_dtype)):
-            log.warning("precision=%s: %s", cfg.precision.name, why)
-        release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
-        self.rss_before_model = resident_bytes() if self.device.type == "cpu" else 0  # for the memory estimate
-        self.runtime_resident = trained_before()
-        models = build_models(cfg, env, self.plan, self.device, self.tokenizer, with_reference=self.uses_reference)
-        self.policy, self.reference, self.layout = models.policy, models.reference, models.layout
-        self.num_params, self.model_flops = models.num_params, models.model_flops
-        del models  # self.reference is then the only name of the reference model, for _free_reference
-        if self.reference is not None and cfg.train.precompute_reference_logps:
-            self.reference_precompute_s = precompute_reference_logps(
-                data, self.reference, cfg, env, self.device, self.probing, score=self._reference_logps)
-            self._free_reference()
-        self.train_pairs, self.eval_pairs = data.train_pairs, data.eval_pairs
-
-        self.optimizer = build_optimizer(cfg.train, self.policy)
-        self.scheduler = build_scheduler(self.optimizer, cfg.train)
-        self.scaler = loss_scaler(self.plan)
+        self.built = build_training(cfg, self.ctx.base_dir, env, self.plan, self.device, probing=self.probing,
+                                    stop_watch=self.stop_watch, summary=self.setup_summary)
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name,
                                group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
         self._resume_from_checkpoint()
@@ -143,62 +94,24 @@ class Trainer:
             self.trial_reporter = TrialReporter(self.trial_link, self.ctx.run_dir)
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, %s, mesh %s", cfg.model.name_or_path,
-                     self.num_params / 1e6, env.world_size, self.plan.label, self.plan.mesh)
+                     self.built.num_params / 1e6, env.world_size, self.plan.label, self.plan.mesh)
 
     # ------------------------------------------------------------------ forward
-    @property
-    def share_prompt(self) -> bool:
-        return self.cfg.train.share_prompt
-
     def _collate(self, pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
-        return collate(pairs, self.tokenizer.pad_token_id, share_prompt=self.share_prompt)
-
-    def _batch_logps(self, model: torch.nn.Module,
-                     batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-sequence response log-probs as the loss scores them (LD-DPO weighted under loss.ld_alpha), token
-        counts, and the plain sums (for an NLL term); fp32, chosen sequences then rejected ([2B])."""
-        scored = response_logps(model, batch, self.cfg.train.logps_chunk_size)
-        return scored.weighted(ld_alpha_of(self.cfg.loss)), scored.counts, scored.sums
-
-    @torch.no_grad()
-    def _reference_logps(self, pairs: list[EncodedPair]) -> torch.Tensor:
-        """The reference's log-probs of some pairs, scored as a step scores them (precomputed reference).
-
-        The pass before training can take minutes on a real model, so a stop signal is honoured between its
-        micro-batches too (every rank makes the same calls, so the agreement is collective like a step's).
-        """
-        reason = self.stop_watch.agreed_reason(self.env.world_size)
-        if reason:
-            raise RunInterrupted(
-                f"{self.stop_watch.describe(reason)}: stopped while scoring the reference log-probs, before "
-                f"training (re)started; the same command in the same run directory starts it again",
-                kind=self.stop_watch.failure_kind(reason), step=self.state.step, reason=reason)
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in self._collate(pairs).items()}
-        return self._batch_logps(self.reference, batch)[0]
-
-    def _free_reference(self) -> None:
-        """Drop the reference model once its log-probs are all the run needs from it.
-
-        FSDP's hooks and the bound scoring method (response_logps.py) hold a model in reference cycles,
-        so dropping the last name frees nothing until a full garbage collection: collect now, so that
-        the steps' peak memory holds no reference model (as memory_estimate.py counts it).
-        """
-        self.reference = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        return collate_pairs(pairs, self.built.tokenizer, self.cfg)
 
     def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
+        built = self.built
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        logps, counts, sums = self._batch_logps(self.policy, batch)
+        logps, counts, sums = batch_logps(built.policy, batch, self.cfg)
         ref_logps = None
         if "reference_logps" in batch:  # precomputed (train.precompute_reference_logps)
             ref_logps = batch["reference_logps"]
-        elif self.reference is not None:
+        elif built.reference is not None:
             with torch.no_grad():
-                ref_logps = self._batch_logps(self.reference, batch)[0]
-        elif self.uses_reference:
+                ref_logps = batch_logps(built.reference, batch, self.cfg)[0]
+        elif uses_reference(self.cfg.loss):
             raise RuntimeError("a batch without precomputed reference log-probs after the reference model was freed")
         pairs = PairLogps.split(logps, counts, sums, ref_logps)
         pref = preference_loss(self.cfg.loss, pairs)
@@ -216,12 +129,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ step
     def _rank_micro_batches(self, step: int) -> list[list[EncodedPair]]:
-        indices = rank_micro_batch_indices(self.sampler.indices(step), self.env.rank, self.env.world_size,
+        built = self.built
+        indices = rank_micro_batch_indices(built.sampler.indices(step), self.env.rank, self.env.world_size,
                                            self.cfg.train.micro_batch_size)
-        return [[self.train_pairs[i] for i in micro] for micro in indices]
+        return [[built.train_pairs[i] for i in micro] for micro in indices]
 
     def train_step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, built = self.cfg, self.built
         micro_batches = self._rank_micro_batches(step)
         per_rank_pairs = sum(len(mb) for mb in micro_batches)
         sums = torch.zeros(len(self.stat_names), dtype=torch.float64)
@@ -238,23 +152,23 @@ class Trainer:
             stats["loss"] = losses.detach()  # an injected NaN shows in this step's train/loss
             loss = losses.sum() / per_rank_pairs  # FSDP averages over ranks: the global-batch mean
             self.heartbeat(step + 1, "backward")
-            self.scaler.scale_loss(loss).backward()
+            built.scaler.scale_loss(loss).backward()
             sums += torch.stack([stats[k].double().sum().cpu() for k in self.stat_names])
 
         self.heartbeat(step + 1, "optimizer")
-        params = [p for p in self.policy.parameters() if p.grad is not None]
-        overflow = self.scaler.unscale_and_check(params)
+        params = [p for p in built.policy.parameters() if p.grad is not None]
+        overflow = built.scaler.unscale_and_check(params)
         grad_norm = None
         if not overflow:
             max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else math.inf
             total = torch.nn.utils.clip_grad_norm_(params, max_norm)
             grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
-        lr = self.scheduler.get_last_lr()[0]
+        lr = built.scheduler.get_last_lr()[0]
         if not overflow:
-            self.optimizer.step()
-        self.scaler.update(overflow)
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            built.optimizer.step()
+        built.scaler.update(overflow)
+        built.scheduler.step()
+        built.optimizer.zero_grad(set_to_none=True)
         step_time = self.perf.stop(tokens, per_rank_pairs, flops)
 
         totals = all_reduce(sums.tolist() + [per_rank_pairs])
@@ -262,8 +176,8 @@ class Trainer:
         record: dict[str, Any] = {"step": step + 1}
         record.update({f"train/{k}": v / count for k, v in zip(self.stat_names, totals)})
         record.update({"train/grad_norm": grad_norm, "train/lr": lr, "perf/step_time_s": step_time})
-        if self.scaler.enabled:
-            record.update({"train/loss_scale": self.scaler.scale, "train/skipped_step": overflow})
+        if built.scaler.enabled:
+            record.update({"train/loss_scale": built.scaler.scale, "train/skipped_step": overflow})
         if not math.isfinite(record["train/loss"]):
             raise NonFiniteLoss(f"train/loss is {record['train/loss']} at step {step + 1} "
                                 f"(lr={lr:g}, precision={self.plan.precision}, loss.beta={cfg.loss.beta})")
@@ -271,9 +185,9 @@ class Trainer:
 
     def _model_flops(self, pairs: list[EncodedPair]) -> float:
         """The model FLOPs of one micro-batch's step (mfu.py), for perf/mfu."""
-        positions = BatchPositions.of(pairs, share_prompt=self.share_prompt,
+        positions = BatchPositions.of(pairs, share_prompt=self.cfg.train.share_prompt,
                                       full_logits=self.cfg.train.logps_chunk_size == 0)
-        return self.model_flops.step(positions, reference_forward=self.reference is not None)
+        return self.built.model_flops.step(positions, reference_forward=self.built.reference is not None)
 
     def _inject_fault(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Test hook: `faults.kind` at `faults.step` on `faults.rank` (dpo_sweeps/train/faults.py)."""
@@ -294,24 +208,25 @@ class Trainer:
     def zero_shot_eval(self) -> dict[str, Any]:
         """The policy's own preference on the held-out pairs before training (train/zero_shot.py). The
         precomputed reference log-probs are the starting policy's own, scored alike: no second pass."""
-        found = zero_shot_from_reference(self.eval_pairs)
-        return found or zero_shot_record(self._held_out_means(zero_shot_stats), len(self.eval_pairs))
+        found = zero_shot_from_reference(self.built.eval_pairs)
+        return found or zero_shot_record(self._held_out_means(zero_shot_stats), len(self.built.eval_pairs))
 
     @torch.no_grad()
     def _held_out_means(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]) -> dict[str, float]:
         """The means over all held-out pairs of `per_pair`'s statistics (of _pair_losses' ones)."""
-        env, n = self.env, len(self.eval_pairs)
+        env, pairs, policy = self.env, self.built.eval_pairs, self.built.policy
+        n = len(pairs)
         names, sums, count = None, None, 0
-        self.policy.eval()
+        policy.eval()
         for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
             self.heartbeat(self.state.step, "eval")
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
-            stats = per_pair(self._pair_losses(self._collate([self.eval_pairs[i % n] for i in idx]))[1])
+            stats = per_pair(self._pair_losses(self._collate([pairs[i % n] for i in idx]))[1])
             names = names or list(stats)
             batch_sums = torch.stack([(stats[k].double().cpu() * real).sum() for k in names])
             sums = batch_sums if sums is None else sums + batch_sums
             count += int(real.sum())
-        self.policy.train()
+        policy.train()
         totals = all_reduce(sums.tolist() + [count])
         return {k: v / totals[-1] for k, v in zip(names, totals)}
 
@@ -319,7 +234,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
         max_steps = cfg.train.max_steps
-        self.policy.train()
+        self.built.policy.train()
         bar = tqdm(total=max_steps, initial=self.state.step, desc="dpo", unit="step", dynamic_ncols=True,
                    disable=not (self.env.is_main and cfg.train.progress_bar))
         if self.state.step == 0 and cfg.train.zero_shot_eval and not self.probing:
@@ -376,37 +291,9 @@ class Trainer:
             self.tracker.log(record, step=record["step"])
 
     def final_metrics(self) -> dict[str, Any]:
-        """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
-        peak, no_peak = device_peak_flops(self.device, self.plan.compute)
-        perf = self.perf.summary(world_size=self.env.world_size, peak_flops=peak, mfu_reason=no_peak)
-        metrics: dict[str, Any] = {}
-        if self.probing:
-            # A probe's losses and rewards are against placeholder reference log-probs, after a few
-            # steps: they say nothing of the config's preference accuracy, so the summary leaves them out.
-            metrics["probe/steps"] = self.state.step
-            metrics["probe/stopped_at_max_seconds"] = self.state.step < self.cfg.train.max_steps
-        else:
-            metrics.update({k: v for k, v in self.state.last_eval.items() if k != "step"})
-            metrics.update(self.state.zero_shot)
-            if self.state.zero_shot:  # the final accuracy's interval, to compare with the baseline's
-                metrics.update(accuracy_interval(metrics, len(self.eval_pairs)))
-            metrics["train/loss"] = self.state.last_train.get("train/loss")
-            metrics["train/rewards/accuracies"] = self.state.last_train.get("train/rewards/accuracies")
-        metrics.update(perf)
-        if self.reference_precompute_s is not None:  # one-time cost, outside the timed steps
-            metrics["perf/reference_precompute_s"] = self.reference_precompute_s
-        metrics["perf/peak_memory_estimate_gib"] = self.memory_estimate().total / GIB
-        metrics.update({"steps": self.state.step, "world_size": self.env.world_size, "num_params": self.num_params})
-        if self.scaler.enabled:
-            metrics["train/skipped_steps"] = self.scaler.skipped_steps
-        return metrics
-
-    def memory_estimate(self):
-        """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
-        run = run_shape_of(self.cfg, self.plan, seq_len=self.longest_row,
-                           response_fraction=self.response_fraction)
-        return estimate_peak_memory(ModelShape.of(self.policy), run, baseline_bytes=self.rss_before_model,
-                                    runtime_resident=self.runtime_resident)
+        """summary.json metrics (train/final_metrics.py; collective)."""
+        return final_metrics(self.cfg, self.plan, self.built, self.state, self.perf, device=self.device,
+                             world_size=self.env.world_size, probing=self.probing)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume_from_checkpoint(self) -> None:
@@ -414,13 +301,11 @@ class Trainer:
 
         metrics.jsonl keeps the records up to that step; the ones after it are logged again.
         """
-        self.checkpointer = Checkpointer(self.ctx.run_dir, self.cfg.checkpoint, rank=self.env.rank,
-                                         world_size=self.env.world_size, config=self.ctx.config, device=self.device)
         info = self.checkpointer.find_resumable()
         if info is not None:
-            saved = self.checkpointer.load(info, self.policy, self.optimizer)
-            self.scheduler.load_state_dict(saved["scheduler"])
-            self.scaler.load_state_dict(saved["scaler"])
+            saved = self.checkpointer.load(info, self.built.policy, self.built.optimizer)
+            self.built.scheduler.load_state_dict(saved["scheduler"])
+            self.built.scaler.load_state_dict(saved["scaler"])
             self.state = TrainState(step=saved["step"], last_train=saved["last_train"], last_eval=saved["last_eval"],
                                     zero_shot=saved.get("zero_shot", {}))  # absent from older checkpoints
             self.resumed_from = info.step
@@ -431,18 +316,18 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the training state after the current step (collective)."""
-        step = self.state.step
+        step, built = self.state.step, self.built
         self.heartbeat(step, "checkpoint")
-        return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=fault_in_checkpoint(
-            self.cfg.faults, step, self.env.rank, self.resumed_from is not None),
-                                      train_state={
+        train_state = {
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "scheduler": built.scheduler.state_dict(),
+            "scaler": built.scaler.state_dict(),
             "last_train": self.state.last_train,
             "last_eval": self.state.last_eval,
             "zero_shot": self.state.zero_shot,
-        })
+        }
+        fault = fault_in_checkpoint(self.cfg.faults, step, self.env.rank, self.resumed_from is not None)
+        return self.checkpointer.save(step, built.policy, built.optimizer, train_state, before_commit=fault)
 
     def _checkpoint_or_stop(self) -> None:
         """Between steps: the periodic checkpoint; on a stop signal or the time limit, a checkpoint and a stop."""
@@ -460,19 +345,20 @@ class Trainer:
     def save_model(self) -> Path | None:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
         self.heartbeat(self.state.step, "save_model")
-        path = save_model(self.policy, self.tokenizer, self.ctx.run_dir, self.env.is_main)
+        built = self.built
+        path = save_model(built.policy, built.tokenizer, self.ctx.run_dir, self.env.is_main)
         train = self.cfg.train
         if train.sample_prompts and not self.probing:
             if self.env.is_main:
-                prompts = [pair.prompt for pair in self.eval_pairs[: train.sample_prompts]]
-                write_samples(self.ctx.run_dir, self.cfg.model, self.tokenizer, prompts, train.sample_max_new_tokens,
-                              train.seed, self.end_of_turn, progress=lambda: self.heartbeat(self.state.step, "samples"))
+                prompts = [pair.prompt for pair in built.eval_pairs[: train.sample_prompts]]
+                write_samples(self.ctx.run_dir, self.cfg.model, built.tokenizer, prompts, train.sample_max_new_tokens,
+                              train.seed, built.end_of_turn, progress=lambda: self.heartbeat(self.state.step, "samples"))
             all_reduce([0.0])  # the other ranks wait for rank 0's samples
         return path
 
     def broken_checkpoints(self) -> list[str]:
         """summary.json's broken_checkpoints: those skipped at resume (empty: none)."""
-        return list(self.checkpointer.broken) if self.checkpointer is not None else []
+        return list(self.checkpointer.broken)
 
     def close(self, metrics: dict[str, Any], failed: bool) -> None:
         if self.tracker is not None:

@@ -1,5 +1,5 @@
 """Real runs with a recorder of the config keys they read (tests/support/read_recorder.py): every key a run
-leaves unread is one dpo_sweeps/config/unused.py refuses when it is set on the command line, so no setting
+leaves unread is one dpo_sweeps/checks/unused.py refuses when it is set on the command line, so no setting
 is silently ignored, whatever key a new feature adds or stops reading."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import QUIET, REPO, cli_env
 
+from dpo_sweeps.checks.unused import READ_WHEN, Launch, field_of, unread_keys
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.unused import READ_WHEN, Launch, field_of, unread_keys
 
 pytestmark = pytest.mark.slow
 ONE_STEP = ["train.max_steps=1", "train.eval_every=0", "train.batch_size=8", "train.micro_batch_size=4",

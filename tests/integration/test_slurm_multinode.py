@@ -81,7 +81,7 @@ def test_submitit_rank_takes_the_first_node_over_a_master_addr_already_set(monke
 def test_the_first_tasks_srun_reports_dead_are_named_from_the_job_log():
     """No cluster needed: srun's own lines when a node's tasks are killed and the step is torn down (rank 0
     then dies with it, before it can write summary.json; the launcher names the node from this)."""
-    from dpo_sweeps.launchers.slurm.forensics import first_dead_tasks
+    from dpo_sweeps.launchers.forensics import first_dead_tasks
 
     log = ("[W1201 11:11:23.576 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.\n"
            "srun: error: dpo-n2: tasks 2-3: Killed\n"

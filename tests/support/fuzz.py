@@ -127,7 +127,7 @@ KEYS = ("train.lr", "train.batch_size", "train.micro_batch_size", "train.max_ste
         "data.truncation_mode", "fsdp.hybrid_group_size", "resources.nproc_per_node", "resources.nodes",
         "resources.device", "precision.initial_loss_scale", "model.tokenizer.vocab_size", "checkpoint.keep_last",
         "wandb.project", "probe.steps", "perf.warmup_steps", "train.lr_rate", "data.nosie", "loss.betta",
-        # Keys read only beside other choices (dpo_sweeps/config/unused.py).
+        # Keys read only beside other choices (dpo_sweeps/checks/unused.py).
         "train.sample_max_new_tokens", "model.install_hint", "fsdp.reshard_after_forward", "precision.name",
         "train.precompute_reference_logps", "resources.bind_cores", "checkpoint.every_steps", "loss.f_divergence")
 GROUPS = {"data": ("synthetic", "hh", "preference", "hhh", "prefs"), "loss": ("dpo", "ipo", "simpo", "mix", "dpoo"),
@@ -161,10 +161,10 @@ def check_overrides(overrides: list[str]) -> str:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import CompactHydraException
 
+    from dpo_sweeps.checks.schema_errors import group_refusal, one_line_message, schema_refusal
+    from dpo_sweeps.checks.unused import check_settings_used
+    from dpo_sweeps.checks.validate import validate_config
     from dpo_sweeps.config.schema import Config
-    from dpo_sweeps.config.schema_errors import group_refusal, one_line_message, schema_refusal
-    from dpo_sweeps.config.unused import check_settings_used
-    from dpo_sweeps.config.validate import validate_config
 
     given = [*BASE, *overrides]
     GlobalHydra.instance().clear()

@@ -45,7 +45,7 @@ def install() -> None:
     sections a probe derives with dataclasses.replace are placed the same way. A section built on its own,
     not reached from a Config, is not recorded."""
     import dpo_sweeps.app as app
-    import dpo_sweeps.runtime.rank as rank
+    import dpo_sweeps.train.lifecycle as lifecycle
     from dpo_sweeps.config.schema import Config
     from dpo_sweeps.config.section import Section
 
@@ -74,7 +74,7 @@ def install() -> None:
     Config._read_prefix = ""
     Section.__getattribute__ = getattribute
     for module, names in ((app, ("validate_config", "check_settings_used")),
-                          (rank, ("validate_config",))):
+                          (lifecycle, ("validate_config",))):
         for name in names:
             setattr(module, name, _paused_during(getattr(module, name)))
 

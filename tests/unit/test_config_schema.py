@@ -1,4 +1,4 @@
-"""The typed config schema (dpo_sweeps/config/schema.py) and the one validation pass (config/validate.py)."""
+"""The typed config schema (dpo_sweeps/config/schema.py) and the one validation pass (checks/validate.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import REPO, cli_env
 
+from dpo_sweeps.checks.schema_errors import schema_refusal
+from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config import data_schema, schema, section
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.schema_errors import schema_refusal
-from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.dpo.losses import LOSS_SCHEMAS
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.models.gguf import GGUF_MAGIC
@@ -251,7 +251,7 @@ def test_an_override_hydra_cannot_merge_says_why_in_one_line(override, text):
     # Hydra's "Error merging override X" names the override; why is in its cause (OmegaConf's refusal).
     from hydra.errors import ConfigCompositionException
 
-    from dpo_sweeps.config.schema_errors import one_line_message
+    from dpo_sweeps.checks.schema_errors import one_line_message
 
     with pytest.raises(ConfigCompositionException) as caught:
         _compose(override)
@@ -267,7 +267,7 @@ def test_a_group_given_null_or_a_number_is_one_line_listing_its_options(tmp_path
             f"error: {group}: got '{args[0].split('=')[1]}': a config group takes the name of one of its options"
         ), run.stderr[-2000:]
         assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
-    from dpo_sweeps.config.schema_errors import group_refusal
+    from dpo_sweeps.checks.schema_errors import group_refusal
 
     refusal = group_refusal(ValueError("Config group override must be a string or a list. Got NoneType"),
                             ["train.lr=1", "fsdp=null"])
@@ -295,7 +295,7 @@ def test_removing_a_group_every_run_composes_is_one_line_listing_its_options_bef
 
 def test_the_api_refuses_removing_a_group_and_hydra_still_judges_the_rest():
     from dpo_sweeps import api
-    from dpo_sweeps.config.schema_errors import removed_group_refusal
+    from dpo_sweeps.checks.schema_errors import removed_group_refusal
 
     with pytest.raises(InvalidConfig, match=r"^fsdp: ~fsdp removes it"):
         api.compose(["~fsdp"])
@@ -323,7 +323,7 @@ def test_a_refused_run_leaves_no_folder_of_hydras_default_run_dir(tmp_path):
 
 
 def test_a_probe_time_limit_is_read_by_probes_only_and_find_best_passes_it_to_its_probes():
-    from dpo_sweeps.config.unused import unread_keys
+    from dpo_sweeps.checks.unused import unread_keys
     from dpo_sweeps.launchers.find_best import Stages
     from dpo_sweeps.launchers.preflight import InvalidSweep
 

@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import REPO
 
+from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.errors import Failure, FailureKind, InvalidConfig
 from dpo_sweeps.rundir.rank_failures import first_failure, write_rank_failure
 from dpo_sweeps.runtime.watchdog import hang_failure, hang_verdict, heartbeat_dir

@@ -140,8 +140,8 @@ def test_the_reference_is_released_once_its_log_probs_are_precomputed(one_rank_g
     try:
         trainer = Trainer(ctx, cfg, env, torch.device("cpu"))
         trainer.setup()
-        assert trainer.reference is None and trainer.reference_precompute_s is not None
-        policy_modules = {id(m) for m in trainer.policy.modules()}
+        assert trainer.built.reference is None and trainer.built.reference_precompute_s is not None
+        policy_modules = {id(m) for m in trainer.built.policy.modules()}
         others = [o for o in gc.get_objects() if isinstance(o, PreTrainedModel) and id(o) not in policy_modules]
         assert others == [], [type(m).__name__ for m in others]
     finally:
@@ -256,7 +256,7 @@ def test_memory_estimate_leaves_offloaded_states_out_and_counts_checkpointed_act
 
 # ---------------------------------------------------------------------- CPU offload under device=auto
 def test_cpu_offload_is_refused_before_launch_only_where_the_run_is_known_to_use_the_cpu(tmp_path):
-    from dpo_sweeps.config.validate import validate_config
+    from dpo_sweeps.checks.validate import validate_config
     from dpo_sweeps.errors import InvalidConfig
 
     validate_config(compose_run_config("fsdp.cpu_offload=true", "resources.device=auto"), tmp_path)

@@ -1,6 +1,6 @@
 """The failure message of a job that ended without rank 0's summary.json (launchers/collect.py): what the
 job's stderr says, never submitit's own framing of it; for a job SLURM ended NODE_FAIL, the node lost, as
-the ranks' heartbeats tell it (launchers/slurm/forensics.py)."""
+the ranks' heartbeats tell it (launchers/forensics.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from submitit.core.utils import UncompletedJobError
 
 from dpo_sweeps.errors import FailureKind
 from dpo_sweeps.launchers.collect import _failure_message
-from dpo_sweeps.launchers.slurm.forensics import lost_node_report
+from dpo_sweeps.launchers.forensics import lost_node_report
 from dpo_sweeps.runtime.watchdog import heartbeat_dir
 
 SUBMITTED = SimpleNamespace(paths=SimpleNamespace(folder="/runs/.submitit/216"))

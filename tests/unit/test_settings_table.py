@@ -1,4 +1,4 @@
-"""When each setting is read (dpo_sweeps/config/unused.py): every schema key declared, and the refusals of
+"""When each setting is read (dpo_sweeps/checks/unused.py): every schema key declared, and the refusals of
 keys a config does not read. tests/integration/test_settings_read.py runs real configs with a recorder."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import REPO
 
+from dpo_sweeps.checks.unused import ALWAYS, READ_WHEN, Launch, check_settings_used, field_of, unread_keys
 from dpo_sweeps.config.data_schema import DATA_SCHEMAS
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.unused import ALWAYS, READ_WHEN, Launch, check_settings_used, field_of, unread_keys
 from dpo_sweeps.dpo.losses.schema import LOSS_SCHEMAS
 from dpo_sweeps.errors import InvalidConfig
 
@@ -41,8 +41,8 @@ def schema_keys() -> set[str]:
 
 def test_every_schema_key_is_declared_always_read_or_read_only_when():
     keys = schema_keys()
-    assert sorted(keys - READ_WHEN.keys()) == [], "add these to config/unused.py: ALWAYS_READ or a rule"
-    assert sorted(READ_WHEN.keys() - keys) == [], "config/unused.py names keys the schema does not have"
+    assert sorted(keys - READ_WHEN.keys()) == [], "add these to checks/unused.py: ALWAYS_READ or a rule"
+    assert sorted(READ_WHEN.keys() - keys) == [], "checks/unused.py names keys the schema does not have"
     for key, rules in READ_WHEN.items():
         assert rules == ALWAYS or (rules and all(rule.why and rule.instead for rule in rules)), key
 

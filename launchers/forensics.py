@@ -1,7 +1,7 @@
 """What SLURM and the job's tasks say about a job that ended without rank 0's summary: the failure kind of
 its state (sacct), the tasks srun reports ended abnormally, and the first rank that died.
 
-The launchers' collecting (launchers/base.py) asks these of every job; a job of the local launcher has
+The launchers' collecting (launchers/collect.py) asks these of every job; a job of the local launcher has
 no SLURM state and no srun log, and gets a crash or what its ranks recorded.
 """
 

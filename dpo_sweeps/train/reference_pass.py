@@ -1,0 +1,85 @@
+"""The reference model's log-probs of every pair, scored once before training
+(train.precompute_reference_logps), and the reference model freed after.
+
+The numbers are cached (dpo/reference_logps.py) and attached to the pairs; the steps then need no
+reference forward, and the steps' peak memory holds no reference model.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Any
+
+import torch
+
+from dpo_sweeps.config.schema import Config
+from dpo_sweeps.data.encoding import EncodedPair
+from dpo_sweeps.dpo import reference_logps
+from dpo_sweeps.dpo.losses import ld_alpha_of
+from dpo_sweeps.parallel.rank_env import RankEnv
+from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.train.scoring import batch_logps, collate_pairs
+
+log = logging.getLogger(__name__)
+
+
+def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Config, env: RankEnv,
+                               device: torch.device, probing: bool, stop_watch: StopWatch) -> float:
+    """Score every pair under the reference once and attach the numbers to `data`'s pairs (a
+    train/setup.py TrainingData); returns the seconds it took. The caller then frees the reference."""
+    share_prompt = cfg.train.share_prompt
+    layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
+                                         cfg.train.max_steps)
+    key = reference_logps.cache_key(
+        reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
+        scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": share_prompt,
+                 "param_dtype": cfg.precision.param_dtype, "device": device.type,
+                 "ld_alpha": ld_alpha_of(cfg.loss)},
+    ) if not probing else {}
+    if probing:  # the values cannot change a step's speed or memory: skip the scoring pass
+        found = reference_logps.placeholder(len(data.train_pairs), len(data.eval_pairs))
+    else:
+        def score(pairs: list[EncodedPair]) -> torch.Tensor:
+            return reference_batch_logps(reference, pairs, data.tokenizer, cfg, device, stop_watch, env.world_size)
+
+        found = reference_logps.load_or_compute(score, key, data.train_pairs, data.eval_pairs, data.sampler,
+                                                layout, env.rank, device)
+    data.train_pairs = reference_logps.attach(data.train_pairs, found.train)
+    data.eval_pairs = reference_logps.attach(data.eval_pairs, found.eval)
+    if env.is_main:
+        log.info("reference log-probs: %s for %d train and %d eval pairs in %.1fs (%s); reference model freed",
+                 found.source, int((~found.train.isnan().any(1)).sum()), len(data.eval_pairs), found.seconds,
+                 found.path)
+    return found.seconds
+
+
+@torch.no_grad()
+def reference_batch_logps(reference: torch.nn.Module, pairs: list[EncodedPair], tokenizer: Any, cfg: Config,
+                          device: torch.device, stop_watch: StopWatch, world_size: int) -> torch.Tensor:
+    """The reference's log-probs of some pairs, scored as a step scores them (precomputed reference).
+
+    The pass before training can take minutes on a real model, so a stop signal is honoured between its
+    micro-batches too (every rank makes the same calls, so the agreement is collective like a step's).
+    """
+    reason = stop_watch.agreed_reason(world_size)
+    if reason:
+        raise RunInterrupted(
+            f"{stop_watch.describe(reason)}: stopped while scoring the reference log-probs, before "
+            f"training (re)started; the same command in the same run directory starts it again",
+            kind=stop_watch.failure_kind(reason), step=0, reason=reason)
+    batch = {k: v.to(device, non_blocking=True) for k, v in collate_pairs(pairs, tokenizer, cfg).items()}
+    return batch_logps(reference, batch, cfg)[0]
+
+
+def free_reference(device: torch.device) -> None:
+    """Free the reference model once the caller has dropped its last name, its log-probs being all the run
+    needs from it.
+
+    FSDP's hooks and the bound scoring method (response_logps.py) hold a model in reference cycles,
+    so dropping the last name frees nothing until a full garbage collection: collect now, so that
+    the steps' peak memory holds no reference model (as memory_estimate.py counts it).
+    """
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
