@@ -15,6 +15,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 from support import HH_PATH
+from support.mlflow_server import mlflow_server  # noqa: F401 (a session fixture the MLflow tests share)
 from support.reports import grid_sweep
 
 

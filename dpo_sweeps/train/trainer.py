@@ -36,8 +36,10 @@ from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.precision import loss_scaler, slow_on_this_cpu
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.rundir.metrics_log import MetricsLog
+from dpo_sweeps.rundir.summary import Summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.tracking.tracker import Tracker
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
@@ -51,7 +53,6 @@ from dpo_sweeps.train.setup import (
     build_scheduler,
     precompute_reference_logps,
 )
-from dpo_sweeps.train.tracking import Tracker
 from dpo_sweeps.train.zero_shot import accuracy_interval, zero_shot_from_reference, zero_shot_record, zero_shot_stats
 
 log = logging.getLogger(__name__)
@@ -136,8 +137,8 @@ class Trainer:
         self.optimizer = build_optimizer(cfg.train, self.policy)
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
         self.scaler = loss_scaler(self.plan)
-        self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name,
-                               group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
+        self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name, group=self.ctx.group,
+                               config=self.ctx.config, enabled=env.is_main, plan_label=self.plan.label)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
             self.trial_reporter = TrialReporter(self.trial_link, self.ctx.run_dir)
@@ -474,7 +475,8 @@ class Trainer:
         """summary.json's broken_checkpoints: those skipped at resume (empty: none)."""
         return list(self.checkpointer.broken) if self.checkpointer is not None else []
 
-    def close(self, metrics: dict[str, Any], failed: bool) -> None:
-        if self.tracker is not None:
-            self.tracker.finish(metrics, failed)
+    def close(self, summary: Summary) -> Summary:
+        """The trackers' end, once summary.json is written (tracking/tracker.py)."""
+        tracker, self.tracker = self.tracker, None
+        return tracker.finish(summary) if tracker is not None else summary
 
