@@ -4,7 +4,8 @@ sweep. The run's settings go in the HParams plugin's records (the run's own dire
 scalars), so the HParams tab compares runs by setting; the status is its session-end record and a text.
 
 A resumed run writes a new event file in the same directory after reading what the old ones hold
-(tensorboard's EventAccumulator), so no step is written twice.
+(tensorboard's EventAccumulator), so no step is written twice; an upload that finds everything there
+already (and the status written) writes no file at all.
 """
 
 from __future__ import annotations
@@ -39,15 +40,21 @@ class TensorboardBackend:
         self.log_dir = Path(log_dir)
         self.where = str(self.log_dir)
         self._writer_class = SummaryWriter
-        self.writer = None
+        self._writer = None
         self.continued = False
+        self.ended_before = False  # the event files hold a status already (an earlier attempt or upload)
+
+    @property
+    def writer(self):
+        if self._writer is None:  # opened at the first write: each opening is a new event file
+            self._writer = self._writer_class(log_dir=str(self.log_dir), flush_secs=5)
+        return self._writer
 
     def start(self, run: RunInfo, state: dict[str, Any] | None) -> dict[str, Any]:
         from torch.utils.tensorboard.summary import hparams
 
-        continued = self.continued = self.log_dir.is_dir() and any(self.log_dir.glob("events.out.tfevents.*"))
-        self.writer = self._writer_class(log_dir=str(self.log_dir), flush_secs=5)
-        if not continued:
+        self.continued = self.log_dir.is_dir() and any(self.log_dir.glob("events.out.tfevents.*"))
+        if not self.continued:
             settings = {key: _hparam_value(value) for key, value in run.params.items()}
             settings.update({f"dpo_sweeps.{key}": value for key, value in run.tags.items()})
             experiment, session_start, _ = hparams(settings, {key: 0.0 for key in HPARAM_METRICS})
@@ -64,6 +71,7 @@ class TensorboardBackend:
             return {}
         events = EventAccumulator(str(self.log_dir), size_guidance={"scalars": 0})
         events.Reload()
+        self.ended_before = "status/text_summary" in events.Tags()["tensors"]
         return {tag: max(e.step for e in events.Scalars(tag)) for tag in events.Tags()["scalars"]}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -72,6 +80,8 @@ class TensorboardBackend:
         self.writer.flush()  # a killed run keeps what it logged (a resume does not log it again)
 
     def finish(self, end: RunEnd) -> None:
+        if self.ended_before and self._writer is None:
+            return  # nothing new: an upload again
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
