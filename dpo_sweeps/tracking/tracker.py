@@ -32,6 +32,7 @@ from dpo_sweeps.tracking.run_info import RunInfo
 log = logging.getLogger(__name__)
 
 STATE_FILE = "tracking.json"
+UPLOADS = ("mlflow", "tensorboard")  # the trackers `dpo-sweeps-report --to` uploads to (upload.py)
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
@@ -111,9 +112,9 @@ class Tracker:
     @staticmethod
     def _warn(name: str, where: str, when: str, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        later = f" (dpo-sweeps-report SWEEP_DIR --to {name} ... uploads them later)" if name in UPLOADS else ""
         log.warning("tracking: %s at %s failed %s (%s); training goes on without it, metrics.jsonl keeps every "
-                    "metric (dpo-sweeps-report SWEEP_DIR --to %s uploads them later)", name, where, when, reason,
-                    name if name in ("mlflow", "tensorboard") else "mlflow")
+                    "metric%s", name, where, when, reason, later)
 
     def _send(self, live: _Live, record: dict[str, Any]) -> None:
         step = int(record["step"])

@@ -14,9 +14,9 @@ from dpo_sweeps.config.schema import Config, mlflow_uri_problem
 from dpo_sweeps.rundir.summary import SummaryUnreadable, load_summary
 from dpo_sweeps.tracking.backend import REGISTRY, Backend, missing_libraries
 from dpo_sweeps.tracking.run_info import sweep_group
-from dpo_sweeps.tracking.tracker import Tracker
+from dpo_sweeps.tracking.tracker import UPLOADS, Tracker
 
-TARGETS = ("mlflow", "tensorboard")
+TARGETS = UPLOADS
 
 
 class UploadRefused(ValueError):

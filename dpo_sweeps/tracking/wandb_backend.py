@@ -33,7 +33,7 @@ class WandbBackend:
 
     def start(self, run: RunInfo, state: dict[str, Any] | None) -> dict[str, Any]:
         wandb = self._wandb
-        run_id = (state or {}).get("id") or wandb.util.generate_id()
+        run_id = (state or {}).get("id") or run.uid  # the run's own identity (tracking.json)
         self.run = wandb.init(
             mode=self.cfg.mode, project=self.cfg.project, entity=self.cfg.entity, group=self.cfg.group or run.sweep,
             job_type=run.stage, name=run.name, dir=str(self.run_dir), config=run.config, id=run_id, resume="allow",

@@ -251,13 +251,13 @@ def test_a_server_killed_mid_run_is_one_warning_and_an_upload_sends_the_run_once
             assert run.poll() is None, "the run ended before the server could be killed"
             time.sleep(0.1)
         own.kill()
-        _, stderr = run.communicate(timeout=300)
+        stdout, stderr = run.communicate(timeout=300)
     finally:
         own.kill()
         if run.poll() is None:
             run.kill()
     assert run.returncode == 0, stderr[-3000:]
-    warnings = [line for line in stderr.splitlines() if "WARNING" in line and "tracking:" in line]
+    warnings = [line for line in (stdout + stderr).splitlines() if "WARNING" in line and "tracking:" in line]
     assert len(warnings) == 1, warnings
     assert f"tracking: mlflow at {own.uri} failed from step" in warnings[0]
     assert [r["step"] for r in _records(run_dir) if "train/loss" in r] == list(range(1, 41))  # metrics.jsonl whole
@@ -292,10 +292,50 @@ def test_a_server_down_at_the_start_is_one_warning_and_the_run_completes(tmp_pat
             "tracking.backends=[mlflow,tensorboard]", f"tracking.mlflow.tracking_uri={uri}", f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line and "tracking:" in line]
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "WARNING" in line and "tracking:" in line]
     assert len(warnings) == 1 and f"tracking: mlflow at {uri} failed at the start" in warnings[0], warnings
     summary = summary_json(run_dir)
     assert summary["status"] == "completed"
     assert summary["tracking"]["mlflow"] == {"where": uri, "missed": "from the start"}
     assert summary["tracking"]["tensorboard"]["missed"] is None  # the other backend got everything
     assert [s for s, _ in _scalars(run_dir / "tensorboard")["train/loss"]] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- secrets reach no tracker
+SECRET_CFG = "hf-token-9a8b7c6d5e4f"
+SECRET_PASSWORD = "mlflow-pw-1f2e3d4c5b6a"
+SECRET_WANDB = "wandb-key-77aa88bb99cc"
+
+
+@pytest.mark.slow
+def test_no_secret_reaches_any_tracker_file_or_log(mlflow_server, tmp_path):
+    """Every backend at once, with a secret in the config and MLflow's password and W&B's key in the
+    environment: each tracker gets the config with the secret redacted, and no byte of a secret is in any
+    file the run, W&B, Trackio or the MLflow server wrote, nor in the output."""
+    run_dir = tmp_path / "run"
+    env = {**cli_env(), "TRACKIO_DIR": str(tmp_path / "trackio"), "WANDB_API_KEY": SECRET_WANDB,
+           "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": SECRET_PASSWORD}
+    env.pop("WANDB_MODE", None)
+    args = [sys.executable, "-m", "dpo_sweeps", *SHORT[1:], "wandb.mode=offline", "train.max_steps=3",
+            "train.eval_every=0", "tracking.backends=[wandb,mlflow,tensorboard,trackio]",
+            f"tracking.mlflow.tracking_uri={mlflow_server.uri}", "tracking.mlflow.experiment_name=secrets",
+            "tracking.trackio.project=secrets", f"+model.hf_token={SECRET_CFG}", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = summary_json(run_dir)
+    assert all(v["missed"] is None for v in summary["tracking"].values()), summary["tracking"]
+    assert set(summary["tracking"]) == {"wandb", "mlflow", "tensorboard", "trackio"}
+
+    (run,) = mlflow_server.runs("secrets")
+    assert params_of(run)["model.hf_token"] == "<redacted>"
+    assert _hparams(run_dir / "tensorboard")["model.hf_token"] == "<redacted>"
+    (trackio_db,) = (tmp_path / "trackio").glob("secrets*.db")  # the project's database
+    assert b"<redacted>" in trackio_db.read_bytes() and b"train/loss" in trackio_db.read_bytes()
+    written = [p for root in (run_dir, tmp_path / "trackio", mlflow_server.root) for p in root.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in written) and any("tfevents" in p.name for p in written)
+    for path in written:
+        data = path.read_bytes()
+        for secret in (SECRET_CFG, SECRET_PASSWORD, SECRET_WANDB):
+            assert secret.encode() not in data, (secret, path)
+    for secret in (SECRET_CFG, SECRET_PASSWORD, SECRET_WANDB):
+        assert secret not in proc.stdout + proc.stderr

@@ -65,13 +65,13 @@ class MlflowServer:
         self.log.close()
 
     # ---- MLflow's REST API (https://mlflow.org/docs/latest/api_reference/rest-api.html)
-    def get(self, path: str, **query) -> dict:
-        url = f"{self.uri}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}"
+    def get(self, endpoint: str, **query) -> dict:
+        url = f"{self.uri}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}"
         with urllib.request.urlopen(url, timeout=30) as reply:
             return json.loads(reply.read())
 
-    def post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+    def post(self, endpoint: str, body: dict) -> dict:
+        request = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as reply:
             return json.loads(reply.read())
