@@ -54,3 +54,13 @@ def test_a_setting_of_a_tracker_not_chosen_is_refused(overrides, refused):
         return
     with pytest.raises(InvalidConfig, match=refused):
         check_settings_used(cfg, overrides, Launch.DPO_SWEEPS)
+
+
+def test_no_tracker_library_is_imported_until_chosen():
+    import subprocess
+    import sys
+
+    code = ("import sys, dpo_sweeps.runtime.rank, dpo_sweeps.tracking.upload, dpo_sweeps.analysis.report; "
+            "print(sorted(m for m in ('mlflow', 'wandb', 'trackio', 'tensorboard') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
