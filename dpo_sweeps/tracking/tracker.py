@@ -16,6 +16,7 @@ complete, and summary.json's `tracking` says from which step it missed data.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import uuid
@@ -36,8 +37,7 @@ UPLOADS = ("mlflow", "tensorboard")  # the trackers `dpo-sweeps-report --to` upl
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
-    import json
-
+    """tracking.json: what each backend needs to continue its run, and the run's uid ({} when none)."""
     try:
         state = json.loads((Path(run_dir) / STATE_FILE).read_text())
     except (OSError, ValueError):

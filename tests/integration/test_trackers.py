@@ -200,10 +200,11 @@ def _wait_unlocked(run_dir: Path, timeout: float = 60) -> None:
 def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once(mlflow_server, tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "dpo_sweeps", *SHORT, "train.max_steps=16", "train.eval_every=4",
-            "checkpoint.every_steps=4", "tracking.backends=[mlflow,tensorboard]",
+            "checkpoint.every_steps=4", "tracking.backends=[mlflow,tensorboard,trackio]",
             f"tracking.mlflow.tracking_uri={mlflow_server.uri}", "tracking.mlflow.experiment_name=resume",
-            f"hydra.run.dir={run_dir}"]
-    first = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            "tracking.trackio.project=resume", f"hydra.run.dir={run_dir}"]
+    env = {**cli_env(), "TRACKIO_DIR": str(tmp_path / "trackio")}
+    first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -221,7 +222,7 @@ def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once
     state = json.loads((run_dir / "tracking.json").read_text())
     killed_at = _records(run_dir)[-1]["step"]
 
-    again = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    again = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = summary_json(run_dir)
     assert summary["resumed_from_step"] and summary["resumed_from_step"] < killed_at
@@ -233,6 +234,19 @@ def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once
         assert [s for s, _ in expected] == (list(range(1, 17)) if key == "train/loss" else [4, 8, 12, 16])
         assert _close(mlflow_server.history(run["info"]["run_id"], key), expected), key
         assert _close(_scalars(run_dir / "tensorboard")[key], expected), key
+        assert _close(_trackio_history(env, "resume", "run", key), expected), key
+
+
+def _trackio_history(env: dict, project: str, run: str, key: str) -> list[tuple[int, float]]:
+    """A metric's every (step, value) in Trackio's database, read by Trackio's own storage in a process
+    whose TRACKIO_DIR is the run's."""
+    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
+            "print(json.dumps([[r['step'], r[sys.argv[3]]] for r in S.get_logs(sys.argv[1], sys.argv[2]) "
+            "if r.get(sys.argv[3]) is not None]))")
+    out = subprocess.run([sys.executable, "-c", code, project, run, key], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return sorted((int(s), v) for s, v in json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 # ---------------------------------------------------------------- a tracker that fails never fails training
