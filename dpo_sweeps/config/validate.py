@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from dpo_sweeps.config.data_schema import DataConfig, chat_template_setting
-from dpo_sweeps.config.schema import Config, ModelConfig, mlflow_uri_problem
+from dpo_sweeps.config.schema import Config, ModelConfig
 from dpo_sweeps.config.section import refuse
 from dpo_sweeps.data.encoding import no_chat_template
 from dpo_sweeps.data.sources import DATA_SOURCES, looks_local
@@ -104,11 +105,38 @@ def _check_trackers(cfg: Config) -> None:
         if name != "wandb" or cfg.wandb.mode != "disabled":
             refuse("tracking.backends", f"names {name}, whose library {known.library} is not installed",
                    f"`{known.pip}`, or tracking.backends without {name}")
-    if "mlflow" in cfg.tracking.backends and cfg.tracking.mlflow.tracking_uri is None:
+    if "mlflow" not in cfg.tracking.backends:
+        return
+    if (uri := cfg.tracking.mlflow.tracking_uri) is not None:
+        if problem := mlflow_uri_problem(uri):
+            refuse("tracking.mlflow.tracking_uri", problem, MLFLOW_URI_ACCEPTED)
+    else:
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             refuse("tracking.mlflow.tracking_uri", "not set, nor MLFLOW_TRACKING_URI",
                    "the URI of an MLflow server (http://host:5000), file:/path or sqlite:///path.db")
         if problem := mlflow_uri_problem(uri):
-            refuse("MLFLOW_TRACKING_URI", problem.replace(uri, "<the variable's value>"),
-                   "an MLflow tracking URI without user or password (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD)")
+            refuse("MLFLOW_TRACKING_URI", problem.replace(uri, "<the variable's value>"), MLFLOW_URI_ACCEPTED)
+
+
+# What an MLflow tracking URI may be (MLflow's own stores); a credential in it is refused (docs/trackers.md).
+MLFLOW_URI_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+MLFLOW_URI_ACCEPTED = ("http(s)://host:port of an MLflow server, file:/path, sqlite:///path.db or another of "
+                       f"{', '.join(MLFLOW_URI_SCHEMES)}; no user or password in it (MLFLOW_TRACKING_USERNAME, "
+                       "MLFLOW_TRACKING_PASSWORD)")
+
+
+def mlflow_uri_problem(uri: str) -> str | None:
+    """Why `uri` is not an MLflow tracking URI this project accepts, or None."""
+    try:
+        parts = urlsplit(uri)
+        port = parts.port  # a port that is not a number raises here
+    except ValueError as exc:
+        return f"got {uri!r}, not a URI ({exc})"
+    if parts.scheme.split("+")[0] not in MLFLOW_URI_SCHEMES:
+        return f"got {uri!r}, whose scheme {parts.scheme or '(none)'!r} is not an MLflow store's"
+    if parts.password is not None or (parts.username and parts.scheme in ("http", "https")):
+        return "holds a user or password; they are read from the environment, never stored"
+    if parts.scheme in ("http", "https") and (not parts.hostname or port == 0):
+        return f"got {uri!r}, with no host to reach"
+    return None

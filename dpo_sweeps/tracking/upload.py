@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpo_sweeps.analysis.runs import discover
-from dpo_sweeps.config.schema import Config, mlflow_uri_problem
+from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.validate import MLFLOW_URI_ACCEPTED, mlflow_uri_problem
 from dpo_sweeps.rundir.summary import SummaryUnreadable, load_summary
 from dpo_sweeps.tracking.backend import REGISTRY, Backend, missing_libraries
 from dpo_sweeps.tracking.run_info import sweep_group
@@ -38,8 +39,7 @@ def check_target(kind: str, where: str) -> None:
     if missing_libraries([kind]):
         raise UploadRefused(f"--to {kind}: the {REGISTRY[kind].library} library is not installed ({REGISTRY[kind].pip})")
     if kind == "mlflow" and (problem := mlflow_uri_problem(where)):
-        raise UploadRefused(f"--to mlflow URI: {problem} (accepted: http(s)://host:port of an MLflow server, "
-                            "file:/path or sqlite:///path.db, credentials in MLFLOW_TRACKING_USERNAME/PASSWORD)")
+        raise UploadRefused(f"--to mlflow URI: {problem} (accepted: {MLFLOW_URI_ACCEPTED})")
 
 
 def _backend(kind: str, where: str, cfg: Config, root: Path, run_dir: Path) -> Backend:
