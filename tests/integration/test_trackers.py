@@ -250,14 +250,33 @@ def _trackio_history(env: dict, project: str, run: str, key: str) -> list[tuple[
 
 
 # ---------------------------------------------------------------- a tracker that fails never fails training
+ADMIN_PASSWORD = "admin-pw-5e6f7a8b9c0d"
+
+
 @pytest.mark.slow
-def test_a_server_killed_mid_run_is_one_warning_and_an_upload_sends_the_run_once(mlflow_server, tmp_path):
-    own = MlflowServer(tmp_path / "server").start()
+def test_refused_credentials_then_a_server_killed_mid_run_are_one_warning_each_and_an_upload_sends_the_run_once(
+        mlflow_server, tmp_path):
+    own = MlflowServer(tmp_path / "server", admin_password=ADMIN_PASSWORD).start()  # basic auth in front
+    # Credentials the server refuses: one warning, the run completes.
+    refused_dir = tmp_path / "refused"
+    wrong = {**cli_env(), "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "not-the-password"}
+    proc = subprocess.run([sys.executable, "-m", "dpo_sweeps", *SHORT, "train.max_steps=3", "train.eval_every=0",
+                           "tracking.backends=[mlflow]", f"tracking.mlflow.tracking_uri={own.uri}",
+                           f"hydra.run.dir={refused_dir}"], cwd=REPO, env=wrong, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "WARNING" in line and "tracking:" in line]
+    assert len(warnings) == 1 and f"tracking: mlflow at {own.uri} failed at the start" in warnings[0], warnings
+    assert "401" in warnings[0] and "not-the-password" not in proc.stdout + proc.stderr
+    assert summary_json(refused_dir)["tracking"]["mlflow"]["missed"] == "from the start"
+
+    # The right credentials, from the environment only; then the server is killed mid-run.
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "dpo_sweeps", *SHORT, "train.max_steps=40", "train.eval_every=10",
             "tracking.backends=[mlflow]", f"tracking.mlflow.tracking_uri={own.uri}",
             "tracking.mlflow.experiment_name=killed", f"hydra.run.dir={run_dir}"]
-    run = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    right = {**cli_env(), "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": ADMIN_PASSWORD}
+    run = subprocess.Popen(args, cwd=REPO, env=right, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not (
@@ -279,6 +298,10 @@ def test_a_server_killed_mid_run_is_one_warning_and_an_upload_sends_the_run_once
     assert summary["status"] == "completed"
     assert summary["tracking"]["mlflow"]["where"] == own.uri
     assert summary["tracking"]["mlflow"]["missed"].startswith("from step")
+    assert json.loads((run_dir / "tracking.json").read_text())["mlflow"]["run_id"]  # it had started there
+    for path in run_dir.rglob("*"):
+        assert not path.is_file() or ADMIN_PASSWORD.encode() not in path.read_bytes(), path
+    assert ADMIN_PASSWORD not in stdout + stderr
 
     # The upload afterwards: every step once, summary.json, the status; uploading again adds nothing.
     upload = [sys.executable, "-m", "dpo_sweeps.analysis.report", str(run_dir), "--out", str(tmp_path / "report"),

@@ -30,8 +30,11 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    def __init__(self, root: Path, port: int | None = None):
+    """`admin_password`: MLflow's basic-auth app in front (user `admin`), so clients need credentials."""
+
+    def __init__(self, root: Path, port: int | None = None, admin_password: str | None = None):
         self.root = Path(root)
+        self.admin_password = admin_password
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -43,9 +46,19 @@ class MlflowServer:
         args = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
                 "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                 "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
+        env = dict(os.environ)
+        if self.admin_password:
+            config = self.root / "basic_auth.ini"
+            config.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{self.root / 'auth.db'}\n"
+                              "admin_username = admin\nauthorization_function = "
+                              "mlflow.server.auth:authenticate_request_basic_auth\n")
+            env.update(MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_AUTH_ADMIN_PASSWORD=self.admin_password,
+                       MLFLOW_FLASK_SERVER_SECRET_KEY="tests-only-secret-key")
+            args += ["--app-name", "basic-auth"]
         self.log = open(self.root / "server.log", "ab")  # noqa: SIM115 (open while the server runs)
         # Its own process group: killing it kills the uvicorn workers too.
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
