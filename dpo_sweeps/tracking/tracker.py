@@ -81,6 +81,8 @@ class Tracker:
         names = [n for n in cfg.tracking.backends if n != "wandb" or cfg.wandb.mode != "disabled"]
         if backends is not None:
             names = [b.name for b in backends]
+        if not names:
+            return  # files only: no tracking.json, no summary.json `tracking`
         saved = read_state(self.run_dir)
         saved.setdefault("run_uid", uuid.uuid4().hex)
         run = dataclasses.replace(RunInfo.of(cfg, run_dir=run_dir, name=name, group=group, config=config,
@@ -101,13 +103,11 @@ class Tracker:
         self._save_state(saved)
 
     def _save_state(self, saved: dict[str, Any]) -> None:
-        states = {**saved, **{lv.backend.name: lv.state for lv in self._live}}
-        if states:
-            try:
-                write_json_atomic(self.run_dir / STATE_FILE, states)
-            except OSError as exc:
-                log.warning("tracking: %s could not be written (%s); a resumed run starts new tracker runs",
-                            self.run_dir / STATE_FILE, exc)
+        try:
+            write_json_atomic(self.run_dir / STATE_FILE, {**saved, **{lv.backend.name: lv.state for lv in self._live}})
+        except OSError as exc:
+            log.warning("tracking: %s could not be written (%s); a resumed run starts new tracker runs",
+                        self.run_dir / STATE_FILE, exc)
 
     @staticmethod
     def _warn(name: str, where: str, when: str, exc: BaseException) -> None:

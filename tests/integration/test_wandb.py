@@ -59,6 +59,7 @@ def test_disabled_mode_writes_nothing_to_wandb(tmp_path):
     proc = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (run_dir / "wandb").exists()
+    assert not (run_dir / "tracking.json").exists() and "tracking" not in json.loads((run_dir / "summary.json").read_text())
 
 
 def test_an_unknown_wandb_mode_is_refused(tmp_path):
