@@ -2,12 +2,15 @@
 
     python analysis/report.py multirun/2026-11-30/12-00-00          # in a checkout
     dpo-sweeps-report multirun/2026-11-30/* --out reports/nov30     # any install (console script)
+    dpo-sweeps-report multirun/2026-11-30/12-00-00 --to mlflow http://127.0.0.1:5000   # and upload the runs
 
 Reads every run's summary.json and metrics.jsonl under the given directories (completed,
 failed and still-running runs alike) and writes, into `<sweep>/report/` or `--out`:
 ranking.csv (one row per config), runs.csv (one row per run), loss_metrics.csv (each loss's
 own metrics, one row per config and metric), report.html (the offline dashboard) and the
-dashboard's figures as PNG. Prints the ranking to the terminal.
+dashboard's figures as PNG. Prints the ranking to the terminal. When the sweep's jobs logged to MLflow
+(tracking.backends), report.html and ranking.csv are logged to the sweep's parent run there too.
+`--to mlflow URI` or `--to tensorboard DIR` first uploads the finished runs (docs/trackers.md).
 
 Exit status: 0 when the report is written, 2 when a directory holds no runs.
 """
@@ -54,7 +57,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the report (default: SWEEP_DIR/report, or report/ in the "
                              "folder shared by several SWEEP_DIRs)")
+    parser.add_argument("--to", nargs=2, metavar=("TRACKER", "WHERE"), default=None,
+                        help="upload the finished runs first: `mlflow URI` (an MLflow server) or `tensorboard DIR`; "
+                             "uploading again adds nothing")
     return parser
+
+
+def send_to_trackers(args: argparse.Namespace, written: list[Path]) -> list[str]:
+    """--to's upload, then the report's files to the sweep's MLflow parent run; the lines to print."""
+    from dpo_sweeps.analysis.upload import upload
+
+    lines = []
+    if args.to:
+        kind, where = args.to
+        done = upload(args.sweep_dirs, kind, where)
+        lines.append(f"Uploaded {done.runs} runs to {kind} at {where}: {done.points} new metric points"
+                     + (f"; not finished, left out: {', '.join(done.skipped)}" if done.skipped else "")
+                     + (f"; failed (see the warnings): {', '.join(done.failed)}" if done.failed else ""))
+    if len(args.sweep_dirs) == 1:
+        from dpo_sweeps.tracking.backend import missing_libraries
+
+        if not missing_libraries(["mlflow"]):
+            from dpo_sweeps.tracking.mlflow_backend import log_report
+
+            files = [p for p in written if p.name in ("report.html", "ranking.csv")]
+            try:
+                parent = log_report(args.sweep_dirs[0], files)
+            except Exception as exc:  # noqa: BLE001 (the report is written; the tracker is extra)
+                lines.append(f"warning: the report could not be logged to MLflow: {type(exc).__name__}: {exc}")
+            else:
+                if parent:
+                    lines.append(f"Logged report.html and ranking.csv to the sweep's MLflow run {parent}")
+    return lines
 
 
 def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, list[Path]]:
@@ -105,12 +139,22 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.to:
+        from dpo_sweeps.analysis.upload import UploadRefused, check_target
+
+        try:
+            check_target(*args.to)
+        except UploadRefused as error:
+            print(f"report.py: {error}", file=sys.stderr)
+            return 2
     try:
         text, written = write_report(args.sweep_dirs, args.out)
     except (NoRunsError, FileNotFoundError) as error:
         print(f"report.py: {error}", file=sys.stderr)
         return 2
     print(text)
+    for line in send_to_trackers(args, written):
+        print(line)
     print(f"\nWrote {len(written)} files to {written[-1].parent}: {', '.join(p.name for p in written)}")
     print(f"Dashboard: {written[-1]}")
     return 0

@@ -36,8 +36,8 @@ from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 from dpo_sweeps.runtime.context import RunContext, attempt_id
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.owner import prepare_run_dir, refused_summary, write_failed
+from dpo_sweeps.tracking.run_info import sweep_group
 from dpo_sweeps.train.entry import start_rank, training_rank
-from dpo_sweeps.train.tracking import sweep_group
 
 
 class RunFailed(CompactHydraException):

@@ -22,6 +22,7 @@ STATE = isolation.start()
 
 import pytest  # noqa: E402
 from support import HH_PATH  # noqa: E402
+from support.mlflow_server import mlflow_server  # noqa: E402, F401 (a session fixture the MLflow tests share)
 from support.reports import grid_sweep  # noqa: E402
 
 

@@ -15,15 +15,18 @@ dpo/response_logps.py), the tokenizer a pretrained model brings (models/build.py
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from dpo_sweeps.config.data_schema import DataConfig, chat_template_setting
 from dpo_sweeps.config.schema import Config, ModelConfig
+from dpo_sweeps.config.section import refuse
 from dpo_sweeps.data.encoding import no_chat_template
 from dpo_sweeps.data.sources import DATA_SOURCES, looks_local
 from dpo_sweeps.errors import DataError, InvalidConfig
 from dpo_sweeps.models.gguf import resolve_gguf_file
 from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
+from dpo_sweeps.tracking.mlflow_uri import MLFLOW_URI_ACCEPTED, mlflow_uri_problem
 
 # Settings no check reads (any value is valid): a sweep's points that differ only in them are checked once.
 # (train.save_model is read: train.sample_prompts needs it.)
@@ -54,6 +57,7 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
         resolve_gguf_file(cfg.model.gguf_file, cfg.model.install_hint)
     _check_chat_template(cfg.data.chat_template, cfg.model)
     _check_probe(cfg)
+    _check_trackers(cfg)
 
 
 def _check_batch_split(cfg: Config) -> None:
@@ -90,3 +94,26 @@ def _check_probe(cfg: Config) -> None:
     if 0 < steps <= warmup:
         raise InvalidConfig("probe.steps", f"{steps} leaves no timed step after perf.warmup_steps={warmup}",
                             f"an integer > {warmup} (e.g. {warmup + 5})")
+
+
+def _check_trackers(cfg: Config) -> None:
+    """Each chosen tracker's library is installed, and MLflow has a tracking URI (its setting or
+    MLFLOW_TRACKING_URI) that is one."""
+    from dpo_sweeps.tracking.backend import missing_libraries
+
+    for name, known in missing_libraries(list(cfg.tracking.backends)):
+        if name != "wandb" or cfg.wandb.mode != "disabled":
+            refuse("tracking.backends", f"names {name}, whose library {known.library} is not installed",
+                   f"`{known.pip}`, or tracking.backends without {name}")
+    if "mlflow" not in cfg.tracking.backends:
+        return
+    if (uri := cfg.tracking.mlflow.tracking_uri) is not None:
+        if problem := mlflow_uri_problem(uri):
+            refuse("tracking.mlflow.tracking_uri", problem, MLFLOW_URI_ACCEPTED)
+    else:
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            refuse("tracking.mlflow.tracking_uri", "not set, nor MLFLOW_TRACKING_URI",
+                   "the URI of an MLflow server (http://host:5000), file:/path or sqlite:///path.db")
+        if problem := mlflow_uri_problem(uri):
+            refuse("MLFLOW_TRACKING_URI", problem.replace(uri, "<the variable's value>"), MLFLOW_URI_ACCEPTED)

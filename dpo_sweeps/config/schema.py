@@ -38,6 +38,7 @@ TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
 # A BPE's vocabulary holds the 256 bytes and the special tokens before any merge.
 MIN_BPE_VOCAB = 259
 WANDB_MODES = ("offline", "online", "disabled")
+TRACKING_BACKENDS = ("wandb", "mlflow", "tensorboard", "trackio")
 STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 
@@ -356,6 +357,67 @@ class WandbConfig(Section):
 
 
 @dataclass
+class MlflowConfig(Section):
+    """tracking.backends=[..., mlflow]: the sweep is one parent run, each job a nested run (docs/trackers.md)."""
+
+    tracking_uri: str | None = None
+    """The MLflow tracking URI: http(s)://host:port of an `mlflow server`, file:/path or sqlite:///path.db;
+    null: the MLFLOW_TRACKING_URI environment variable. No credentials in it: MLflow reads
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from the environment."""
+    experiment_name: str = "dpo-sweeps"
+    """The MLflow experiment the runs go in (created when missing)."""
+
+    def check(self) -> None:
+        # The URI's form is checked in validate.py (it parses URLs; this module imports only the schema's needs).
+        if not self.experiment_name.strip():
+            refuse("tracking.mlflow.experiment_name", "got an empty name", "an MLflow experiment name")
+
+
+@dataclass
+class TensorboardConfig(Section):
+    """tracking.backends=[..., tensorboard]: event files in each run's directory, so `tensorboard --logdir
+    <sweep dir>` shows every run of a sweep, with its settings in the HParams tab."""
+
+    subdir: str = "tensorboard"
+    """The event directory inside each run directory."""
+
+    def check(self) -> None:
+        if not self.subdir or self.subdir.startswith("/") or ".." in self.subdir.split("/"):
+            refuse("tracking.tensorboard.subdir", f"got {self.subdir!r}", "a relative folder name inside the run directory")
+
+
+@dataclass
+class TrackioConfig(Section):
+    """tracking.backends=[..., trackio]: the sweep is a Trackio project, each job a run in it."""
+
+    project: str | None = None
+    """The Trackio project; null: the sweep's name (its group), or the run's name for a single run."""
+
+
+@dataclass
+class TrackingConfig(Section):
+    """Where rank 0 reports a run: every backend gets the resolved config (secrets scrubbed), every
+    metrics.jsonl metric at its step, the plan label, and the status and failure kind at the end
+    (dpo_sweeps/tracking/). A backend that fails is a warning, never a failed run."""
+
+    backends: list[str] = field(default_factory=lambda: ["wandb"])
+    """Any of wandb, mlflow, tensorboard, trackio (wandb.* configures wandb); [] logs to files only."""
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
+    trackio: TrackioConfig = field(default_factory=TrackioConfig)
+
+    def check(self) -> None:
+        for name in self.backends:
+            if name not in TRACKING_BACKENDS:
+                refuse("tracking.backends", f"got {name!r}", f"a list of {', '.join(TRACKING_BACKENDS)}")
+        if len(set(self.backends)) != len(self.backends):
+            refuse("tracking.backends", f"names a backend twice: {list(self.backends)}", "each backend once")
+        for name in ("mlflow", "tensorboard", "trackio"):
+            if name in self.backends:
+                getattr(self, name).check()
+
+
+@dataclass
 class Config(Section):
     """The whole task config a run receives (`hydra` is Hydra's own node, typed by Hydra)."""
 
@@ -376,6 +438,7 @@ class Config(Section):
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Config:
@@ -399,7 +462,7 @@ class Config(Section):
         """Each section's own checks, in the order a reader meets them; checks/validate.py adds those that span
         sections."""
         for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
-                        self.perf, self.probe, self.checkpoint, self.wandb, self.faults):
+                        self.perf, self.probe, self.checkpoint, self.wandb, self.tracking, self.faults):
             section.check()
 
 

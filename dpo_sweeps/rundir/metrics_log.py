@@ -56,3 +56,19 @@ def _record_step(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return math.inf
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's whole records, in file order (none when there is no file; a half line is left out)."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records

@@ -28,6 +28,8 @@ from dpo_sweeps.errors import InvalidConfig
 
 # In a sweep directory: the staged search's answer (launchers/find_best.py writes it, the report reads it).
 FIND_BEST = "find_best.json"
+# An Optuna trial's link to its study, written by the sweeper into the trial's run directory (train/pruning.py).
+TRIAL_FILE = "trial.json"
 
 PROBLEMS = {
     errno.EEXIST: "a file is there, where a folder must be",

@@ -96,6 +96,9 @@ class Summary:
     layout: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
     broken_checkpoints: list[str] | None = None
+    tracking: dict[str, Any] | None = None
+    """Where rank 0 reported the run, per backend: {"where", "missed"} (null: the tracker has it all; else
+    from which step it missed data). Written only when a backend is chosen (tracking.backends)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not know (a newer writer's): kept as read, written back."""
     rank: int = 0
@@ -156,7 +159,7 @@ STATUSES = tuple(status.value for status in Status)
 # The keys every summary.json has, and the optional ones, in the order they are written.
 CORE_KEYS = ("schema", "status", "failure", "overrides", "config_hash", "config", "metrics")
 OPTIONAL_KEYS = ("attempt", "written_by", "started_at", "ended_at", "wall_s", "device_seconds", "device_kind",
-                 "resumed_from_step", "data", "layout", "plan", "broken_checkpoints")
+                 "resumed_from_step", "data", "layout", "plan", "broken_checkpoints", "tracking")
 
 
 def write_summary(run_dir: Path, summary: Summary) -> Summary:

@@ -132,9 +132,6 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             if trainer is not None and trainer.state.step:
                 metrics = _partial_metrics(trainer)
             log.error("rank %d failed: %s", env.rank, failure.message)
-        finally:
-            if trainer is not None:
-                trainer.close(metrics, failure is not None)
         if not env.is_main:
             if interrupted is not None:
                 watch.leave(interrupted.reason, is_main=False)
@@ -144,6 +141,8 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             return Summary(status_of(failure), failure, ctx.overrides, ctx.config, {}, attempt=ctx.attempt,
                            rank=env.rank, written=False)
         summary = summary_of(failure, metrics)
+        if trainer is not None:  # the trackers get the status and summary.json once it is written
+            summary = trainer.close(summary)
         if interrupted is not None:
             watch.leave(interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary

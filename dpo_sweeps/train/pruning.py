@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.rundir.paths import TRIAL_FILE
 
-TRIAL_FILE = "trial.json"
 # hydra.sweeper.pruner -> the optuna.pruners class it makes (settings: hydra.sweeper.pruner_settings).
 PRUNERS = {
     "none": None,

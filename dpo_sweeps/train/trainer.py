@@ -31,8 +31,10 @@ from dpo_sweeps.parallel.mfu import BatchPositions
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.rundir.metrics_log import MetricsLog
+from dpo_sweeps.rundir.summary import Summary
 from dpo_sweeps.runtime.context import RunContext
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.tracking.tracker import Tracker
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.final_metrics import final_metrics
@@ -43,7 +45,6 @@ from dpo_sweeps.train.samples import write_samples
 from dpo_sweeps.train.scoring import batch_logps, collate_pairs
 from dpo_sweeps.train.setup import SetupSummary, TrainingSetup, build_training
 from dpo_sweeps.train.state import TrainState
-from dpo_sweeps.train.tracking import Tracker
 from dpo_sweeps.train.zero_shot import zero_shot_from_reference, zero_shot_record, zero_shot_stats
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,8 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.built = build_training(cfg, self.ctx.base_dir, env, self.plan, self.device, probing=self.probing,
                                     stop_watch=self.stop_watch, summary=self.setup_summary)
-        self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name,
-                               group=self.ctx.group, config=self.ctx.config, enabled=env.is_main)
+        self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name, group=self.ctx.group,
+                               config=self.ctx.config, enabled=env.is_main, plan_label=self.plan.label)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
             self.trial_reporter = TrialReporter(self.trial_link, self.ctx.run_dir)
@@ -360,7 +361,8 @@ class Trainer:
         """summary.json's broken_checkpoints: those skipped at resume (empty: none)."""
         return list(self.checkpointer.broken)
 
-    def close(self, metrics: dict[str, Any], failed: bool) -> None:
-        if self.tracker is not None:
-            self.tracker.finish(metrics, failed)
+    def close(self, summary: Summary) -> Summary:
+        """The trackers' end, once summary.json is written (tracking/tracker.py)."""
+        tracker, self.tracker = self.tracker, None
+        return tracker.finish(summary) if tracker is not None else summary
 

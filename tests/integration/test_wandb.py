@@ -10,7 +10,7 @@ from support.sweeps import run_sweep
 from support.wandb_records import run_config_and_history, run_group_and_job_type
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.train.tracking import job_type_of, sweep_group
+from dpo_sweeps.tracking.run_info import job_type_of, sweep_group
 
 SHORT = ["train.max_steps=4", "train.eval_every=2", "data.num_train_pairs=256", "data.num_eval_pairs=32",
          "train.progress_bar=false", "train.save_model=false"]
@@ -59,6 +59,7 @@ def test_disabled_mode_writes_nothing_to_wandb(tmp_path):
     proc = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (run_dir / "wandb").exists()
+    assert not (run_dir / "tracking.json").exists() and "tracking" not in json.loads((run_dir / "summary.json").read_text())
 
 
 def test_an_unknown_wandb_mode_is_refused(tmp_path):
