@@ -126,7 +126,7 @@ class Prediction:
         s = self.step_time_s
         parts = [f"step {show(s, '.3g')} s", f"{show(self.tokens_per_s_per_device, ',.0f')} tok/s/device"]
         if self.mfu is not None:
-            parts.append(f"MFU {show(self.mfu.scaled(100), '.0f')}%")
+            parts.append(f"MFU {show(self.mfu.scaled(100), '.1f')}%")
         if self.device_hours is not None:
             parts.append(f"{show(self.device_hours, '.3g')} device-h")
         if self.peak_memory_gib is not None:
