@@ -4,7 +4,8 @@ A CPU has no datasheet peak a step reaches, so the profile is what a rank achiev
 precision at a few square sizes on the threads one rank gets (the step predictor interpolates by the
 model's hidden size), the cost of one small op (dispatch: what bounds a tiny model's step), the memory
 bandwidth a rank's copy reaches, and the gloo all-gather bandwidth and latency between two local ranks.
-The cache is keyed by the thread count and the torch version; delete it to measure again.
+The cache is keyed by the thread count and the torch version; delete it to measure again. Measure on a
+quiet machine: on cores other processes hold, a multi-threaded small matmul waits for its slowest thread.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def measure(threads: int) -> dict:
         small = torch.ones(8)
         op = _best_of(lambda: small.add_(1.0), 2000)
         big = torch.empty(32 * 2**20, dtype=torch.uint8)
-        copy = 2 * big.numel() / _best_of(lambda: big.clone(), 5)
+        copy = 2 * big.numel() / _best_of(lambda: big.clone(), 5, at_least=5)
     finally:
         torch.set_num_threads(before)
     bandwidth, latency = _gloo_all_gather()
@@ -89,16 +90,17 @@ def profile_of(cluster: ClusterConfig, m: dict) -> DeviceProfile:
         measured=True, matmul_flops=matmul, op_overhead_s=m["op_overhead_s"])
 
 
-def _best_of(fn, repeats: int, budget_s: float = 0.3) -> float:
-    """The fastest of up to `repeats` calls (after one warm-up), stopping once `budget_s` is spent."""
+def _best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> float:
+    """The fastest of up to `repeats` calls (after one warm-up), stopping once `budget_s` is spent and
+    `at_least` calls ran: the fastest is the machine's, the others waited for cores another process held."""
     fn()
     best, spent = float("inf"), 0.0
-    for _ in range(repeats):
+    for i in range(max(repeats, at_least)):
         start = time.perf_counter()
         fn()
         took = time.perf_counter() - start
         best, spent = min(best, took), spent + took
-        if spent > budget_s:
+        if spent > budget_s and i + 1 >= at_least:
             break
     return best
 

@@ -53,29 +53,37 @@ def profile_of_config(cfg) -> DeviceProfile | None:
 
 
 def predict_config(cfg, profile: DeviceProfile, world_size: int | None = None,
-                   peak_memory_gib: float | None = None) -> Prediction:
+                   peak_memory_gib: float | None = None, shape=None) -> Prediction:
     """The prediction of a typed, resolved config on `profile`: step time, tokens/s per device, MFU and the
-    device-hours of its train.max_steps (probe.steps for a probe), with `peak_memory_gib` beside them."""
-    from dpo_sweeps.parallel.fit import _architecture_key, _model_shape
-
+    device-hours of its train.max_steps (probe.steps for a probe), with `peak_memory_gib` beside them.
+    `shape`: the model's ModelShape where it is built already (a run); else the fit check's, from the config."""
     plan = resolve_plan(cfg, world_size)
-    shape = _model_shape(_architecture_key(cfg.model))
+    if shape is None:
+        from dpo_sweeps.parallel.fit import _architecture_key, _model_shape
+
+        shape = _model_shape(_architecture_key(cfg.model))
     prediction = predict_step(workload_of(cfg, plan, shape), layout_of(plan, cfg.resources.nproc_per_node), profile)
     steps = cfg.probe.steps or cfg.train.max_steps
     hours = prediction.step_time_s.scaled(steps * plan.world_size / 3600)
     return replace(prediction, device_hours=hours, peak_memory_gib=peak_memory_gib)
 
 
-def predicted_step_metrics(cfg, world_size: int, device_name: str | None) -> dict:
+def predicted_step_metrics(cfg, world_size: int, device, shape) -> dict:
     """summary.json's perf/step_time_predicted_s (and its interval, _low_s and _high_s) of a run: on its
     cluster=, else on the profile of the GPU it runs on, else on this machine's cached CPU profile (none
-    until a sweep with cluster=cpu measured it: perf/step_time_predicted_reason says so)."""
+    until a sweep with cluster=cpu measured it: perf/step_time_predicted_reason says so). `device`: the
+    run's torch.device; `shape`: its model's ModelShape."""
     try:
+        device_name = None
+        if device.type == "cuda":
+            import torch
+
+            device_name = torch.cuda.get_device_name(device)
         profile = _run_profile(cfg, device_name)
         if profile is None:
             return {"perf/step_time_predicted_s": None, "perf/step_time_predicted_reason":
                     "no profile: name a cluster= (cluster=cpu measures this machine once)"}
-        step = predict_config(cfg, profile, world_size).step_time_s
+        step = predict_config(cfg, profile, world_size, shape=shape).step_time_s
     except (OSError, ValueError, KeyError) as exc:
         return {"perf/step_time_predicted_s": None, "perf/step_time_predicted_reason": str(exc).splitlines()[0]}
     return {"perf/step_time_predicted_s": step.value, "perf/step_time_predicted_low_s": step.low,

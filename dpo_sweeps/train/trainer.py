@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.cost.predict import predicted_step_metrics
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair, eval_micro_batch_indices, rank_micro_batch_indices
 from dpo_sweeps.dpo.losses import ld_alpha_of, metric_names, uses_reference
@@ -396,6 +397,7 @@ class Trainer:
         if self.reference_precompute_s is not None:  # one-time cost, outside the timed steps
             metrics["perf/reference_precompute_s"] = self.reference_precompute_s
         metrics["perf/peak_memory_estimate_gib"] = self.memory_estimate().total / GIB
+        metrics.update(predicted_step_metrics(self.cfg, self.env.world_size, self.device, ModelShape.of(self.policy)))
         metrics.update({"steps": self.state.step, "world_size": self.env.world_size, "num_params": self.num_params})
         if self.scaler.enabled:
             metrics["train/skipped_steps"] = self.scaler.skipped_steps
