@@ -44,8 +44,8 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     learn: each section's own checks, then those between sections. (A run's command line, and a grid
     sweep's, is also checked for settings no config would read: unused.py.)"""
     cfg.check()
+    _check_cluster_size(cfg)  # before the batch split: more ranks than the cluster has is the first fault
     _check_batch_split(cfg)
-    _check_cluster_size(cfg)
     # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
     device = cfg.resources.device
     check_fsdp_config(cfg.fsdp, cfg.world_size, cfg.resources.nproc_per_node, None if device == "auto" else device)
