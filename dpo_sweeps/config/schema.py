@@ -456,8 +456,10 @@ class Config(Section):
                       if isinstance(values.get(f.name), Mapping)})
 
     @classmethod
-    def section(cls, name: str, values: Mapping[str, Any]) -> Any:
+    def section(cls, name: str, values: Mapping[str, Any] | None) -> Any:
         """One section of a resolved config, typed: `data` and `loss` by what they hold (BUILDERS)."""
+        if values is None:  # a section a config may leave out (cluster)
+            return None
         build = BUILDERS.get(name) or section_types(cls)[name].of
         return build(values)
 
