@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from support import REPO
 
-from dpo_sweeps.config.schema import CLUSTER_NUMBERS, ClusterConfig, Config
+from dpo_sweeps.config.schema import ClusterConfig, Config
 from dpo_sweeps.cost.predict import predict_config
 from dpo_sweeps.cost.profile import CLUSTER_DIR, DeviceProfile, builtin_cluster, device_profile
 from dpo_sweeps.cost.step_time import Layout, Workload, predict_step
