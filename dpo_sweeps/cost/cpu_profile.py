@@ -2,7 +2,7 @@
 
 A CPU has no datasheet peak a step reaches, so the profile is what a rank achieves here: matmul FLOP/s per
 precision at a few square sizes on the threads one rank gets (the step predictor interpolates by the
-model's hidden size), the cost of one small op (dispatch: what bounds a tiny model's step), the memory
+model's hidden size), the cost of one small op with autograd (dispatch: what bounds a tiny model's step), the memory
 bandwidth a rank's copy reaches, and the gloo all-gather bandwidth and latency between two local ranks.
 The cache is keyed by the thread count and the torch version; delete it to measure again. Measure on a
 quiet machine: on cores other processes hold, a multi-threaded small matmul waits for its slowest thread.
@@ -56,8 +56,7 @@ def measure(threads: int) -> dict:
     try:
         matmul = [[short, n, _matmul_flops(torch, getattr(torch, name), n)] for short, name in PRECISIONS.items()
                   for n in SIZES]
-        small = torch.ones(8)
-        op = _best_of(lambda: small.add_(1.0), 2000)
+        op = _best_of(lambda: _autograd_chain(torch), 200) / (2 * CHAIN_OPS + 1)
         big = torch.empty(32 * 2**20, dtype=torch.uint8)
         copy = 2 * big.numel() / _best_of(lambda: big.clone(), 5, at_least=5)
     finally:
@@ -103,6 +102,19 @@ def _best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> flo
         if spent > budget_s and i + 1 >= at_least:
             break
     return best
+
+
+CHAIN_OPS = 20
+
+
+def _autograd_chain(torch) -> None:
+    """CHAIN_OPS small elementwise ops recorded by autograd, then their backward: what one op of a tiny
+    model's step costs here (dispatch, autograd, thread-pool hand-off), whatever its size."""
+    x = torch.randn(64, 64, requires_grad=True)
+    y = x
+    for _ in range(CHAIN_OPS):
+        y = y * 1.0001
+    y.sum().backward()
 
 
 def _matmul_flops(torch, dtype, n: int) -> float:

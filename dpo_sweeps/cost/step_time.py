@@ -46,6 +46,11 @@ CALIBRATION_OF = {"a100_40gb": ("a100", True), "a100_80gb": ("a100", True), "h10
 CALIBRATION = CALIBRATIONS["h100"]
 UNCALIBRATED_WIDTH = 0.15  # log units, added in quadrature: a device the tables never measured
 MEASURED_WIDTH = 0.3  # a measured CPU profile: no calibration at all, only the micro-benchmark
+# A measured (CPU) profile has no calibration: a tiny model's step there is bound by its op count, taken from
+# the structure of a Hugging Face decoder block (norms, projections, rotary, SDPA, activation, residuals: about
+# 50 ops a pass) and of the DPO step outside the blocks (embedding, chunked log-probs, the loss: about 200).
+OPS_PER_BLOCK_PASS = 50
+OPS_PER_MICRO_BATCH = 200
 # Bytes AdamW's step moves per parameter of the shard: fp32 weight read+write, gradient read, two moments
 # read+write.
 OPTIMIZER_BYTES = 4 * 2 + 4 + 8 * 2
@@ -174,7 +179,7 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     if profile.measured:
         dense_rate = _measured_rate(profile, layout.compute, work.hidden)
         attention_rate = _measured_rate(profile, layout.compute, max(16, work.hidden // 8))
-        layer_cost = profile.op_overhead_s * 40  # about 40 ops per block and pass (HF blocks, fwd or bwd)
+        layer_cost = profile.op_overhead_s * OPS_PER_BLOCK_PASS
     else:
         dense_rate = peak * dense_efficiency(work.hidden, calibration)
         attention_rate = peak * calibration["e_attn"]
@@ -184,7 +189,7 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     elementwise = (calibration["elementwise_bytes"] * layer_passes * work.num_layers * work.positions * work.hidden
                    * layout.param_bytes / profile.memory_bandwidth)
     compute = dense / dense_rate + attention / attention_rate + layer_passes * work.num_layers * layer_cost \
-        + (0.0 if profile.measured else elementwise)
+        + (OPS_PER_MICRO_BATCH * profile.op_overhead_s if profile.measured else elementwise)
 
     # FSDP communication per micro-batch.
     s, r = layout.shard_size, layout.replicate_size
