@@ -16,7 +16,7 @@ log = logging.getLogger("launchers")
 
 def predict_jobs(jobs: Sequence[SweepJob], checks: dict[int, Any] | None = None) -> dict[int, Any]:
     """Each job's Prediction by job number, for the jobs whose config names a cluster; one prediction per
-    distinct config (`fit_key`: the settings the cost reads are the estimate's). `checks`: the jobs' fit
+    distinct config (`fit_key`: the settings the cost reads are the estimate's, and train.max_steps). `checks`: the jobs' fit
     checks by number, whose memory estimate the prediction shows."""
     from dpo_sweeps.cost.predict import predict_config, profile_of_config
     from dpo_sweeps.parallel.fit import fit_key
@@ -27,7 +27,8 @@ def predict_jobs(jobs: Sequence[SweepJob], checks: dict[int, Any] | None = None)
     for job in jobs:
         if not job.task_config.get("cluster"):
             continue
-        key = fit_key(job.task_config, job.world_size)
+        # The estimate's settings, and the steps the device-hours count (the fit check ignores them).
+        key = fit_key(job.task_config, job.world_size) + str(job.task_config["train"]["max_steps"])
         if key not in cache:
             cfg = checked.of(job.task_config)
             check = (checks or {}).get(job.num)
