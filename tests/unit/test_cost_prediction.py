@@ -115,3 +115,29 @@ def test_a_dpo_config_pays_for_its_reference_pass_and_its_recompute_and_never_co
         assert "[" in p.text() and "device-h" in p.text()
     # 120 steps (conf/config.yaml) on 8 devices.
     assert cached.device_hours.value == pytest.approx(cached.step_time_s.value * 120 * 8 / 3600)
+
+
+def _published(name: str) -> tuple[float, float]:
+    """(median absolute error, share inside the interval) of bench/predict_vs_published.py on a CSV."""
+    import csv
+    import statistics
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from predict_vs_published import predicted
+
+    with open(REPO / "bench" / "data" / name, newline="") as f:
+        rows = list(csv.DictReader(f))
+    errors, inside = [], 0
+    for row in rows:
+        e, measured = predicted(row), float(row["tokens_per_s_per_gpu"])
+        errors.append(abs(e.value - measured) / measured)
+        inside += e.low <= measured <= e.high
+    return statistics.median(errors), inside / len(rows)
+
+
+def test_the_predictor_meets_its_targets_on_the_published_tables_it_was_and_was_not_fitted_on():
+    fitted_error, _ = _published("llm_foundry.csv")
+    assert fitted_error <= 0.15
+    held_out_error, held_out_inside = _published("held_out.csv")
+    assert held_out_error <= 0.20 and held_out_inside >= 0.7
