@@ -59,9 +59,9 @@ def predict_config(cfg, profile: DeviceProfile, world_size: int | None = None,
     `shape`: the model's ModelShape where it is built already (a run); else the fit check's, from the config."""
     plan = resolve_plan(cfg, world_size)
     if shape is None:
-        from dpo_sweeps.parallel.fit import _architecture_key, _model_shape
+        from dpo_sweeps.parallel.fit import model_shape
 
-        shape = _model_shape(_architecture_key(cfg.model))
+        shape = model_shape(cfg.model)
     prediction = predict_step(workload_of(cfg, plan, shape), layout_of(plan, cfg.resources.nproc_per_node), profile)
     steps = cfg.probe.steps or cfg.train.max_steps
     hours = prediction.step_time_s.scaled(steps * plan.world_size / 3600)

@@ -69,9 +69,14 @@ def device_memory_limit_gib(cfg) -> float | None:
     return None
 
 
+def model_shape(model_cfg) -> ModelShape:
+    """The architecture of a config's `model` section (built on the meta device, once per architecture)."""
+    return _model_shape(_architecture_key(model_cfg))
+
+
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
-    shape = _model_shape(_architecture_key(cfg.model))
+    shape = model_shape(cfg.model)
     on_gpu = wants_cuda(cfg.resources.device) or _cluster_memory_gib(cfg.cluster) is not None  # a GPU cluster
     baseline = 0 if on_gpu else rank_baseline_bytes()
     plan = resolve_plan(cfg, world_size)
