@@ -1,9 +1,9 @@
-"""Fit step_time.py's CALIBRATION on llm-foundry's MPT tables only (bench/data/llm_foundry.csv).
+"""Fit step_time.py's CALIBRATIONS on llm-foundry's MPT tables only (bench/data/llm_foundry.csv).
 
     python bench/fit_efficiency.py bench/data/llm_foundry.csv
 
 A grid search for the parameters that minimise the median absolute log error of the predicted tokens/s
-per GPU; prints them, to be pasted into dpo_sweeps/cost/step_time.py's CALIBRATION, with the 90th
+per GPU; prints them, to be pasted into dpo_sweeps/cost/step_time.py's CALIBRATIONS (one set per GPU generation), with the 90th
 percentile of the absolute log error (the interval's base width). Never run it on held-out figures.
 """
 

@@ -7,10 +7,12 @@ part of its FSDP communication that compute does not hide:
   recompute of activation checkpointing (full: the blocks' forward again; selective: the attention core),
   the reference's forward when it is not cached. The dense FLOPs run at an achieved fraction of the
   device's dense peak that grows with the hidden size, e_dense(h) = e_max * h / (h + h_half); attention
-  at its own fraction e_attn; every block also pays a fixed per-layer cost (kernel launches, norms,
-  elementwise ops) per pass. e_max, h_half, e_attn and the per-layer cost are the calibration (CALIBRATION,
-  fitted only on llm-foundry's MPT tables, per GPU generation: bench/fit_efficiency.py,
-  bench/data/llm_foundry.csv).
+  at its own fraction e_attn; every block also pays a fixed per-layer cost (kernel launches) per pass, and
+  its norms, activations and residuals read and write the hidden states at the device's memory bandwidth
+  (`elementwise_bytes` per hidden value). These five numbers are the calibration (CALIBRATIONS, fitted
+  only on llm-foundry's MPT tables, per GPU generation: bench/fit_efficiency.py, bench/data/llm_foundry.csv).
+  A measured CPU profile has no calibration: its matmul rates are measured at the model's sizes, and its
+  fixed cost is its measured per-op cost times the step's op count.
 - communication (FSDP2, Zhao et al. 2023, arXiv 2304.11277): per micro-batch an all-gather of the
   parameters in the compute dtype for forward, again for backward when resharded after forward, one for
   the reference's forward, and a reduce-scatter of the gradients in the reduce dtype; hybrid sharding adds
@@ -43,7 +45,6 @@ CALIBRATIONS = {
 # Profile name -> (calibration, calibrated on this very device).
 CALIBRATION_OF = {"a100_40gb": ("a100", True), "a100_80gb": ("a100", True), "h100_sxm": ("h100", True),
                   "h200_sxm": ("h100", False), "b200": ("h100", False), "l40s": ("a100", False)}
-CALIBRATION = CALIBRATIONS["h100"]
 UNCALIBRATED_WIDTH = 0.15  # log units, added in quadrature: a device the tables never measured
 MEASURED_WIDTH = 0.3  # a measured CPU profile: no calibration at all, only the micro-benchmark
 # A measured (CPU) profile has no calibration: a tiny model's step there is bound by its op count, taken from
@@ -139,7 +140,7 @@ class Prediction:
         return ", ".join(parts)
 
 
-def dense_efficiency(hidden: int, calibration: dict = CALIBRATION) -> float:
+def dense_efficiency(hidden: int, calibration: dict) -> float:
     return calibration["e_max"] * hidden / (hidden + calibration["h_half"])
 
 
