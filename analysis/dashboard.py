@@ -163,6 +163,11 @@ def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]], 
             f'<tbody>{body}</tbody></table></div>')
 
 
+def image_html(png: bytes | None, alt: str, why: str = "nothing to plot yet") -> str:
+    """An embedded PNG, or why there is none."""
+    return _image(png, alt, why)
+
+
 def _image(png: bytes | None, alt: str, why: str = "nothing to plot yet") -> str:
     if not png:
         return f'<p class="muted">No {alt.lower()}: {_escape(why)}.</p>'

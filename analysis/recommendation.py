@@ -41,11 +41,21 @@ def _figures(chosen: dict[str, Any]) -> str:
 
 def stages_text(rec: Recommendation) -> str:
     probes, train = rec.stages.get("probes") or {}, rec.stages.get("train") or {}
-    return (f"stage 1-2: {probes.get('runs', 0)} plans checked and probed ({probes.get('skipped_oom_predicted', 0)} "
+    return (_stage_zero_text(rec) + f"stage 1-2: {probes.get('runs', 0)} plans checked and probed ({probes.get('skipped_oom_predicted', 0)} "
             f"predicted out of memory, {probes.get('completed', 0)} probed; {device_time_text(probes.get('device_seconds'))}); "
             f"stage 3: {train.get('runs', 0)} full runs on the best plans "
             f"({'; '.join(train.get('plans') or []) or 'none'}), {train.get('completed', 0)} completed "
             f"({device_time_text(train.get('device_seconds'))})")
+
+
+def _stage_zero_text(rec: Recommendation) -> str:
+    """Stage 0 (a cluster named): the plans not probed and why."""
+    predicted = rec.stages.get("predicted") or {}
+    skipped = predicted.get("not_probed") or []
+    if not skipped:
+        return ""
+    listed = "; ".join(f"{' '.join(p['overrides'])} ({p['reason']})" for p in skipped)
+    return f"stage 0: {len(skipped)} plans not probed, predicted too slow per memory: {listed}; "
 
 
 def recommendation_lines(rec: Recommendation) -> list[str]:

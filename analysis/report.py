@@ -34,6 +34,7 @@ if __package__ in (None, ""):
 from dpo_sweeps.analysis import dashboard, figures, plan, tables  # noqa: E402
 from dpo_sweeps.analysis.loss_metrics import loss_metric_rows  # noqa: E402
 from dpo_sweeps.analysis.optuna_study import load_studies, study_figures  # noqa: E402
+from dpo_sweeps.analysis.predicted_cost import html_section, predicted_figure, predicted_steps, terminal_lines  # noqa: E402
 from dpo_sweeps.analysis.ranking import rank_sweep  # noqa: E402
 from dpo_sweeps.analysis.recommendation import load_recommendations  # noqa: E402
 from dpo_sweeps.analysis.runs import NoRunsError, load_runs  # noqa: E402
@@ -101,8 +102,10 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     out = out or default_out_dir(sources)
     out.mkdir(parents=True, exist_ok=True)
 
+    steps = predicted_steps(runs)
     built = {
         "pareto": figures.pareto_figure(ranking),
+        "predicted": predicted_figure(steps),
         "heatmap": figures.heatmap_figure(runs),
         "effects": figures.effects_figure(ranking),
         "curves": figures.curves_figure(runs, ranking.labels(), ranking),
@@ -129,12 +132,15 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     generated = datetime.now().astimezone().isoformat(timespec="seconds")
     samples = best_samples(runs)
     page = dashboard.render([str(s) for s in sources], runs, ranking, studies, pngs, generated, not_started,
-                            recommendations, samples_section=samples_html(samples))
+                            recommendations, samples_section=samples_html(samples) + html_section(
+                                steps, dashboard.image_html(pngs.get("predicted"), "Predicted vs measured step time")))
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
     written.append(html_path)
     text = tables.terminal_report(sources, runs, ranking, studies, not_started, recommendations)
-    return "\n\n".join([text, *(["\n".join(samples_lines(samples))] if samples else [])]), written
+    extra = [block for block in ("\n".join(samples_lines(samples)) if samples else "", "\n".join(terminal_lines(steps)))
+             if block]
+    return "\n\n".join([text, *extra]), written
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@
     python bench/find_best_vs_grid.py --reuse DIR     # re-read the two sweeps of an earlier invocation
     python bench/find_best_vs_grid.py --model smollm2_135m    # pretrained SmolLM2-135M-Instruct on HH
     python bench/find_best_vs_grid.py --model smollm2_135m --smoke   # minutes: 2 points, 2 steps (it starts)
+    python bench/find_best_vs_grid.py --cluster cpu   # stage 0 on: the plans ranked by prediction first
     python bench/find_best_vs_grid.py --model smollm2_135m --systems fsdp=full_shard,shard_grad_op \
         precision=fp32 train.micro_batch_size=2,4       # another plan grid (here: no bf16)
 
@@ -83,6 +84,10 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", metavar="KEY=V1,V2",
                         help="the plan grid instead of SYSTEMS, e.g. precision=fp32 train.micro_batch_size=2,4 on a "
                              "CPU without bf16 instructions, where a bf16 run costs hours")
+    parser.add_argument("--cluster", default=None,
+                        help="stage 0 on: find_best ranks the plans on this cluster profile (cluster=cpu: this "
+                             "machine, measured) and probes only those within --predict-keep of the best")
+    parser.add_argument("--predict-keep", type=float, default=1.5)
     args = parser.parse_args()
     base = [*MODELS[args.model], *COMMON, *(SMOKE if args.smoke else [])]
     chosen = dict(s.split("=", 1) for s in args.systems) if args.systems else SYSTEMS
@@ -95,8 +100,9 @@ def main() -> None:
         sweep(grid_dir, base, [f"{k}={v}" for k, v in {**systems, **algorithm}.items()])
         stages = ("{systems: {" + ", ".join(f"{k}: '{v}'" for k, v in systems.items()) + "}, algorithm: {"
                   + ", ".join(f"{k}: '{v}'" for k, v in algorithm.items())
-                  + f"}}, probe_steps: {probe_steps}, top_k: {top_k}}}")
-        sweep(staged_dir, base, [f"hydra.sweeper.stages={stages}"])
+                  + f"}}, probe_steps: {probe_steps}, top_k: {top_k}, predict_keep: {args.predict_keep}}}")
+        stage_zero = [f"cluster={args.cluster}"] if args.cluster else []
+        sweep(staged_dir, base, [f"hydra.sweeper.stages={stages}", *stage_zero])
 
     grid = summaries(grid_dir)
     staged = summaries(staged_dir)

@@ -11,6 +11,8 @@
 #   3. a 2-job local sweep (precision=fp32,bf16), the jobs one after the other on the one GPU;
 #   4. kill and resume: a run SIGKILLed after its step-2 checkpoint, then the same command again,
 #      which resumes from step 2 and completes.
+# Every row also records the measured step time beside the predicted one (dpo_sweeps/cost/, on the profile
+# of the GPU it ran on, with its interval): the first GPU measurement checks the predictor too.
 # Writes OUT_DIR/results.md (one row per check), OUT_DIR/summaries/*.json (every run's summary.json),
 # OUT_DIR/logs/ and the run directories under OUT_DIR/runs/. Exit status 1 if any check failed.
 # What to bring to an offline GPU machine: bench/README.md ("GPU check").
@@ -62,7 +64,10 @@ print(json.dumps({"check": check, "status": summary.get("status", "no summary.js
                   "failure": (summary.get("failure") or {}).get("message"), "step1_loss": next((l for l in losses if l is not None), None),
                   "tokens_per_s": m.get("perf/tokens_per_s"), "mfu": m.get("perf/mfu"), "mfu_reason": m.get("perf/mfu_reason"),
                   "peak_gib": m.get("perf/peak_memory_gib"), "estimate_gib": m.get("perf/peak_memory_estimate_gib"),
-                  "resumed_from_step": summary.get("resumed_from_step"), "note": note}))
+                  "resumed_from_step": summary.get("resumed_from_step"), "note": note,
+                  "step_s": m.get("perf/step_time_s"), "predicted_s": m.get("perf/step_time_predicted_s"),
+                  "predicted_low_s": m.get("perf/step_time_predicted_low_s"),
+                  "predicted_high_s": m.get("perf/step_time_predicted_high_s")}))
 PY
 }
 
@@ -115,6 +120,13 @@ env, wall = Path(sys.argv[3]).read_text().strip(), sys.argv[4]
 def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
+def predicted(r):
+    """The predicted step time (dpo_sweeps/cost/, on the GPU's own profile) with its interval and error."""
+    if not isinstance(r.get("predicted_s"), (int, float)):
+        return "-"
+    error = f" ({100 * (r['predicted_s'] - r['step_s']) / r['step_s']:+.0f}%)" if r.get("step_s") else ""
+    return f"{r['predicted_s']:.4g} [{r['predicted_low_s']:.4g}-{r['predicted_high_s']:.4g}]{error}"
+
 ok = []
 for r in rows:
     good = r["status"] == "completed"
@@ -122,15 +134,15 @@ for r in rows:
         good = good and r["resumed_from_step"] == 2
     ok.append(good)
 lines = [f"{env.replace(chr(10), '; ')}; {wall} s in all", "",
-         "| check | result | step-1 loss | tokens/s | MFU | peak GiB | estimate GiB | note |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+         "| check | result | step-1 loss | tokens/s | MFU | peak GiB | estimate GiB | step s | predicted s [interval] | note |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for r, good in zip(rows, ok):
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else f"- ({r['mfu_reason']})" if r["mfu_reason"] else "-"
     note = "; ".join(x for x in (r["note"], f"resumed from step {r['resumed_from_step']}" if r["resumed_from_step"] else "",
                                  r["failure"] or "") if x)
     lines.append(f"| {r['check']} | {'ok' if good else 'FAILED: ' + r['status']} | {fmt(r['step1_loss'], '.6f')} "
                  f"| {fmt(r['tokens_per_s'], '.0f')} | {mfu} | {fmt(r['peak_gib'], '.3f')} | {fmt(r['estimate_gib'], '.3f')} "
-                 f"| {note} |")
+                 f"| {fmt(r['step_s'], '.4g')} | {predicted(r)} | {note} |")
 lines.append("")
 lines.append(f"{sum(ok)} of {len(ok)} checks passed (ln 2 = {math.log(2):.6f})")
 Path(sys.argv[2]).write_text("\n".join(lines) + "\n")

@@ -11,6 +11,9 @@ So instead of training every combination of both, the grid sweeper, given `hydra
 4. recommends one run: the best final preference accuracy, and among the runs within its spread
    (one standard error of an accuracy measured on the held-out pairs) the best speed per memory;
    prints the command that trains it and writes `<sweep>/find_best.json`, which the report opens with.
+With a cluster named (`cluster=`), a stage 0 comes first: the plans are ranked by predicted speed per
+memory and only those within `predict_keep` of the best, plus the best of each strategy, are probed
+(launchers/predicted_plans.py); find_best.json and the report list the others and why.
 Running the same command again skips what completed, as any grid sweep does.
 """
 
@@ -53,14 +56,19 @@ class Stages:
     # Each probe's probe.max_seconds: a plan far slower than the rest (bf16 on a CPU without bf16 kernels,
     # say) is stopped after one timed step past this many seconds instead of running all probe_steps.
     probe_max_seconds: float | None = None
+    # Stage 0 (with cluster=): probe only the plans predicted within this factor of the best speed per memory.
+    predict_keep: float = 1.5
 
     @classmethod
     def of(cls, raw: Any) -> Stages:
         raw = dict(raw)
-        unknown = sorted(set(raw) - {"systems", "algorithm", "probe_steps", "top_k", "probe_max_seconds"})
+        unknown = sorted(set(raw) - {"systems", "algorithm", "probe_steps", "top_k", "probe_max_seconds", "predict_keep"})
         if unknown:
             raise InvalidSweep(f"hydra.sweeper.stages.{unknown[0]}: not a setting of the staged search "
-                               "(accepted: systems, algorithm, probe_steps, top_k, probe_max_seconds)")
+                               "(accepted: systems, algorithm, probe_steps, top_k, probe_max_seconds, predict_keep)")
+        keep = raw.get("predict_keep", cls.__dataclass_fields__["predict_keep"].default)
+        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 1:
+            raise InvalidSweep(f"hydra.sweeper.stages.predict_keep: got {keep!r} (accepted: a factor >= 1, e.g. 1.5)")
         for key in ("systems", "algorithm"):
             if not raw.get(key) or not hasattr(raw[key], "items"):
                 raise InvalidSweep(f"hydra.sweeper.stages.{key}: got {raw.get(key)!r} (accepted: a mapping of "
@@ -76,7 +84,8 @@ class Stages:
                                "(accepted: null, for no limit, or a number of seconds > 0)")
         return cls(systems={str(k): str(v) for k, v in raw["systems"].items()},
                    algorithm={str(k): str(v) for k, v in raw["algorithm"].items()},
-                   probe_steps=raw.get("probe_steps", 10), top_k=raw.get("top_k", 2), probe_max_seconds=seconds)
+                   probe_steps=raw.get("probe_steps", 10), top_k=raw.get("top_k", 2), probe_max_seconds=seconds,
+                   predict_keep=float(keep))
 
     def probe_overrides(self) -> list[str]:
         """What makes a point a probe of its plan."""
@@ -98,6 +107,7 @@ class FindBest:
         self.stages = stages
         self.sweep_dir = Path(str(sweeper.config.hydra.sweep.dir))
         self.outcomes: list[Outcome] = []
+        self.not_probed: list[dict] = []  # stage 0: the plans predicted too slow per memory to probe
 
     # ------------------------------------------------------------------ the stages
     def run(self, arguments: Sequence[str]) -> list[Outcome]:
@@ -108,6 +118,7 @@ class FindBest:
         first_plan = self._plan_of(probes[0])
         self._compose("train", self.sweeper.grid(base + first_plan + _sweep_values(self.stages.algorithm)
                                                  + [_subdir("train")]), len(probes), check_only=True)
+        probes = self._stage_zero(probes)
         if self.sweeper.dry_run:
             print(f"dry run: {len(probes)} probes of the parallel plan into {self.sweep_dir}/probes, then "
                   f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans "
@@ -130,6 +141,22 @@ class FindBest:
         print(sweep_screen(self.sweep_dir, self.outcomes, title="find_best sweep"), flush=True)
         print(recommendation_text(result), flush=True)
         return self.outcomes
+
+    def _stage_zero(self, probes: list[SweepJob]) -> list[SweepJob]:
+        """With a cluster named: the plans worth probing, by predicted speed per memory (predicted_plans.py)."""
+        if not probes or not probes[0].task_config.get("cluster"):
+            return probes
+        from dpo_sweeps.launchers.predicted_plans import keep_plans, predict_plans
+
+        kept, dropped = keep_plans(predict_plans(probes), self.stages.predict_keep)
+        self.not_probed = [p.as_dict(reason) for p, reason in dropped]
+        print(f"stage 0: {len(kept)} of {len(probes)} plans predicted within {self.stages.predict_keep:g}x of the best "
+              "speed per memory (or the best of their strategy) are probed", flush=True)
+        for p in kept:
+            print(f"  probe      {' '.join(self._plan_of(p.job))}: {p.prediction.text()}", flush=True)
+        for p, reason in dropped:
+            print(f"  not probed {' '.join(self._plan_of(p.job))}: {reason}", flush=True)
+        return [p.job for p in kept]
 
     def _algorithm_points(self) -> int:
         return len(self.sweeper.grid(_sweep_values(self.stages.algorithm)))
@@ -181,6 +208,8 @@ class FindBest:
             },
             "recommendation": recommend(candidates),
         }
+        if self.not_probed:
+            result["stages"]["predicted"] = {"predict_keep": self.stages.predict_keep, "not_probed": self.not_probed}
         write_json_atomic(self.sweep_dir / FIND_BEST, result)
         return result
 

@@ -30,6 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
+from dpo_sweeps.launchers.cost_screen import predict_jobs, total_line
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered, writes_in_sweep_dir
 from dpo_sweeps.launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
@@ -67,6 +68,7 @@ class GridSweeper(BasicSweeper):
         self.resume = resume
         self.skip_predicted_oom = skip_predicted_oom
         self.stages = stages
+        self.fit_checks: dict[int, Any] = {}  # the last plan's fit checks by job number (the cost screen's memory)
 
     def grid(self, arguments: list[str]) -> list[list[str]]:
         """Every point of the sweep, in Hydra's order: one override list per job."""
@@ -94,9 +96,12 @@ class GridSweeper(BasicSweeper):
         if invalid:
             raise InvalidSweep(refusal_message(invalid, points))
         plan, unfit = self.plan(jobs, sweep_dir)
+        predictions = predict_jobs(plan.to_run, self.fit_checks)
         if self.dry_run:
-            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit))
+            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit, predictions, self.fit_checks))
             return []
+        if total_line(predictions):
+            print(total_line(predictions), flush=True)
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
@@ -114,8 +119,9 @@ class GridSweeper(BasicSweeper):
         """Which checked jobs run: completed ones are reused (resume), unfit ones skipped (fit check)."""
         plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
         unfit: list[PredictedOOM] = []
+        self.fit_checks = {}
         if self.skip_predicted_oom:
-            plan.to_run, unfit = predicted_ooms(plan.to_run)
+            plan.to_run, unfit, self.fit_checks = predicted_ooms(plan.to_run)
         return plan, unfit
 
     def run_plan(self, plan: ResumePlan, unfit: list[PredictedOOM]) -> tuple[list[Outcome], list[JobReturn]]:
@@ -146,7 +152,8 @@ def interrupted_message(sweep_dir: Path) -> str:
 
 
 def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None,
-                    unfit: Sequence[PredictedOOM] = ()) -> str:
+                    unfit: Sequence[PredictedOOM] = (), predictions: dict[int, Any] | None = None,
+                    checks: dict[int, Any] | None = None) -> str:
     describe_job = getattr(launcher, "describe_job", None) or (lambda job: f"{job.world_size} ranks")
     label = PointLabels([j.overrides for j in plan.to_run] + [j.overrides for j, _ in plan.skipped]
                         + [p.job.overrides for p in unfit])
@@ -155,8 +162,15 @@ def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any
         lines.append(f"launcher: {launcher.describe()}")
     if label.shared:
         lines.append(f"every job: {label.shared_words}")
+    predictions = predictions or {}
     for job in plan.to_run:
         lines.append(f"  #{job.num}  {label(job.overrides)}   [{describe_job(job)} -> {job.run_dir}]")
+        if job.num in predictions:
+            check = (checks or {}).get(job.num)
+            verdict = (f"fits {check.limit_gib:.0f} GiB" if check is not None else "no fit check")
+            lines.append(f"        predicted: {predictions[job.num].text()}; {verdict}")
+    if total_line(predictions):
+        lines.append(total_line(predictions))
     if plan.skipped:
         lines.append(f"{len(plan.skipped)} already completed (skipped):")
         for job, where in plan.skipped:

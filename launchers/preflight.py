@@ -180,7 +180,7 @@ def _start_fit_measurements(job: SweepJob) -> None:
     from dpo_sweeps.parallel.fit import may_have_limit, measure_in_background
 
     config = Config.of(job.task_config)
-    if may_have_limit(config.resources):
+    if may_have_limit(config.resources, config.cluster):
         measure_in_background(config.model)
 
 
@@ -222,17 +222,20 @@ def predicted_oom(job: SweepJob, check: Any) -> PredictedOOM | None:
     return PredictedOOM(job, check.estimate_gib, check.limit_gib, check.message())
 
 
-def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM]]:
-    """Split jobs into those that fit (or have no limit to check) and those predicted out of memory."""
+def predicted_ooms(jobs: Sequence[SweepJob]) -> tuple[list[SweepJob], list[PredictedOOM], dict[int, Any]]:
+    """Split jobs into those that fit (or have no limit to check) and those predicted out of memory; and
+    every job's FitCheck (or None) by number."""
     fit: list[SweepJob] = []
     unfit: list[PredictedOOM] = []
+    checks: dict[int, Any] = {}
     for job, check in fit_checks(jobs):
+        checks[job.num] = check
         point = predicted_oom(job, check)
         if point is None:
             fit.append(job)
         else:
             unfit.append(point)
-    return fit, unfit
+    return fit, unfit, checks
 
 
 def record_predicted_oom(point: PredictedOOM) -> None:

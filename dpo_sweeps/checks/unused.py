@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
 
-from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.schema import CLUSTER_NUMBERS, Config
 from dpo_sweeps.config.section import Section
 from dpo_sweeps.errors import InvalidConfig
 
@@ -175,6 +175,10 @@ RULES = (
     ReadOnlyWhen(("resources.master_port",), _port_chosen_elsewhere,
                  "torchrun, or the sweep launcher's tasks, choose the rendezvous port",
                  "torchrun --master_port; nothing for a sweep's job"),
+    ReadOnlyWhen(tuple(f"cluster.{k}" for k in (*CLUSTER_NUMBERS, "peak_tflops")),
+                 lambda c, _: c.cluster is not None and c.cluster.measured,
+                 "cluster=cpu measures its numbers on this machine (dpo_sweeps/cost/cpu_profile.py)",
+                 "a profile with cluster.measured=false (a conf/cluster file, or your own)"),
     ReadOnlyWhen(("resources.bind_cores",), _not_bound_here,
                  "ranks are bound to cores only when several CPU ranks start on a node without torchrun or srun",
                  "resources.nproc_per_node > 1 on CPUs, started by dpo-sweeps or a local sweep"),
@@ -199,6 +203,8 @@ ALWAYS_READ = (
     # stop signal or at train.time_limit_min with every_steps=0, which no check can foresee.
     "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.resume", "checkpoint.keep_when_completed",
     "wandb.mode", "tracking.backends",
+    # The cost prediction and the fit check read the profile a config names (cluster=); none without one.
+    "cluster.name", "cluster.gpus_per_node", "cluster.max_nodes", "cluster.measured", "cluster.sources",
     "data.name", "data.max_length", "data.max_prompt_length", "data.truncation_mode", "data.length_grouped",
     "data.chat_template", "data.num_train_pairs", "data.num_eval_pairs", "data.num_topics", "data.prompt_letters",
     "data.response_letters", "data.noise", "data.seed", "data.prompt_column", "data.chosen_column",

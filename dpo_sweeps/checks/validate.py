@@ -47,6 +47,7 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     learn: each section's own checks, then those between sections. (A run's command line, and a grid
     sweep's, is also checked for settings no config would read: unused.py.)"""
     cfg.check()
+    _check_cluster_size(cfg)  # before the batch split: more ranks than the cluster has is the first fault
     _check_batch_split(cfg)
     # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
     device = cfg.resources.device
@@ -69,6 +70,19 @@ def _check_batch_split(cfg: Config) -> None:
             f"{batch} is not a multiple of train.micro_batch_size ({micro}) x ranks ({world})",
             f"a multiple of {micro * world}, e.g. {micro * world * max(1, round(batch / (micro * world)))}",
         )
+
+
+def _check_cluster_size(cfg: Config) -> None:
+    """resources.nodes and nproc_per_node fit in the cluster the config names (cluster=)."""
+    cluster = cfg.cluster
+    if cluster is None:
+        return
+    if cfg.resources.nproc_per_node > cluster.gpus_per_node:
+        raise InvalidConfig("resources.nproc_per_node", f"{cfg.resources.nproc_per_node} on cluster={cluster.name}, "
+                            f"whose nodes have {cluster.gpus_per_node} devices", f"an integer <= {cluster.gpus_per_node}")
+    if cluster.max_nodes is not None and cfg.resources.nodes > cluster.max_nodes:
+        raise InvalidConfig("resources.nodes", f"{cfg.resources.nodes} on cluster={cluster.name}, which has "
+                            f"{cluster.max_nodes}", f"an integer <= {cluster.max_nodes}")
 
 
 def _check_data_path(data: DataConfig, base_dir: Path) -> None:

@@ -267,6 +267,73 @@ class ResourcesConfig(Section):
             at_least(self.threads_per_rank, 1, "resources.threads_per_rank", "an integer >= 1, or null")
 
 
+# The precisions a cluster profile gives a dense peak for (fp32 plain, tf32 tensor cores, bf16, fp16).
+PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# The numbers a profile must give unless it is measured on this machine (cluster=cpu).
+CLUSTER_NUMBERS = ("device_memory_gib", "memory_bandwidth_gb_s", "intra_node_gb_s", "intra_node_latency_us",
+                   "inter_node_gb_s", "inter_node_latency_us")
+
+
+@dataclass
+class ClusterConfig(Section):
+    """cluster=<conf/cluster file>: the hardware a run's cost is predicted on (dpo_sweeps/cost/). Figures
+    from the vendors' datasheets, each with its source under `sources`; a custom profile is a file of the
+    same keys in a config directory of your own (hydra.searchpath), chosen by its name."""
+
+    name: str = MISSING
+    """The profile's name, as reports and the dry run show it."""
+    gpus_per_node: int = MISSING
+    """Devices in one node (>= 1): resources.nproc_per_node may not exceed it."""
+    max_nodes: int | None = None
+    """Nodes the cluster has (>= 1): resources.nodes may not exceed it; null: no limit."""
+    device_memory_gib: float | None = None
+    """Memory of one device, GiB (> 0): the fit check's limit unless resources.device_memory_gib is set."""
+    memory_bandwidth_gb_s: float | None = None
+    """Device memory bandwidth, GB/s (> 0): the optimizer step's time."""
+    peak_tflops: dict[str, float] | None = None
+    """Dense peak TFLOP/s per precision: fp32, tf32, bf16, fp16 (each > 0; at least fp32 and bf16)."""
+    intra_node_gb_s: float | None = None
+    """Bandwidth one device has to the others of its node, one way, GB/s (> 0): NVLink or PCIe."""
+    intra_node_latency_us: float | None = None
+    """Latency of one step of a collective inside a node, microseconds (>= 0)."""
+    inter_node_gb_s: float | None = None
+    """Bandwidth one device has to other nodes, one way, GB/s (> 0): its InfiniBand or RoCE share."""
+    inter_node_latency_us: float | None = None
+    """Latency of one step of a collective across nodes, microseconds (>= 0)."""
+    measured: bool = False
+    """true: the numbers are measured on this machine (cluster=cpu), not given; the file leaves them null."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each figure comes from (a datasheet, or the measurement): key -> citation."""
+
+    def check(self) -> None:
+        if not self.name:
+            refuse("cluster.name", "not set", "the profile's name")
+        at_least(self.gpus_per_node, 1, "cluster.gpus_per_node")
+        if self.max_nodes is not None:
+            at_least(self.max_nodes, 1, "cluster.max_nodes", "an integer >= 1, or null for no limit")
+        if self.measured:
+            return
+        for key in CLUSTER_NUMBERS:
+            value = getattr(self, key)
+            if value is None:
+                refuse(f"cluster.{key}", "missing", "a number (the datasheet's figure, with its source in cluster.sources)")
+            if key.endswith("latency_us"):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    refuse(f"cluster.{key}", f"got {value!r}", "a number of microseconds >= 0")
+            else:
+                positive_number(value, f"cluster.{key}", "a number > 0")
+        peaks = self.peak_tflops or {}
+        for precision, value in peaks.items():
+            if precision not in PEAK_PRECISIONS:
+                refuse(f"cluster.peak_tflops.{precision}", "unknown precision", ", ".join(PEAK_PRECISIONS))
+            positive_number(value, f"cluster.peak_tflops.{precision}", "a number of TFLOP/s > 0")
+        for precision in ("fp32", "bf16"):
+            if precision not in peaks:
+                refuse(f"cluster.peak_tflops.{precision}", "missing", "the dense peak in TFLOP/s")
+        if not self.sources:
+            refuse("cluster.sources", "empty", "where each figure comes from (key: datasheet)")
+
+
 @dataclass
 class PerfConfig(Section):
     warmup_steps: int = MISSING
@@ -439,6 +506,9 @@ class Config(Section):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cluster: ClusterConfig | None = None
+    """cluster=<conf/cluster file>: the hardware the sweep's cost is predicted on (dpo_sweeps/cost/);
+    null: none (a run predicts its step on the device it gets)."""
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Config:
@@ -449,8 +519,10 @@ class Config(Section):
                       if isinstance(values.get(f.name), Mapping)})
 
     @classmethod
-    def section(cls, name: str, values: Mapping[str, Any]) -> Any:
+    def section(cls, name: str, values: Mapping[str, Any] | None) -> Any:
         """One section of a resolved config, typed: `data` and `loss` by what they hold (BUILDERS)."""
+        if values is None:  # a section a config may leave out (cluster)
+            return None
         build = BUILDERS.get(name) or section_types(cls)[name].of
         return build(values)
 
@@ -464,6 +536,8 @@ class Config(Section):
         for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
                         self.perf, self.probe, self.checkpoint, self.wandb, self.tracking, self.faults):
             section.check()
+        if self.cluster is not None:
+            self.cluster.check()
 
 
 # The sections typed by what they hold, read from a resolved config by their own module's builder:

@@ -53,10 +53,16 @@ _SECTIONS: dict[type, dict[str, Any]] = {}
 def section_types(cls: type) -> dict[str, Any]:
     """cls's fields, each with its Section type (None: a value)."""
     if cls not in _SECTIONS:
-        hints = typing.get_type_hints(cls)
+        hints = {name: _unless_none(hint) for name, hint in typing.get_type_hints(cls).items()}
         _SECTIONS[cls] = {f.name: hints[f.name] if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)
                           else None for f in fields(cls)}
     return _SECTIONS[cls]
+
+
+def _unless_none(hint: Any) -> Any:
+    """`X` of an optional section `X | None` (a section a config may leave out, e.g. cluster)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 and len(typing.get_args(hint)) == 2 else hint
 
 
 def refuse(setting: str, problem: str, accepted: str) -> NoReturn:

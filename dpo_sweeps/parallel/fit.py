@@ -40,18 +40,28 @@ class FitCheck:
                 f"{self.limit_gib:.2f} GiB; not started (hydra.sweeper.skip_predicted_oom=false runs it anyway)")
 
 
-def may_have_limit(resources) -> bool:
-    """Whether a config with these `resources` (its typed section) may have a limit to check (device_memory_limit_gib)."""
-    return resources.device_memory_gib is not None or (resources.device != "cpu" and gpu_driver_present())
+def may_have_limit(resources, cluster=None) -> bool:
+    """Whether a config with these `resources` and `cluster` (its typed sections) may have a limit to check
+    (device_memory_limit_gib)."""
+    return (resources.device_memory_gib is not None or _cluster_memory_gib(cluster) is not None
+            or (resources.device != "cpu" and gpu_driver_present()))
+
+
+def _cluster_memory_gib(cluster) -> float | None:
+    """The device memory of the cluster a config names (cluster=); None without one, or for cluster=cpu."""
+    return None if cluster is None or cluster.measured else cluster.device_memory_gib
 
 
 def device_memory_limit_gib(cfg) -> float | None:
-    """`resources.device_memory_gib`, or the memory of this machine's first CUDA device when the run
-    will use CUDA; None (no check) on a CPU or where no GPU is visible to the sweep."""
-    if not may_have_limit(cfg.resources):  # no GPU: no check, and no torch to load
+    """`resources.device_memory_gib`, else the device memory of the cluster the config names (cluster=),
+    else the memory of this machine's first CUDA device when the run will use CUDA; None (no check) on a
+    CPU or where no GPU is visible to the sweep."""
+    if not may_have_limit(cfg.resources, cfg.cluster):  # no GPU: no check, and no torch to load
         return None
     if cfg.resources.device_memory_gib is not None:
         return float(cfg.resources.device_memory_gib)
+    if _cluster_memory_gib(cfg.cluster) is not None:
+        return float(cfg.cluster.device_memory_gib)
     if wants_cuda(cfg.resources.device):
         import torch
 
@@ -60,10 +70,16 @@ def device_memory_limit_gib(cfg) -> float | None:
     return None
 
 
+def model_shape(model_cfg) -> ModelShape:
+    """The architecture of a config's `model` section (built on the meta device, once per architecture)."""
+    return _model_shape(_architecture_key(model_cfg))
+
+
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
-    shape = _model_shape(_architecture_key(cfg.model))
-    baseline = 0 if wants_cuda(cfg.resources.device) else rank_baseline_bytes()
+    shape = model_shape(cfg.model)
+    on_gpu = wants_cuda(cfg.resources.device) or _cluster_memory_gib(cfg.cluster) is not None  # a GPU cluster
+    baseline = 0 if on_gpu else rank_baseline_bytes()
     plan = resolve_plan(cfg, world_size)
     return estimate_peak_memory(shape, run_shape_of(cfg, plan), baseline_bytes=baseline).total / GIB
 

@@ -18,6 +18,7 @@ NON_DEFINING_KEYS = (
     "train.time_limit_min",
     "checkpoint",  # when and how many checkpoints are kept does not change the results (exact resume)
     "model.install_hint",
+    "cluster",  # the hardware a cost is predicted on (dpo_sweeps/cost/), not what the run computes
 )
 
 # Keys added after runs were written, with the value that trains as those runs did: dropped at that

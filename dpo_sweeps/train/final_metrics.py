@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.cost.predict import predicted_step_metrics
 from dpo_sweeps.parallel.memory_estimate import MemoryEstimate, ModelShape, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import device_peak_flops
 from dpo_sweeps.parallel.plan import ParallelPlan
@@ -39,6 +40,7 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
     if built.reference_precompute_s is not None:  # one-time cost, outside the timed steps
         metrics["perf/reference_precompute_s"] = built.reference_precompute_s
     metrics["perf/peak_memory_estimate_gib"] = memory_estimate(cfg, plan, built).total / GIB
+    metrics.update(predicted_step_metrics(cfg, world_size, device, ModelShape.of(built.policy)))
     metrics.update({"steps": state.step, "world_size": world_size, "num_params": built.num_params})
     if built.scaler.enabled:
         metrics["train/skipped_steps"] = built.scaler.skipped_steps

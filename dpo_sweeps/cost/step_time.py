@@ -1,0 +1,233 @@
+"""The predicted step time of a training step on a cluster profile, from the config alone.
+
+A step is `micro_batches` micro-batches, then the optimizer. Each micro-batch's time is its compute and the
+part of its FSDP communication that compute does not hide:
+- compute: model FLOPs (mfu.py's count, Chowdhery et al. 2022 app. B: 2 per weight and position forward,
+  4 more backward, attention 4 x layers x hidden x length^2 forward) plus what the plan adds: the
+  recompute of activation checkpointing (full: the blocks' forward again; selective: the attention core),
+  the reference's forward when it is not cached. The dense FLOPs run at an achieved fraction of the
+  device's dense peak that grows with the hidden size, e_dense(h) = e_max * h / (h + h_half); attention
+  at its own fraction e_attn; every block also pays a fixed per-layer cost (kernel launches) per pass, and
+  its norms, activations and residuals read and write the hidden states at the device's memory bandwidth
+  (`elementwise_bytes` per hidden value). These five numbers are the calibration (CALIBRATIONS, fitted
+  only on llm-foundry's MPT tables, per GPU generation: bench/fit_efficiency.py, bench/data/llm_foundry.csv).
+  A measured CPU profile has no calibration: its matmul rates are measured at the model's sizes, and its
+  fixed cost is its measured per-op cost times the step's op count.
+- communication (FSDP2, Zhao et al. 2023, arXiv 2304.11277): per micro-batch an all-gather of the
+  parameters in the compute dtype for forward, again for backward when resharded after forward, one for
+  the reference's forward, and a reduce-scatter of the gradients in the reduce dtype; hybrid sharding adds
+  an all-reduce of the gradient shard across replicas. A ring collective moves (n-1)/n of its bytes over the
+  slowest link it crosses (NVLink/PCIe inside a node, the device's InfiniBand/RoCE share across nodes) and
+  pays (n-1) link latencies per block. FSDP prefetches, so communication overlaps compute: only what exceeds
+  the compute, and one block's gather and reduce-scatter (nothing to overlap them with), are exposed.
+- optimizer: AdamW reads and writes the fp32 shard, its gradient and moments once (memory bound).
+
+The interval: the calibration's 90th-percentile log error, widened by the share of the step spent in
+communication (the least calibrated part) and for devices the calibration never saw.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dpo_sweeps.cost.profile import DeviceProfile
+
+# Fitted by bench/fit_efficiency.py on bench/data/llm_foundry.csv only, one set per GPU generation the
+# tables measured (its output, pasted). A profile of another device borrows the nearest generation's and
+# gets a wider interval (UNCALIBRATED_WIDTH).
+CALIBRATIONS = {
+    "a100": {"e_max": 0.8, "h_half": 0, "e_attn": 0.5, "layer_overhead_s": 0.0002, "elementwise_bytes": 60,
+             "log_error_q90": 0.15},
+    "h100": {"e_max": 0.7, "h_half": 700, "e_attn": 0.3, "layer_overhead_s": 0.0002, "elementwise_bytes": 30,
+             "log_error_q90": 0.238},
+}
+# Profile name -> (calibration, calibrated on this very device).
+CALIBRATION_OF = {"a100_40gb": ("a100", True), "a100_80gb": ("a100", True), "h100_sxm": ("h100", True),
+                  "h200_sxm": ("h100", False), "b200": ("h100", False), "l40s": ("a100", False)}
+UNCALIBRATED_WIDTH = 0.15  # log units, added in quadrature: a device the tables never measured
+MEASURED_WIDTH = 0.3  # a measured CPU profile: no calibration at all, only the micro-benchmark
+# A measured (CPU) profile has no calibration: a tiny model's step there is bound by its op count, taken from
+# the structure of a Hugging Face decoder block (norms, projections, rotary, SDPA, activation, residuals: about
+# 50 ops a pass) and of the DPO step outside the blocks (embedding, chunked log-probs, the loss: about 200).
+OPS_PER_BLOCK_PASS = 50
+OPS_PER_MICRO_BATCH = 200
+# Bytes AdamW's step moves per parameter of the shard: fp32 weight read+write, gradient read, two moments
+# read+write.
+OPTIMIZER_BYTES = 4 * 2 + 4 + 8 * 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one rank computes in one step."""
+
+    num_layers: int
+    hidden: int
+    block_params: int  # all blocks together
+    head_params: int  # the LM head (hidden x vocab)
+    positions: int  # positions the blocks run on, per micro-batch
+    scored: int  # positions the LM head runs on, per micro-batch
+    attention: int  # sum over rows of length^2, per micro-batch
+    micro_batches: int  # per optimizer step (gradient accumulation)
+    recompute: str = "none"  # activation checkpointing: none, selective, full
+    reference_forward: bool = False  # a reference model's forward per micro-batch (not cached)
+    trained_params: int | None = None  # parameters the optimizer steps (default: all)
+
+    @property
+    def params(self) -> int:
+        return self.block_params + self.head_params
+
+    def model_flops(self) -> float:
+        """The step's model FLOPs (mfu.py's count): forward and backward, plus the reference's forward."""
+        forward = 2 * self.block_params * self.positions + 2 * self.head_params * self.scored \
+            + 4 * self.num_layers * self.hidden * self.attention
+        return (3 + (1 if self.reference_forward else 0)) * forward * self.micro_batches
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the ranks hold the model (parallel/plan.py's ParallelPlan, in the numbers the cost needs)."""
+
+    world_size: int
+    ranks_per_node: int
+    shard_size: int
+    replicate_size: int
+    reshard_after_forward: bool
+    param_bytes: int  # the compute dtype's
+    reduce_bytes: int
+    compute: str  # fp32, bf16, fp16
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    low: float
+    high: float
+
+    def scaled(self, factor: float) -> Estimate:
+        lo, hi = sorted((self.low * factor, self.high * factor))
+        return Estimate(self.value * factor, lo, hi)
+
+    def inverse(self, numerator: float) -> Estimate:
+        return Estimate(numerator / self.value, numerator / self.high, numerator / self.low)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: Estimate
+    tokens_per_s_per_device: Estimate
+    mfu: Estimate | None  # None on a measured CPU profile (no datasheet peak)
+    compute_s: float
+    exposed_comm_s: float
+    comm_s: float
+    optimizer_s: float
+    peak_memory_gib: float | None = None
+    device_hours: Estimate | None = None
+
+    def text(self) -> str:
+        """One line for people; every figure with its interval."""
+        def show(e: Estimate, fmt: str) -> str:
+            return f"{format(e.value, fmt)} [{format(e.low, fmt)}-{format(e.high, fmt)}]"
+
+        s = self.step_time_s
+        parts = [f"step {show(s, '.3g')} s", f"{show(self.tokens_per_s_per_device, ',.0f')} tok/s/device"]
+        if self.mfu is not None:
+            parts.append(f"MFU {show(self.mfu.scaled(100), '.1f')}%")
+        if self.device_hours is not None:
+            parts.append(f"{show(self.device_hours, '.3g')} device-h")
+        if self.peak_memory_gib is not None:
+            parts.append(f"peak {self.peak_memory_gib:.2f} GiB")
+        return ", ".join(parts)
+
+
+def dense_efficiency(hidden: int, calibration: dict) -> float:
+    return calibration["e_max"] * hidden / (hidden + calibration["h_half"])
+
+
+def _collective_time(nbytes: float, group: int, crosses_nodes: bool, profile: DeviceProfile,
+                     collectives: int) -> float:
+    """A ring all-gather or reduce-scatter of `nbytes` (the whole buffer) over `group` ranks, split in
+    `collectives` calls (one per block)."""
+    if group <= 1:
+        return 0.0
+    bandwidth, latency = ((profile.inter_bandwidth, profile.inter_latency) if crosses_nodes
+                          else (profile.intra_bandwidth, profile.intra_latency))
+    return nbytes * (group - 1) / group / bandwidth + collectives * (group - 1) * latency
+
+
+def calibration_of(profile_name: str) -> tuple[dict, bool]:
+    """The calibration a profile is predicted with, and whether the tables measured that device."""
+    name, calibrated = CALIBRATION_OF.get(profile_name, ("h100", False))
+    return CALIBRATIONS[name], calibrated
+
+
+def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibration: dict | None = None) -> Prediction:
+    default, calibrated = calibration_of(profile.name)
+    calibration = calibration or default
+    peak = profile.peak(layout.compute)
+    per_pass_forward_dense = 2 * work.block_params * work.positions + 2 * work.head_params * work.scored
+    attention_forward = 4 * work.num_layers * work.hidden * work.attention
+    passes = 3 + (1 if work.reference_forward else 0)
+    dense = passes * per_pass_forward_dense
+    attention = passes * attention_forward
+    layer_passes = passes
+    if work.recompute == "full":  # the blocks' forward again in backward (not the head)
+        dense += 2 * work.block_params * work.positions
+        attention += attention_forward
+        layer_passes += 1
+    elif work.recompute == "selective":  # the attention core again
+        attention += attention_forward
+    if profile.measured:
+        dense_rate = _measured_rate(profile, layout.compute, work.hidden)
+        attention_rate = _measured_rate(profile, layout.compute, max(16, work.hidden // 8))
+        layer_cost = profile.op_overhead_s * OPS_PER_BLOCK_PASS
+    else:
+        dense_rate = peak * dense_efficiency(work.hidden, calibration)
+        attention_rate = peak * calibration["e_attn"]
+        layer_cost = calibration["layer_overhead_s"]
+    # Norms, activations, residuals and dropout read and write the hidden states: memory bound, so a device
+    # with more FLOP/s per byte of bandwidth (an H100 against an A100) spends a larger share of its step there.
+    elementwise = (calibration["elementwise_bytes"] * layer_passes * work.num_layers * work.positions * work.hidden
+                   * layout.param_bytes / profile.memory_bandwidth)
+    compute = dense / dense_rate + attention / attention_rate + layer_passes * work.num_layers * layer_cost \
+        + (OPS_PER_MICRO_BATCH * profile.op_overhead_s if profile.measured else elementwise)
+
+    # FSDP communication per micro-batch.
+    s, r = layout.shard_size, layout.replicate_size
+    shard_crosses = s > layout.ranks_per_node
+    replicas_cross = layout.world_size > layout.ranks_per_node and not shard_crosses
+    gathers = 1 + (1 if layout.reshard_after_forward else 0) + (1 if work.reference_forward else 0)
+    blocks = work.num_layers + 1
+    gather = _collective_time(work.params * layout.param_bytes, s, shard_crosses, profile, blocks)
+    reduce = _collective_time(work.params * layout.reduce_bytes, s, shard_crosses, profile, blocks)
+    replicate = 2 * _collective_time(work.params / s * layout.reduce_bytes, r, replicas_cross, profile, blocks)
+    comm = gathers * gather + reduce + replicate
+    one_block = (gather + reduce + replicate) / blocks
+    exposed = max(0.0, comm - compute) + one_block
+    micro = compute + exposed
+
+    trained = work.trained_params if work.trained_params is not None else work.params
+    optimizer = OPTIMIZER_BYTES * trained / s / profile.memory_bandwidth
+    step = work.micro_batches * micro + optimizer
+
+    comm_share = work.micro_batches * exposed / step
+    width = math.hypot(calibration["log_error_q90"], 0.6 * comm_share,
+                       MEASURED_WIDTH if profile.measured else (0.0 if calibrated else UNCALIBRATED_WIDTH))
+    step_e = Estimate(step, step * math.exp(-width), step * math.exp(width))
+    tokens = work.positions * work.micro_batches
+    mfu = None if profile.measured else step_e.inverse(work.model_flops() / peak)
+    return Prediction(step_e, step_e.inverse(tokens), mfu, work.micro_batches * compute,
+                      work.micro_batches * exposed, work.micro_batches * comm, optimizer)
+
+
+def _measured_rate(profile: DeviceProfile, compute: str, size: int) -> float:
+    """Achieved matmul FLOP/s of a measured profile at `size` (log-interpolated between measured sizes)."""
+    points = sorted((n, f) for c, n, f in profile.matmul_flops if c == compute) or \
+        sorted((n, f) for c, n, f in profile.matmul_flops if c == "fp32")
+    if size <= points[0][0]:
+        return points[0][1]
+    for (n0, f0), (n1, f1) in zip(points, points[1:]):
+        if size <= n1:
+            t = math.log(size / n0) / math.log(n1 / n0)
+            return math.exp(math.log(f0) + t * math.log(f1 / f0))
+    return points[-1][1]

@@ -1,0 +1,51 @@
+"""What a sweep will cost, before it starts: each point's predicted step time, tokens/s per device, MFU
+and device-hours on the cluster it names (`cluster=`, dpo_sweeps/cost/), beside the fit check's verdict,
+and the sweep's total. The dry run lists them; a real sweep prints the total before its first job."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from dpo_sweeps.launchers.jobs import SweepJob
+from dpo_sweeps.launchers.preflight import CheckedConfig
+
+log = logging.getLogger("launchers")
+
+
+def predict_jobs(jobs: Sequence[SweepJob], checks: dict[int, Any] | None = None) -> dict[int, Any]:
+    """Each job's Prediction by job number, for the jobs whose config names a cluster; one prediction per
+    distinct config (`fit_key`: the settings the cost reads are the estimate's, and train.max_steps). `checks`: the jobs' fit
+    checks by number, whose memory estimate the prediction shows."""
+    from dpo_sweeps.cost.predict import predict_config, profile_of_config
+    from dpo_sweeps.parallel.fit import fit_key
+
+    checked = CheckedConfig()
+    cache: dict[str, Any] = {}
+    out: dict[int, Any] = {}
+    for job in jobs:
+        if not job.task_config.get("cluster"):
+            continue
+        # The estimate's settings, and the steps the device-hours count (the fit check ignores them).
+        key = fit_key(job.task_config, job.world_size) + str(job.task_config["train"]["max_steps"])
+        if key not in cache:
+            cfg = checked.of(job.task_config)
+            check = (checks or {}).get(job.num)
+            try:
+                cache[key] = predict_config(cfg, profile_of_config(cfg), job.world_size,
+                                            check.estimate_gib if check is not None else None)
+            except (OSError, ValueError) as exc:  # e.g. a hub model not in the local cache
+                log.warning("#%d: no cost prediction (%s)", job.num, str(exc).splitlines()[0] if str(exc) else exc)
+                cache[key] = None
+        if cache[key] is not None:
+            out[job.num] = cache[key]
+    return out
+
+
+def total_line(predictions: dict[int, Any]) -> str | None:
+    if not predictions:
+        return None
+    from dpo_sweeps.cost.predict import total_text
+
+    return total_text(list(predictions.values()))

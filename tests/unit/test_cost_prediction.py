@@ -1,0 +1,143 @@
+"""What a sweep will cost (dpo_sweeps/cost/): the cluster profiles and their sources, and the step-time
+prediction on a config worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from support import REPO
+
+from dpo_sweeps.config.schema import ClusterConfig, Config
+from dpo_sweeps.cost.predict import device_profile, predict_config
+from dpo_sweeps.cost.profile import CLUSTER_DIR, DeviceProfile, builtin_cluster
+from dpo_sweeps.cost.step_time import Layout, Workload, predict_step
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.parallel.memory_estimate import ModelShape
+
+GPU_PROFILES = ("a100_40gb", "a100_80gb", "h100_sxm", "h200_sxm", "b200", "l40s")
+
+
+def test_every_gpu_profile_passes_its_schema_and_cites_a_source_for_each_figure():
+    assert {p.stem for p in CLUSTER_DIR.glob("*.yaml")} >= {*GPU_PROFILES, "cpu"}
+    for name in GPU_PROFILES:
+        cluster = builtin_cluster(name)  # checked: every number there and in range
+        assert cluster.name == name and not cluster.measured
+        cited = set(cluster.sources)
+        assert {"peak_tflops", "device_memory_gib", "memory_bandwidth_gb_s", "intra_node_gb_s",
+                "inter_node_gb_s", "latency"} <= cited, name
+        assert set(cluster.peak_tflops) == {"fp32", "tf32", "bf16", "fp16"}
+        # Dense peaks: bf16 tensor cores beat plain fp32 on every one of these devices.
+        assert cluster.peak_tflops["bf16"] > cluster.peak_tflops["fp32"]
+    assert builtin_cluster("cpu").measured  # its numbers come from the micro-benchmark
+
+
+def _custom(**changes) -> ClusterConfig:
+    values = {k: v for k, v in vars(builtin_cluster("h100_sxm")).items() if not k.startswith("_")}
+    values.update(changes)
+    return ClusterConfig.of(values)
+
+
+@pytest.mark.parametrize(("changes", "refusal"), [
+    ({"inter_node_gb_s": -5.0}, "cluster.inter_node_gb_s: got -5 (accepted: a number > 0)"),
+    ({"memory_bandwidth_gb_s": None}, "cluster.memory_bandwidth_gb_s: missing"),
+    ({"intra_node_latency_us": -1.0}, "cluster.intra_node_latency_us: got -1.0"),
+    ({"peak_tflops": {"fp32": 67, "bf16": 989, "fp8": 1979}}, "cluster.peak_tflops.fp8: unknown precision"),
+    ({"peak_tflops": {"fp32": 67}}, "cluster.peak_tflops.bf16: missing"),
+    ({"gpus_per_node": 0}, "cluster.gpus_per_node: got 0"),
+    ({"sources": {}}, "cluster.sources: empty"),
+])
+def test_a_custom_profile_with_a_missing_or_impossible_field_is_refused_naming_it(changes, refusal):
+    with pytest.raises(InvalidConfig) as error:
+        device_profile(_custom(**changes))
+    assert refusal in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_prediction_worked_out_by_hand():
+    # A device of 100 TFLOP/s bf16, 1 TB/s memory, 100 GB/s links without latency; dense matmuls at half
+    # the peak, attention at a quarter, no per-layer or elementwise cost; the interval's base 0.1 (log).
+    profile = DeviceProfile(name="h100_sxm", gpus_per_node=8, memory_gib=80, memory_bandwidth=1e12,
+                            peak_flops={"fp32": 1e13, "bf16": 1e14}, intra_bandwidth=1e11, intra_latency=0.0,
+                            inter_bandwidth=1e10, inter_latency=0.0)
+    calibration = {"e_max": 0.5, "h_half": 0, "e_attn": 0.25, "layer_overhead_s": 0.0, "elementwise_bytes": 0,
+                   "log_error_q90": 0.1}
+    work = Workload(num_layers=2, hidden=1000, block_params=20_000_000, head_params=10_000_000, positions=1000,
+                    scored=500, attention=1_000_000, micro_batches=2)
+    layout = Layout(world_size=4, ranks_per_node=4, shard_size=4, replicate_size=1, reshard_after_forward=True,
+                    param_bytes=2, reduce_bytes=4, compute="bf16")
+    p = predict_step(work, layout, profile, calibration)
+    # Per micro-batch, dense: 3 x (2 x 2e7 x 1000 + 2 x 1e7 x 500) = 1.5e11 FLOPs at 5e13/s = 3.0e-3 s;
+    # attention: 3 x 4 x 2 layers x 1000 x 1e6 = 2.4e10 at 2.5e13/s = 9.6e-4 s. Compute 3.96e-3 s.
+    assert p.compute_s == pytest.approx(2 * 3.96e-3)
+    # FSDP over 4 ranks in a node: each all-gather moves 3e7 x 2 B x 3/4 = 4.5e7 B at 1e11 B/s = 4.5e-4 s
+    # (forward and again backward), the reduce-scatter 3e7 x 4 B x 3/4 = 9e-4 s: 1.8e-3 s < compute, so
+    # only one block's share is exposed, (4.5e-4 + 9e-4) / 3 units (2 blocks + root) = 4.5e-4 s.
+    assert p.comm_s == pytest.approx(2 * 1.8e-3)
+    assert p.exposed_comm_s == pytest.approx(2 * 4.5e-4)
+    # AdamW: 28 B per parameter of the 3e7 / 4 shard at 1e12 B/s = 2.1e-4 s.
+    assert p.optimizer_s == pytest.approx(2.1e-4)
+    # Step: 2 x (3.96e-3 + 4.5e-4) + 2.1e-4 = 9.03e-3 s; 2000 tokens a step: 221,484 tokens/s per device.
+    assert p.step_time_s.value == pytest.approx(9.03e-3)
+    assert p.tokens_per_s_per_device.value == pytest.approx(2000 / 9.03e-3)
+    # Model FLOPs 3 x (4e10 + 1e10 + 8e9) x 2 = 3.48e11 over 9.03e-3 s x 1e14: MFU 38.5%.
+    assert p.mfu.value == pytest.approx(3.48e11 / (9.03e-3 * 1e14))
+    # Interval: exposed communication is 9e-4 / 9.03e-3 = 9.97% of the step; width = hypot(0.1, 0.6 x 0.0997).
+    width = math.hypot(0.1, 0.6 * 9e-4 / 9.03e-3)
+    assert p.step_time_s.low == pytest.approx(9.03e-3 * math.exp(-width))
+    assert p.step_time_s.high == pytest.approx(9.03e-3 * math.exp(width))
+    assert p.tokens_per_s_per_device.low == pytest.approx(2000 / p.step_time_s.high)
+
+
+def _config(*overrides: str) -> Config:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return Config.of(OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True))
+
+
+SHAPE = ModelShape(num_params=125_000_000, num_layers=12, hidden=768, intermediate=3072, vocab=50257)
+
+
+def test_a_dpo_config_pays_for_its_reference_pass_and_its_recompute_and_never_comes_without_an_interval():
+    base = ("cluster=a100_80gb", "precision=bf16", "resources.nproc_per_node=8", "train.batch_size=64",
+            "data.max_length=512")
+    cached = predict_config(_config(*base), device_profile(builtin_cluster("a100_80gb")), shape=SHAPE)
+    live = predict_config(_config(*base, "train.precompute_reference_logps=false"),
+                          device_profile(builtin_cluster("a100_80gb")), shape=SHAPE)
+    recompute = predict_config(_config(*base, "fsdp.activation_checkpointing=true"),
+                               device_profile(builtin_cluster("a100_80gb")), shape=SHAPE)
+    assert live.compute_s > cached.compute_s * 1.25  # a fourth pass, and its gathers
+    assert recompute.compute_s > cached.compute_s
+    for p in (cached, live, recompute):
+        assert p.step_time_s.low < p.step_time_s.value < p.step_time_s.high
+        assert p.device_hours.low < p.device_hours.value < p.device_hours.high
+        assert "[" in p.text() and "device-h" in p.text()
+    # 120 steps (conf/config.yaml) on 8 devices.
+    assert cached.device_hours.value == pytest.approx(cached.step_time_s.value * 120 * 8 / 3600)
+
+
+def _published(name: str) -> tuple[float, float]:
+    """(median absolute error, share inside the interval) of bench/predict_vs_published.py on a CSV."""
+    import csv
+    import statistics
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from predict_vs_published import predicted
+
+    with open(REPO / "bench" / "data" / name, newline="") as f:
+        rows = list(csv.DictReader(f))
+    errors, inside = [], 0
+    for row in rows:
+        e, measured = predicted(row), float(row["tokens_per_s_per_gpu"])
+        errors.append(abs(e.value - measured) / measured)
+        inside += e.low <= measured <= e.high
+    return statistics.median(errors), inside / len(rows)
+
+
+def test_the_predictor_meets_its_targets_on_the_published_tables_it_was_and_was_not_fitted_on():
+    fitted_error, _ = _published("llm_foundry.csv")
+    assert fitted_error <= 0.15
+    held_out_error, held_out_inside = _published("held_out.csv")
+    assert held_out_error <= 0.20 and held_out_inside >= 0.7
