@@ -74,6 +74,9 @@ class TrainConfig(Section):
     """Show a progress bar on rank 0."""
     save_model: bool = MISSING
     """Save the final policy in Hugging Face format under <run dir>/model (rank 0 gathers it)."""
+    save_merged: bool = False
+    """With peft (adapters) and save_model: also write the adapters merged into the base weights, a plain
+    Hugging Face model, to <run dir>/model_merged (model/ holds the PEFT adapter folder)."""
     time_limit_min: float | None = MISSING
     """Wall-time limit of one attempt, in minutes (> 0); when reached the run saves a checkpoint and
     ends failed with kind `timeout` (the same command resumes it). null: none."""
@@ -197,6 +200,46 @@ class FsdpConfig(Section):
         """The strategy; the mesh it makes of the ranks is the plan's (parallel/plan.py, with resources)."""
         if self.sharding_strategy not in STRATEGIES:
             refuse("fsdp.sharding_strategy", f"unknown strategy '{self.sharding_strategy}'", ", ".join(STRATEGIES))
+
+
+PEFT_METHODS = ("none", "lora")
+
+
+@dataclass
+class PeftConfig(Section):
+    """Parameter-efficient fine-tuning with the `peft` library (models/adapters.py): the policy trains
+    LoRA adapters on frozen base weights, and the reference is the base with its adapters switched off
+    (no second model). docs/lora.md says what runs."""
+
+    method: str = "none"
+    """none (a full fine-tune) | lora; the conf/peft file's name."""
+    r: int = 16
+    """LoRA rank: the inner size of each adapter (>= 1)."""
+    alpha: float = 32.0
+    """LoRA alpha: the adapters' output is scaled by alpha / r (alpha / sqrt(r) with use_rslora) (> 0)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training (0 <= dropout < 1)."""
+    target_modules: list[str] | None = None
+    """Leaf names of the modules that get adapters (e.g. [q_proj, v_proj]); a name the model lacks is
+    refused, listing its linear layers. null: every linear layer of the blocks (model.block_name)."""
+    use_rslora: bool = False
+    """Rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r."""
+    use_dora: bool = False
+    """DoRA: weight-decomposed adapters (a trained magnitude per output feature beside LoRA's direction)."""
+    modules_to_save: list[str] | None = None
+    """Leaf names of modules trained in full beside the adapters (e.g. [lm_head]), saved with them; null: none."""
+
+    def check(self) -> None:
+        if self.method not in PEFT_METHODS:
+            refuse("peft.method", f"unknown method '{self.method}'", "peft=none or peft=lora")
+        if self.method == "none":
+            return
+        at_least(self.r, 1, "peft.r", "an integer >= 1 (the adapters' rank)")
+        positive_number(self.alpha, "peft.alpha", "a number > 0")
+        if not 0 <= self.dropout < 1:
+            refuse("peft.dropout", f"got {self.dropout!r}", "a number >= 0 and < 1")
+        if self.target_modules is not None and not self.target_modules:
+            refuse("peft.target_modules", "an empty list", "null (every linear layer of the blocks) or module names")
 
 
 @dataclass
@@ -369,6 +412,8 @@ class Config(Section):
     """fsdp=<conf/fsdp file>: how parameters are sharded."""
     precision: PrecisionConfig = MISSING
     """precision=<conf/precision file>: compute and reduction dtypes."""
+    peft: PeftConfig = field(default_factory=PeftConfig)
+    """peft=<conf/peft file>: a full fine-tune (none) or LoRA adapters."""
     train: TrainConfig = field(default_factory=TrainConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
@@ -399,7 +444,7 @@ class Config(Section):
         """Each section's own checks, in the order a reader meets them; validate.py adds those that span
         sections."""
         for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
-                        self.perf, self.probe, self.checkpoint, self.wandb, self.faults):
+                        self.peft, self.perf, self.probe, self.checkpoint, self.wandb, self.faults):
             section.check()
 
 

@@ -127,13 +127,15 @@ class Trainer:
         self.policy, self.reference, self.layout = models.policy, models.reference, models.layout
         self.num_params, self.model_flops = models.num_params, models.model_flops
         del models  # self.reference is then the only name of the reference model, for _free_reference
+        # Built before any forward: a reference pass through the policy (adapters off) with
+        # reshard_after_forward=false leaves parameters() yielding unsharded tensors that never get a grad.
+        self.optimizer = build_optimizer(cfg.train, self.policy)
         if self.reference is not None and cfg.train.precompute_reference_logps:
             self.reference_precompute_s = precompute_reference_logps(
                 data, self.reference, cfg, env, self.device, self.probing, score=self._reference_logps)
             self._free_reference()
         self.train_pairs, self.eval_pairs = data.train_pairs, data.eval_pairs
 
-        self.optimizer = build_optimizer(cfg.train, self.policy)
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
         self.scaler = loss_scaler(self.plan)
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name,
@@ -460,7 +462,8 @@ class Trainer:
     def save_model(self) -> Path | None:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
         self.heartbeat(self.state.step, "save_model")
-        path = save_model(self.policy, self.tokenizer, self.ctx.run_dir, self.env.is_main)
+        path = save_model(self.policy, self.tokenizer, self.ctx.run_dir, self.env.is_main,
+                          base_name=self.cfg.model.name_or_path, merged=self.cfg.train.save_merged)
         train = self.cfg.train
         if train.sample_prompts and not self.probing:
             if self.env.is_main:
