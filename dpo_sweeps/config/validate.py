@@ -54,6 +54,7 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
         resolve_gguf_file(cfg.model.gguf_file, cfg.model.install_hint)
     _check_chat_template(cfg.data.chat_template, cfg.model)
     _check_probe(cfg)
+    _check_peft(cfg)
 
 
 def _check_batch_split(cfg: Config) -> None:
@@ -90,3 +91,17 @@ def _check_probe(cfg: Config) -> None:
     if 0 < steps <= warmup:
         raise InvalidConfig("probe.steps", f"{steps} leaves no timed step after perf.warmup_steps={warmup}",
                             f"an integer > {warmup} (e.g. {warmup + 5})")
+
+
+def _check_peft(cfg: Config) -> None:
+    """Adapters: the modules they name exist in the model (models/adapters.py), and nothing reads model/
+    as a full model."""
+    if cfg.peft.method == "none":
+        return
+    if cfg.train.sample_prompts:
+        raise InvalidConfig("train.sample_prompts", f"{cfg.train.sample_prompts} with peft={cfg.peft.method} "
+                            "(the replies are generated from a full saved model; model/ holds adapters)",
+                            "0 with peft (or peft=none)")
+    from dpo_sweeps.models.adapters import check_adapter_targets
+
+    check_adapter_targets(cfg.model, cfg.peft)

@@ -76,11 +76,7 @@ def add_adapters(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str) 
     the same adapter initialization on every rank (LoRA's B starts at zero: the policy starts as the base)."""
     from peft import get_peft_model
 
-    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    for name in peft_cfg.modules_to_save or ():
-        if name not in leaves:
-            raise InvalidConfig("peft.modules_to_save", f"{type(model).__name__} has no module named '{name}'",
-                                "null, or names of its modules such as lm_head")
+    _check_modules_to_save(model, peft_cfg)
     return get_peft_model(model, lora_config(model, peft_cfg, block_name)).base_model.model
 
 
@@ -190,3 +186,36 @@ def _copy_config(config):
 
 def read_adapter_config(path: Path) -> dict:
     return json.loads((path / ADAPTER_CONFIG).read_text())
+
+
+def check_adapter_targets(model_cfg, peft_cfg: PeftConfig) -> None:
+    """Before launch: peft.target_modules and modules_to_save name modules of the model's architecture
+    (built on the meta device from its config; a model whose config cannot be read here is checked when
+    it is built)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        if model_cfg.from_config is not None and model_cfg.init_from is None:
+            spec = dict(model_cfg.from_config)
+            config = AutoConfig.for_model(spec.pop("model_type", None), **spec)
+        elif model_cfg.gguf_file is None:
+            from dpo_sweeps.models.build import saved_model_path
+
+            source = saved_model_path(model_cfg.init_from) if model_cfg.init_from else model_cfg.name_or_path
+            config = AutoConfig.from_pretrained(source)
+        else:
+            return
+    except (OSError, ValueError):
+        return
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    target_modules(model, peft_cfg, model_cfg.block_name)
+    _check_modules_to_save(model, peft_cfg)
+
+
+def _check_modules_to_save(model: torch.nn.Module, peft_cfg: PeftConfig) -> None:
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    for name in peft_cfg.modules_to_save or ():
+        if name not in leaves:
+            raise InvalidConfig("peft.modules_to_save", f"{type(model).__name__} has no module named '{name}'",
+                                "null, or names of its modules such as lm_head")

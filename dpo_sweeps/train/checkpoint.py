@@ -18,7 +18,9 @@ copy, a user). At resume every file is checked against the sizes in the marker; 
 is reported in one line, renamed `step_<N>.broken`, and the run resumes from the newest one that is
 intact (`keep_last` >= 2 keeps one to fall back on).
 
-The reference model is not saved: it is rebuilt from the same seed or pretrained weights. The data
+The reference model is not saved: it is rebuilt from the same seed or pretrained weights. Neither are
+frozen weights (the base of a run with adapters, peft): they are rebuilt alike, and a checkpoint holds the
+trained parameters (the adapters) and their optimizer state only. The data
 position is the step itself (GlobalBatchSampler is a pure function of the step), so a resumed run
 reads exactly the batches the uninterrupted run would have read.
 """
@@ -39,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.rundir.atomic import write_json_atomic
@@ -103,6 +105,13 @@ def _from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, bool]:
+    """The model's state without its frozen parameters, the optimizer's state, and whether any were left out."""
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {k: v for k, v in model_state.items() if k not in frozen}, optim_state, bool(frozen)
+
+
 # ---------------------------------------------------------------------- the checkpointer
 class Checkpointer:
     """Saves and restores the run's training state; every method is collective unless it says not."""
@@ -136,7 +145,7 @@ class Checkpointer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             _barrier()
-            model_state, optim_state = get_state_dict(model, optimizer)
+            model_state, optim_state, _ = trained_state(model, optimizer)
             dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
             rank_file = tmp / f"train_state_rank{self.rank}.pt"
             torch.save({**train_state, "step": step, "rng": capture_rng_state(self.device)}, rank_file)
@@ -224,14 +233,15 @@ class Checkpointer:
 
     def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Restore policy, optimizer and this rank's RNG states (collective); returns the saved train state."""
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state, partial = trained_state(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
         try:
             dcp.load(state, checkpoint_id=str(info.path))
         except CheckpointException as exc:  # a BaseException: make it an error the run records
             raise RuntimeError(f"checkpoint {info.path} cannot be loaded: {str(exc).strip().splitlines()[-1]} "
                                "(checkpoint.resume=false starts over)") from exc
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(strict=not partial))
 
         rank_file = info.path / f"train_state_rank{self.rank}.pt"
         same_layout = info.marker.get("world_size") == self.world_size and rank_file.exists()

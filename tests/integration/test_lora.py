@@ -122,3 +122,31 @@ def test_model_folder_is_a_peft_adapter_of_the_trained_policy(tmp_path):
     check_lora_run(result)
     adapter, merged, logged = _trained_policy_logps(tmp_path / "run", overrides)
     assert adapter == pytest.approx(logged, rel=1e-5) and merged == pytest.approx(logged, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_crashed_lora_run_resumes_from_an_adapter_only_checkpoint_exactly(tmp_path):
+    """fp32, 2 ranks: a crash at step 5 (checkpoint at 4), then the same command: every logged value
+    equals an uninterrupted run's; the checkpoints hold the adapters and their optimizer state only."""
+    import torch.distributed.checkpoint as dcp
+
+    from dpo_sweeps.rundir.checkpoints import complete_checkpoints
+
+    overrides = [*LEAN, "resources.nproc_per_node=2", "train.max_steps=6", "train.eval_every=3",
+                 "train.warmup_steps=2", "train.lr_schedule=linear", "checkpoint.every_steps=2",
+                 "checkpoint.keep_when_completed=true", "train.save_model=false"]
+    baseline = run_cli(tmp_path / "uninterrupted", *overrides)
+    assert baseline.returncode == 0, baseline.stderr[-2000:]
+    faulted = [*overrides, "faults.kind=crash", "faults.step=5", "faults.rank=1"]
+    crashed = run_cli(tmp_path / "run", *faulted)
+    assert crashed.returncode == 1 and [c.step for c in complete_checkpoints(tmp_path / "run")] == [2, 4]
+    resumed = run_cli(tmp_path / "run", *faulted)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.summary["resumed_from_step"] == 4
+    without_perf = lambda r: [{k: v for k, v in rec.items() if not k.startswith("perf/")} for rec in r.records]  # noqa: E731
+    assert without_perf(resumed) == without_perf(baseline) and len(resumed.train_losses()) == 6
+
+    saved = dcp.FileSystemReader(str(complete_checkpoints(tmp_path / "run")[-1].path)).read_metadata()
+    model_keys = [k for k in saved.state_dict_metadata if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys), model_keys
+    assert any(k.startswith("optimizer.state.") and ".lora_A." in k for k in saved.state_dict_metadata)

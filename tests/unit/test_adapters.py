@@ -1,0 +1,96 @@
+"""peft=lora in one process: the adapters' settings are checked before launch, and the reference (the
+policy with its adapters off) is the base model, before and after training, with its adapters still
+trainable (peft's disable_adapter() would turn them off: issue 36)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dpo_sweeps import api
+from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.unused import check_settings_used
+from dpo_sweeps.config.validate import validate_config
+from dpo_sweeps.dpo.reference_logps import weights_digest
+from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.models.adapters import AdaptersOff, add_adapters, linear_names
+from dpo_sweeps.models.tokenizers import byte_tokenizer
+
+
+def config(*overrides: str) -> Config:
+    values = OmegaConf.to_container(api.compose(overrides), resolve=False)
+    values.pop("hydra", None)
+    return Config.of(OmegaConf.to_container(OmegaConf.create(values), resolve=True))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["peft=lora", "peft.r=0"], "peft.r: got 0 (accepted: an integer >= 1"),
+    (["peft=lora", "peft.r=-2"], "peft.r: got -2"),
+    (["peft=lora", "peft.alpha=0"], "peft.alpha: got 0"),
+    (["peft=lora", "peft.dropout=1.5"], "peft.dropout: got 1.5"),
+    (["peft=lora", "peft.target_modules=[]"], "peft.target_modules: an empty list"),
+    (["peft=lora", "model=tiny_llama", "peft.target_modules=[q_proj,qkv]"],
+     "peft.target_modules: LlamaForCausalLM has no module named 'qkv' (accepted: names of its linear layers: "
+     "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
+    (["peft=lora", "peft.target_modules=[q_proj]"],
+     "peft.target_modules: GPT2LMHeadModel has no module named 'q_proj' (accepted: names of its linear layers: "
+     "c_attn, c_fc, c_proj"),
+    (["peft=lora", "model=tiny_llama", "peft.modules_to_save=[head]"], "peft.modules_to_save: LlamaForCausalLM has no"),
+    (["peft=lora", "train.sample_prompts=2"], "train.sample_prompts: 2 with peft=lora"),
+])
+def test_bad_adapter_settings_are_refused_in_one_line_before_launch(overrides, message):
+    with pytest.raises(InvalidConfig) as refused:
+        validate_config(config(*overrides), Path("."))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("key", ["peft.r=8", "peft.target_modules=[q_proj]", "train.save_merged=true"])
+def test_adapter_keys_with_peft_none_are_refused(key):
+    with pytest.raises(InvalidConfig, match=f"{key.split('=')[0]}: set, but not read here"):
+        check_settings_used(config(key), [key])
+
+
+def test_every_linear_layer_of_the_blocks_is_the_default_target():
+    policy = config("model=tiny_gpt2", "peft=lora").model
+    from dpo_sweeps.models.build import build_policy
+
+    model = build_policy(policy, byte_tokenizer(), 0)
+    assert linear_names(model, "GPT2Block") == ["c_attn", "c_fc", "c_proj"]
+
+
+def _logps(model, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids).logits.float()
+    return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_reference_is_the_base_before_and_after_training(dropout):
+    cfg = config("model=tiny_llama", "peft=lora", "peft.r=4", f"peft.dropout={dropout}")
+    from dpo_sweeps.models.build import build_policy
+
+    base = build_policy(cfg.model, byte_tokenizer(), 0).eval()
+    policy = add_adapters(copy.deepcopy(base), cfg.peft, cfg.model.block_name).train()
+    reference = AdaptersOff(policy)
+    ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = _logps(base, ids)
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    assert trained and all(".lora_" in n for n, p in policy.named_parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW(trained, lr=1e-2)
+    for _ in range(3):  # a reference pass first, as a step without precomputed log-probs runs it
+        assert torch.equal(_logps(reference, ids), expected)
+        assert all(p.requires_grad for p in trained) and policy.training
+        _logps(policy, ids).sum().neg().backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in policy.named_parameters()
+                   if "lora_B" in n)  # (A's gradient is zero while B is: LoRA starts at B = 0)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert torch.equal(_logps(reference, ids), expected)
+    with torch.no_grad():
+        assert not torch.equal(_logps(policy.eval(), ids), expected)  # the adapters trained
+    # The cache key of precomputed reference log-probs names the base weights, under the base's names.
+    assert weights_digest(reference) == weights_digest(base)
