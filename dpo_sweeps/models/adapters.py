@@ -58,7 +58,6 @@ def target_modules(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str
 def lora_config(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str):
     """The peft LoraConfig of a run's `peft` section, for `model`."""
     from peft import LoraConfig
-
     from transformers.pytorch_utils import Conv1D
 
     targets = target_modules(model, peft_cfg, block_name)

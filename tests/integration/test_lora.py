@@ -24,6 +24,7 @@ def check_lora_run(result, world_size: int = 2) -> None:
     """Completed; step 1 at ln 2 (the policy starts as its reference); every adapter trained."""
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = result.summary["metrics"]
+    assert result.summary["plan"]["adapters"] == "LoRA r=4" and result.summary["plan"]["label"].endswith(" LoRA r=4")
     assert metrics["world_size"] == world_size and metrics["steps"] == 3
     losses = result.train_losses()
     assert abs(losses[0] - LN2) < 1e-6, losses
