@@ -94,3 +94,21 @@ def test_the_reference_is_the_base_before_and_after_training(dropout):
         assert not torch.equal(_logps(policy.eval(), ids), expected)  # the adapters trained
     # The cache key of precomputed reference log-probs names the base weights, under the base's names.
     assert weights_digest(reference) == weights_digest(base)
+
+
+def test_the_memory_estimate_counts_gradients_and_moments_of_the_adapters_only():
+    from peft import PeftModel
+
+    from dpo_sweeps.models.build import build_policy
+    from dpo_sweeps.parallel.memory_estimate import ModelShape, RunShape, model_states, reference
+
+    cfg = config("model=tiny_llama", "peft=lora", "peft.r=4")
+    base = build_policy(cfg.model, byte_tokenizer(), 0)
+    full = ModelShape.of(base)
+    policy = add_adapters(copy.deepcopy(base), cfg.peft, cfg.model.block_name)
+    shape = ModelShape.of(policy)
+    trainable, total = PeftModel.get_nb_trainable_parameters(policy)
+    assert full.trainable_params is None and (shape.trainable_params, shape.num_params) == (trainable, total)
+    run = RunShape(shard_group_size=2, param_dtype="float32", optimizer="adamw", micro_batch_size=2, seq_len=64)
+    assert model_states(shape, run) == (4 * total + 12 * trainable) // 2  # fp32 weights; grads + AdamW moments
+    assert reference(full, run) > 0 and reference(shape, RunShape(**{**run.__dict__, "adapters": True})) == 0
