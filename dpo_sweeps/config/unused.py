@@ -93,6 +93,13 @@ def _alpha_unused(cfg: Config, launch: Launch) -> bool:
     return getattr(cfg.loss, "f_divergence", None) != "alpha_divergence" or _mix_without("f_divergence")(cfg, launch)
 
 
+def _init_from_full_model(cfg: Config) -> bool:
+    """model.init_from names a run that saved a whole model (not adapters, whose base model.* builds)."""
+    from dpo_sweeps.models.adapters import start_adapter
+
+    return cfg.model.init_from is not None and start_adapter(cfg.model) is None
+
+
 def _no_reference(cfg: Config, _: Launch) -> bool:
     from dpo_sweeps.dpo.losses import uses_reference
 
@@ -130,7 +137,7 @@ RULES = (
                  lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
                  "precision=fp16, or precision.loss_scaling=true"),
     ReadOnlyWhen(("model.from_config", "model.gguf_file", "model.tokenizer.kind", "model.tokenizer.vocab_size",
-                  "model.install_hint"), lambda c, _: c.model.init_from is not None,
+                  "model.install_hint"), lambda c, _: _init_from_full_model(c),
                  "model.init_from's saved model brings its own architecture and tokenizer", "model.init_from=null"),
     ReadOnlyWhen(("model.tokenizer.vocab_size",), lambda c, _: c.model.tokenizer.kind != "bpe",
                  "only a trained BPE has a vocabulary size to choose", "model.tokenizer.kind=bpe"),

@@ -94,14 +94,18 @@ def _check_probe(cfg: Config) -> None:
 
 
 def _check_peft(cfg: Config) -> None:
-    """Adapters: the modules they name exist in the model (models/adapters.py), and nothing reads model/
-    as a full model."""
+    """Adapters: the modules they name exist in the model, an adapter to start from is whole and for this
+    base (models/adapters.py), and nothing reads model/ as a full model."""
+    from dpo_sweeps.models.adapters import check_adapter_targets, check_start_adapter, start_adapter
+
+    start = start_adapter(cfg.model)
+    if start is not None:
+        check_start_adapter(start, cfg.model.init_from, cfg.model, cfg.peft)
     if cfg.peft.method == "none":
         return
     if cfg.train.sample_prompts:
         raise InvalidConfig("train.sample_prompts", f"{cfg.train.sample_prompts} with peft={cfg.peft.method} "
                             "(the replies are generated from a full saved model; model/ holds adapters)",
                             "0 with peft (or peft=none)")
-    from dpo_sweeps.models.adapters import check_adapter_targets
-
-    check_adapter_targets(cfg.model, cfg.peft)
+    if start is None:  # a started adapter keeps its own targets
+        check_adapter_targets(cfg.model, cfg.peft)

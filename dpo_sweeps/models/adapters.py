@@ -4,11 +4,13 @@ The policy is the model itself with peft's LoRA layers injected (`get_peft_model
 FSDP2 shards it per block as it shards a full fine-tune, the frozen base weights beside the trainable
 adapter weights in the same units (per-parameter sharding allows this; the trainable ones share fp32).
 
-The reference is the same model with its adapters switched off (`AdaptersOff`), as TRL does with a
-`peft_config`: no second model is built or sharded. Two of peft's ways of switching adapters off go
-silently wrong under FSDP2 (issue 36): `disable_adapter()` also turns `requires_grad` off, and FSDP2
-records which parameters train at the first forward, so a reference pass first leaves adapters that never
-get a gradient (or a bf16 backward that fails). `AdaptersOff` sets only the layers' disable flag.
+The reference is the same model with its adapters switched off (`AdapterReference`), as TRL does with a
+`peft_config`: no second model is built or sharded. A run that starts from an adapter (`model.init_from`
+naming an earlier peft run) trains a copy of it, and the reference is a second, frozen copy (TRL's
+`ref_adapter_name`), not the bare base. peft's own switches go silently wrong under FSDP2 (issue 36):
+`disable_adapter()` and `set_adapter()` also change `requires_grad`, and FSDP2 records which parameters
+train at the first forward, so a reference pass first leaves adapters that never get a gradient (or a
+bf16 backward that fails). `reference_mode` sets only the layers' flags.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 from dpo_sweeps.config.schema import PeftConfig
 from dpo_sweeps.errors import InvalidConfig
 
-ADAPTER_NAME = "default"  # peft's name for a model's only adapter
+ADAPTER_NAME = "default"  # peft's name for a model's only adapter: the policy's, the one that trains
+REFERENCE_ADAPTER = "reference"  # a frozen copy of the adapter a run started from (model.init_from)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # peft's prefix of a model's parameter names inside a PeftModel (the keys of a saved adapter).
@@ -70,11 +73,18 @@ def lora_config(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str):
                       fan_in_fan_out=fan_in_fan_out, bias="none", task_type="CAUSAL_LM")
 
 
-def add_adapters(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str) -> torch.nn.Module:
+def add_adapters(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str,
+                 start: Path | None = None) -> torch.nn.Module:
     """`model` with LoRA layers injected (in place; only the adapter weights train). The same seed gives
-    the same adapter initialization on every rank (LoRA's B starts at zero: the policy starts as the base)."""
-    from peft import get_peft_model
+    the same adapter initialization on every rank (LoRA's B starts at zero: the policy starts as the base).
+    `start`: an adapter folder (an earlier run's model/): the policy trains a copy of it, and a second,
+    frozen copy is the reference (TRL's ref_adapter_name)."""
+    from peft import PeftModel, get_peft_model
 
+    if start is not None:
+        peft_model = PeftModel.from_pretrained(model, str(start), adapter_name=ADAPTER_NAME, is_trainable=True)
+        peft_model.load_adapter(str(start), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+        return peft_model.base_model.model
     _check_modules_to_save(model, peft_cfg)
     return get_peft_model(model, lora_config(model, peft_cfg, block_name)).base_model.model
 
@@ -84,33 +94,45 @@ def has_adapters(model: torch.nn.Module) -> bool:
 
 
 def _adapter_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """peft's layers that an adapter acts in (LoRA layers, modules_to_save wrappers): each has the flag."""
+    """peft's layers that an adapter acts in (LoRA layers, modules_to_save wrappers): each has the flags."""
     return [m for m in model.modules() if hasattr(m, "_disable_adapters")]
 
 
+def has_reference_adapter(model: torch.nn.Module) -> bool:
+    """Whether the reference is an adapter of its own (an SFT adapter the run started from), not the base."""
+    return REFERENCE_ADAPTER in getattr(model, "peft_config", {})
+
+
 @contextlib.contextmanager
-def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
-    """Run `model` as its base: each adapter layer's disable flag set, `requires_grad` left as it is
-    (peft's own `disable_adapter()` turns it off: see the module docstring), eval mode (no dropout, as the
-    reference of a full fine-tune)."""
+def reference_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run `model` as its reference: the base (each adapter layer's disable flag set) or, when the run
+    started from an adapter, that adapter's frozen copy (each layer's active adapter switched to it).
+    `requires_grad` is left as it is (peft's own `disable_adapter()` and `set_adapter()` change it: see the
+    module docstring); eval mode (no dropout, as the reference of a full fine-tune)."""
     layers, training = _adapter_layers(model), model.training
+    to_reference = has_reference_adapter(model)
+    saved = [(layer._disable_adapters, layer._active_adapter) for layer in layers]
     for layer in layers:
-        layer._disable_adapters = True
+        if to_reference:
+            layer._active_adapter = [REFERENCE_ADAPTER]
+        else:
+            layer._disable_adapters = True
     model.eval()
     try:
         yield
     finally:
-        for layer in layers:
-            layer._disable_adapters = False
+        for layer, (disabled, active) in zip(layers, saved, strict=True):
+            layer._disable_adapters, layer._active_adapter = disabled, active
         model.train(training)
 
 
-class AdaptersOff:
-    """The reference of an adapter run: the policy itself with its adapters switched off, under no grad.
+class AdapterReference:
+    """The reference of an adapter run: the policy itself in `reference_mode`, under no grad.
 
     It is called as the reference model is (response_logps.py: the model's call, or its response-positions
-    scoring method, which goes through the policy's FSDP root); its parameters are the base's (the cache
-    key of precomputed log-probs names the base weights).
+    scoring method, which goes through the policy's FSDP root); its parameters are the reference's own
+    (the base's, and the reference adapter's), under the base model's names: the cache key of precomputed
+    log-probs names them.
     """
 
     def __init__(self, policy: torch.nn.Module):
@@ -118,7 +140,7 @@ class AdaptersOff:
         self.config = policy.config
 
     def __call__(self, *args, **kwargs):
-        with torch.no_grad(), adapters_disabled(self.policy):
+        with torch.no_grad(), reference_mode(self.policy):
             return self.policy(*args, **kwargs)
 
     def __getattr__(self, name: str):
@@ -130,14 +152,14 @@ class AdaptersOff:
         method = getattr(self.policy, METHOD)
 
         def scored(*args, **kwargs):
-            with torch.no_grad(), adapters_disabled(self.policy):
+            with torch.no_grad(), reference_mode(self.policy):
                 return method(*args, **kwargs)
         return scored
 
     def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        """The base model's parameters under the base model's names (adapter weights left out)."""
+        keep = f".{REFERENCE_ADAPTER}." if has_reference_adapter(self.policy) else None
         for name, param in self.policy.named_parameters():
-            if ".lora_" in name or ".modules_to_save." in name:
+            if (".lora_" in name or ".modules_to_save." in name) and (keep is None or keep not in name):
                 continue
             yield name.replace(".base_layer.", ".").replace(".original_module.", "."), param
 
@@ -183,8 +205,31 @@ def _copy_config(config):
                          and k not in ("peft_type", "revision")})
 
 
-def read_adapter_config(path: Path) -> dict:
-    return json.loads((path / ADAPTER_CONFIG).read_text())
+def is_adapter_folder(path: Path) -> bool:
+    return (path / ADAPTER_CONFIG).exists()
+
+
+def check_start_adapter(folder: Path, init_from: str, model_cfg, peft_cfg: PeftConfig) -> None:
+    """model.init_from naming a run whose model/ is an adapter folder: whole, for this base, with peft on."""
+    from safetensors import SafetensorError, safe_open
+
+    if peft_cfg.method == "none":
+        raise InvalidConfig("model.init_from", f"'{init_from}' holds a LoRA adapter, not a model, and peft=none",
+                            "peft=lora (the policy trains a copy of the adapter), or a run with a full model")
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+        with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as weights:
+            for key in weights.keys():  # reads every tensor: a file cut short fails here, not mid-run
+                weights.get_tensor(key)
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise InvalidConfig("model.init_from", f"the adapter in {folder} is incomplete or unreadable "
+                            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                            "the directory of a completed peft=lora run, its model/ whole") from None
+    base = config.get("base_model_name_or_path")
+    if base != model_cfg.name_or_path:
+        raise InvalidConfig("model.init_from", f"the adapter in {folder} was trained on '{base}', "
+                            f"this run's model is '{model_cfg.name_or_path}'",
+                            f"model settings of '{base}' (the model= the adapter's run used)")
 
 
 def check_adapter_targets(model_cfg, peft_cfg: PeftConfig) -> None:
@@ -218,3 +263,13 @@ def _check_modules_to_save(model: torch.nn.Module, peft_cfg: PeftConfig) -> None
         if name not in leaves:
             raise InvalidConfig("peft.modules_to_save", f"{type(model).__name__} has no module named '{name}'",
                                 "null, or names of its modules such as lm_head")
+
+
+def start_adapter(model_cfg) -> Path | None:
+    """The adapter folder model.init_from names (an earlier peft run's model/), or None."""
+    from dpo_sweeps.models.build import saved_model_path
+
+    if model_cfg.init_from is None:
+        return None
+    folder = saved_model_path(model_cfg.init_from)
+    return folder if is_adapter_folder(folder) else None

@@ -4,7 +4,8 @@ A model config either names a model (`model.name_or_path`, loaded with `from_pre
 folders work offline), a GGUF file (`model.gguf_file`, dequantized once and cached: models/gguf.py)
 or describes a random-init architecture (`model.from_config`, a transformers config).
 `model.init_from` points at an earlier run's directory: its saved model starts the policy and is the
-reference (SFT then DPO).
+reference (SFT then DPO); when it saved adapters (peft), the base is built as above and the adapter
+loaded onto it (models/adapters.py).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def _init_source(model_cfg: ModelConfig) -> Path | None:
     if model_cfg.init_from is None:
         return None
     path = saved_model_path(model_cfg.init_from)
+    if adapters.is_adapter_folder(path):  # the base is built as model.* says; add_adapters loads the adapter
+        return None
     if not (path / "config.json").exists():
         raise InvalidConfig(
             "model.init_from",
@@ -88,7 +91,7 @@ def _init_source(model_cfg: ModelConfig) -> Path | None:
 
 def build_tokenizer(model_cfg: ModelConfig, training_texts: list[str]) -> PreTrainedTokenizerBase:
     """The run's tokenizer; a BPE is trained on `training_texts` (and cached)."""
-    source = _init_source(model_cfg)
+    source = _init_source(model_cfg) or adapters.start_adapter(model_cfg)  # an adapter folder holds it too
     if source is not None:
         return AutoTokenizer.from_pretrained(source)
     if model_cfg.gguf_file is not None:

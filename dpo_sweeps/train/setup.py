@@ -25,7 +25,7 @@ from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.errors import DataError
-from dpo_sweeps.models.adapters import AdaptersOff, add_adapters
+from dpo_sweeps.models.adapters import AdapterReference, add_adapters, start_adapter
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
@@ -59,7 +59,7 @@ class Models:
     With adapters (peft), the reference is the policy with its adapters switched off (models/adapters.py)."""
 
     policy: torch.nn.Module
-    reference: torch.nn.Module | AdaptersOff | None
+    reference: torch.nn.Module | AdapterReference | None
     num_params: int
     model_flops: ModelFlops
     layout: dict  # summary.json: the mesh, and the node of each rank
@@ -167,8 +167,9 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
         torch.manual_seed(cfg.train.seed)  # the same adapter initialization on every rank
-        policy = shard_model(add_adapters(policy, cfg.peft, cfg.model.block_name), mp_policy=mp_policy, **shard)
-        reference = AdaptersOff(policy) if with_reference else None
+        policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model))
+        policy = shard_model(policy, mp_policy=mp_policy, **shard)
+        reference = AdapterReference(policy) if with_reference else None
         return Models(policy=policy, reference=reference, num_params=num_params, model_flops=model_flops,
                       layout=layout)
     # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no

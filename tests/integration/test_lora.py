@@ -151,3 +151,47 @@ def test_a_crashed_lora_run_resumes_from_an_adapter_only_checkpoint_exactly(tmp_
     model_keys = [k for k in saved.state_dict_metadata if k.startswith("model.")]
     assert model_keys and all(".lora_" in k for k in model_keys), model_keys
     assert any(k.startswith("optimizer.state.") and ".lora_A." in k for k in saved.state_dict_metadata)
+
+
+@pytest.fixture(scope="module")
+def sft_adapter(tmp_path_factory) -> Path:
+    """A run directory whose model/ is a LoRA adapter trained with loss=sft (2 ranks)."""
+    run_dir = tmp_path_factory.mktemp("sft") / "run"
+    result = run_cli(run_dir, *LEAN, "loss=sft", "resources.nproc_per_node=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir
+
+
+def test_dpo_from_an_sft_adapter_trains_a_copy_against_the_adapter(tmp_path, sft_adapter):
+    """The policy starts as the SFT adapter and the reference is that adapter (rewards 0 at step 1), not the
+    bare base, whose log-probs a fresh adapter starts from."""
+    fresh = run_cli(tmp_path / "fresh", *LEAN, "resources.nproc_per_node=2", "train.precompute_reference_logps=false")
+    started = run_cli(tmp_path / "dpo", *LEAN, "resources.nproc_per_node=2", f"model.init_from={sft_adapter}",
+                      "train.precompute_reference_logps=false")
+    check_lora_run(started)
+    first, base_first = started.records[0], fresh.records[0]
+    assert first["train/rewards/chosen"] == 0 and first["train/rewards/rejected"] == 0
+    assert first["train/logps/chosen"] != pytest.approx(base_first["train/logps/chosen"], rel=1e-4)
+    sft_weights = load_file(sft_adapter / "model" / "adapter_model.safetensors")
+    trained = load_file(tmp_path / "dpo" / "model" / "adapter_model.safetensors")
+    assert sft_weights.keys() == trained.keys() and any(not torch.equal(sft_weights[k], trained[k]) for k in trained)
+
+
+def test_a_bad_adapter_to_start_from_is_refused_in_one_line(tmp_path, sft_adapter):
+    cut = tmp_path / "cut"
+    (cut / "model").mkdir(parents=True)
+    for file in (sft_adapter / "model").iterdir():
+        (cut / "model" / file.name).write_bytes(file.read_bytes())
+    weights = cut / "model" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    cases = [
+        ([f"model.init_from={cut}"], "model.init_from: the adapter in"),
+        (["model=tiny_gpt2", f"model.init_from={sft_adapter}"],
+         "was trained on 'tiny-llama', this run's model is 'tiny-gpt2'"),
+        (["peft=none", f"model.init_from={sft_adapter}"], "holds a LoRA adapter, not a model, and peft=none"),
+    ]
+    for overrides, message in cases:
+        lean = [o for o in LEAN if not o.startswith("peft")] if "peft=none" in overrides else LEAN
+        result = run_cli(tmp_path / "run", *lean, *overrides)
+        assert result.returncode == 1
+        assert message in result.stderr and result.summary["failure"]["kind"] == "invalid_config", result.stderr[-1500:]

@@ -17,7 +17,7 @@ from dpo_sweeps.config.unused import check_settings_used
 from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.dpo.reference_logps import weights_digest
 from dpo_sweeps.errors import InvalidConfig
-from dpo_sweeps.models.adapters import AdaptersOff, add_adapters, linear_names
+from dpo_sweeps.models.adapters import AdapterReference, add_adapters, linear_names
 from dpo_sweeps.models.tokenizers import byte_tokenizer
 
 
@@ -74,7 +74,7 @@ def test_the_reference_is_the_base_before_and_after_training(dropout):
 
     base = build_policy(cfg.model, byte_tokenizer(), 0).eval()
     policy = add_adapters(copy.deepcopy(base), cfg.peft, cfg.model.block_name).train()
-    reference = AdaptersOff(policy)
+    reference = AdapterReference(policy)
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = _logps(base, ids)
