@@ -42,6 +42,23 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 
 @dataclass
+class ReferenceSyncConfig(Section):
+    """TR-DPO (Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment"; TRL's
+    sync_ref_model): every `every_steps` optimizer steps the reference moves toward the policy,
+    ref <- alpha * policy + (1 - alpha) * ref (train/reference_sync.py)."""
+
+    every_steps: int = 0
+    """Optimizer steps between two syncs (>= 0); 0: the reference stays as it starts (plain DPO)."""
+    alpha: float = 0.6
+    """The policy's weight in each sync (0 < alpha <= 1; 1: the reference becomes the policy)."""
+
+    def check(self) -> None:
+        at_least(self.every_steps, 0, "train.reference_sync.every_steps", "an integer >= 0 (0: no sync)")
+        if self.every_steps and not (isinstance(self.alpha, int | float) and 0 < self.alpha <= 1):
+            refuse("train.reference_sync.alpha", f"got {self.alpha!r}", "a number > 0 and <= 1")
+
+
+@dataclass
 class TrainConfig(Section):
     batch_size: int = MISSING
     """Global batch, in preference pairs, summed over all ranks and accumulation steps (>= 1)."""
@@ -94,6 +111,8 @@ class TrainConfig(Section):
     log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
     (step 0) and summary.json, the baseline beside eval/rewards/accuracies; every eval then also scores the
     trained policy alike, eval/policy/{accuracy, margin} (train/zero_shot.py)."""
+    reference_sync: ReferenceSyncConfig = field(default_factory=ReferenceSyncConfig)
+    """TR-DPO: the reference moves toward the policy during training (off by default)."""
     sample_prompts: int = 0
     """> 0: after the final model is saved (needs save_model), rank 0 writes samples.json, the greedy
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
@@ -117,6 +136,11 @@ class TrainConfig(Section):
             at_least(self.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
         at_least(self.log_every, 1, "train.log_every")
         at_least(self.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
+        self.reference_sync.check()
+        if self.reference_sync.every_steps and self.precompute_reference_logps:
+            refuse("train.reference_sync.every_steps", f"{self.reference_sync.every_steps} with "
+                   "train.precompute_reference_logps=true (a reference that moves cannot be scored before training)",
+                   "train.precompute_reference_logps=false, or 0 (no sync)")
         if self.sample_prompts:
             at_least(self.sample_max_new_tokens, 1, "train.sample_max_new_tokens")
             if not self.save_model:

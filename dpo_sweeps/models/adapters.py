@@ -74,11 +74,12 @@ def lora_config(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str):
 
 
 def add_adapters(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str,
-                 start: Path | None = None) -> torch.nn.Module:
+                 start: Path | None = None, reference_copy: bool = False) -> torch.nn.Module:
     """`model` with LoRA layers injected (in place; only the adapter weights train). The same seed gives
     the same adapter initialization on every rank (LoRA's B starts at zero: the policy starts as the base).
     `start`: an adapter folder (an earlier run's model/): the policy trains a copy of it, and a second,
-    frozen copy is the reference (TRL's ref_adapter_name)."""
+    frozen copy is the reference (TRL's ref_adapter_name). `reference_copy`: a frozen copy of the new
+    adapter is the reference (TR-DPO moves it toward the policy's: train/reference_sync.py)."""
     from peft import PeftModel, get_peft_model
 
     if start is not None:
@@ -86,7 +87,16 @@ def add_adapters(model: torch.nn.Module, peft_cfg: PeftConfig, block_name: str,
         peft_model.load_adapter(str(start), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
         return peft_model.base_model.model
     _check_modules_to_save(model, peft_cfg)
-    return get_peft_model(model, lora_config(model, peft_cfg, block_name)).base_model.model
+    config, reference_config = (lora_config(model, peft_cfg, block_name) for _ in range(2))  # before injection
+    peft_model = get_peft_model(model, config)
+    if reference_copy:
+        peft_model.add_adapter(REFERENCE_ADAPTER, reference_config)
+        params = dict(peft_model.base_model.model.named_parameters())
+        for name, param in params.items():
+            if f".{REFERENCE_ADAPTER}." in name:
+                param.data.copy_(params[name.replace(f".{REFERENCE_ADAPTER}.", f".{ADAPTER_NAME}.")].data)
+            param.requires_grad_(f".{ADAPTER_NAME}." in name)  # only the policy's adapter trains
+    return peft_model.base_model.model
 
 
 def has_adapters(model: torch.nn.Module) -> bool:

@@ -167,7 +167,8 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
         torch.manual_seed(cfg.train.seed)  # the same adapter initialization on every rank
-        policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model))
+        policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model),
+                              reference_copy=with_reference and cfg.train.reference_sync.every_steps > 0)
         policy = shard_model(policy, mp_policy=mp_policy, **shard)
         reference = AdapterReference(policy) if with_reference else None
         return Models(policy=policy, reference=reference, num_params=num_params, model_flops=model_flops,

@@ -43,6 +43,7 @@ from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.perf import GIB, PerfMeter, release_freed_heap, resident_bytes, trained_before
 from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
+from dpo_sweeps.train.reference_sync import due, sync_reference
 from dpo_sweeps.train.samples import write_samples
 from dpo_sweeps.train.setup import (
     build_data,
@@ -254,6 +255,9 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         if not overflow:
             self.optimizer.step()
+        sync = cfg.train.reference_sync  # TR-DPO (train/reference_sync.py)
+        if self.reference is not None and due(step + 1, sync.every_steps):
+            sync_reference(self.policy, self.reference, sync.alpha)
         self.scaler.update(overflow)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -420,7 +424,7 @@ class Trainer:
                                          world_size=self.env.world_size, config=self.ctx.config, device=self.device)
         info = self.checkpointer.find_resumable()
         if info is not None:
-            saved = self.checkpointer.load(info, self.policy, self.optimizer)
+            saved = self.checkpointer.load(info, self.policy, self.optimizer, reference=self._moving_reference())
             self.scheduler.load_state_dict(saved["scheduler"])
             self.scaler.load_state_dict(saved["scaler"])
             self.state = TrainState(step=saved["step"], last_train=saved["last_train"], last_eval=saved["last_eval"],
@@ -435,7 +439,8 @@ class Trainer:
         """Checkpoint the training state after the current step (collective)."""
         step = self.state.step
         self.heartbeat(step, "checkpoint")
-        return self.checkpointer.save(step, self.policy, self.optimizer, before_commit=fault_in_checkpoint(
+        return self.checkpointer.save(step, self.policy, self.optimizer, reference=self._moving_reference(),
+                                      before_commit=fault_in_checkpoint(
             self.cfg.faults, step, self.env.rank, self.resumed_from is not None),
                                       train_state={
             "data_position": {"step": step, "pairs_consumed": step * self.cfg.train.batch_size},
@@ -445,6 +450,12 @@ class Trainer:
             "last_eval": self.state.last_eval,
             "zero_shot": self.state.zero_shot,
         })
+
+    def _moving_reference(self) -> torch.nn.Module | None:
+        """A full fine-tune's reference model that TR-DPO moves: checkpointed with the policy. (An adapter
+        run's moving reference is an adapter of the policy, checkpointed with it.)"""
+        moving = self.cfg.train.reference_sync.every_steps > 0 and isinstance(self.reference, torch.nn.Module)
+        return self.reference if moving else None
 
     def _checkpoint_or_stop(self) -> None:
         """Between steps: the periodic checkpoint; on a stop signal or the time limit, a checkpoint and a stop."""

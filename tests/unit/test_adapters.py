@@ -112,3 +112,22 @@ def test_the_memory_estimate_counts_gradients_and_moments_of_the_adapters_only()
     run = RunShape(shard_group_size=2, param_dtype="float32", optimizer="adamw", micro_batch_size=2, seq_len=64)
     assert model_states(shape, run) == (4 * total + 12 * trainable) // 2  # fp32 weights; grads + AdamW moments
     assert reference(full, run) > 0 and reference(shape, RunShape(**{**run.__dict__, "adapters": True})) == 0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["train.reference_sync.every_steps=4"], "train.reference_sync.every_steps: 4 with "
+                                              "train.precompute_reference_logps=true"),
+    (["train.precompute_reference_logps=false", "train.reference_sync.every_steps=4",
+      "train.reference_sync.alpha=0"], "train.reference_sync.alpha: got 0"),
+    (["train.reference_sync.every_steps=-1"], "train.reference_sync.every_steps: got -1"),
+])
+def test_bad_reference_sync_settings_are_refused_in_one_line(overrides, message):
+    with pytest.raises(InvalidConfig) as refused:
+        validate_config(config(*overrides), Path("."))
+    assert message in str(refused.value)
+
+
+def test_reference_sync_with_a_loss_without_reference_is_refused():
+    key = "train.reference_sync.every_steps=2"
+    with pytest.raises(InvalidConfig, match="train.reference_sync.every_steps: set, but not read here"):
+        check_settings_used(config("loss=simpo", key), [key])
