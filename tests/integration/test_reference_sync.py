@@ -16,16 +16,18 @@ LEAN = ["model=tiny_llama", "train.max_steps=3", "train.eval_every=0", "train.ba
         "perf.warmup_steps=1", "resources.nproc_per_node=2", "train.precompute_reference_logps=false"]
 
 
-@pytest.mark.parametrize("overrides", [["peft=lora", "peft.r=4"], ["peft=none", "fsdp=shard_grad_op", "precision=bf16"]])
+@pytest.mark.parametrize("overrides", [
+    ["peft=lora", "peft.r=4"],
+    pytest.param(["peft=none", "fsdp=shard_grad_op", "precision=bf16"], marks=pytest.mark.slow),
+])
 def test_a_reference_synced_fully_after_every_step_starts_every_step_at_ln2(tmp_path, overrides):
-    """alpha=1 every step: the reference becomes the policy after each step, so each step starts at ln 2,
-    while the same run without the sync moves away from it."""
+    """alpha=1 every step: the reference becomes the policy after each step, so each step starts at ln 2
+    (without the sync, steps 2 and 3 move away from it: test_lora.py)."""
     synced = run_cli(tmp_path / "synced", *LEAN, *overrides, "train.reference_sync.every_steps=1",
                      "train.reference_sync.alpha=1")
     assert synced.returncode == 0, synced.stderr[-2000:]
-    assert all(abs(loss - math.log(2)) < 1e-6 for loss in synced.train_losses()), synced.train_losses()
-    plain = run_cli(tmp_path / "plain", *LEAN, *overrides)
-    assert plain.returncode == 0 and abs(plain.train_losses()[-1] - math.log(2)) > 1e-4, plain.train_losses()
+    losses = synced.train_losses()
+    assert len(losses) == 3 and all(abs(loss - math.log(2)) < 1e-6 for loss in losses), losses
 
 
 @pytest.mark.slow

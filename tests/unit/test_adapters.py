@@ -131,3 +131,37 @@ def test_reference_sync_with_a_loss_without_reference_is_refused():
     key = "train.reference_sync.every_steps=2"
     with pytest.raises(InvalidConfig, match="train.reference_sync.every_steps: set, but not read here"):
         check_settings_used(config("loss=simpo", key), [key])
+
+
+@pytest.fixture(scope="module")
+def adapter_run(tmp_path_factory) -> Path:
+    """A run directory whose model/ is a LoRA adapter folder of tiny_llama, as a peft=lora run saves it."""
+    from dpo_sweeps.models.adapters import save_adapter
+    from dpo_sweeps.models.build import build_policy
+
+    cfg = config("model=tiny_llama", "peft=lora", "peft.r=4")
+    model = add_adapters(build_policy(cfg.model, byte_tokenizer(), 0), cfg.peft, cfg.model.block_name)
+    run_dir = tmp_path_factory.mktemp("adapter")
+    save_adapter(model, model.state_dict(), run_dir / "model", cfg.model.name_or_path)
+    return run_dir
+
+
+def test_an_adapter_to_start_from_is_checked_before_launch(tmp_path, adapter_run):
+    validate_config(config("model=tiny_llama", "peft=lora", f"model.init_from={adapter_run}"), Path("."))
+    cut = tmp_path / "cut"
+    (cut / "model").mkdir(parents=True)
+    for file in (adapter_run / "model").iterdir():
+        (cut / "model" / file.name).write_bytes(file.read_bytes())
+    weights = cut / "model" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    cases = [
+        (["model=tiny_llama", "peft=lora", f"model.init_from={cut}"],
+         f"model.init_from: the adapter in {cut / 'model'} is incomplete or unreadable"),
+        (["model=tiny_gpt2", "peft=lora", f"model.init_from={adapter_run}"],
+         "was trained on 'tiny-llama', this run's model is 'tiny-gpt2'"),
+        (["model=tiny_llama", f"model.init_from={adapter_run}"], "holds a LoRA adapter, not a model, and peft=none"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(InvalidConfig) as refused:
+            validate_config(config(*overrides), Path("."))
+        assert message in str(refused.value) and "\n" not in str(refused.value)
