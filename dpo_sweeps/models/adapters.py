@@ -197,14 +197,15 @@ def save_adapter(model: torch.nn.Module, full_state: dict[str, torch.Tensor], pa
 
 
 def merged_model(model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A plain transformers model with the adapters merged into the base weights (rank 0, CPU)."""
+    """A plain transformers model with the policy's adapter merged into the base weights (rank 0, CPU)."""
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     config = model.peft_config[ADAPTER_NAME]
     base = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
     peft_model = get_peft_model(base, _copy_config(config))
-    peft_model.base_model.model.load_state_dict(full_state, strict=True)
+    policy_state = {k: v for k, v in full_state.items() if f".{REFERENCE_ADAPTER}." not in k}
+    peft_model.base_model.model.load_state_dict(policy_state, strict=True)
     return peft_model.merge_and_unload()
 
 
