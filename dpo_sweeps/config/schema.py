@@ -178,7 +178,9 @@ class ModelConfig(Section):
     """The transformer block class FSDP wraps, one FSDP unit per block (e.g. GPT2Block)."""
     init_from: str | None = MISSING
     """A run directory of an earlier run (e.g. loss=sft) whose saved model is the policy's start and
-    the reference; null: name_or_path / from_config."""
+    the reference; when it saved a LoRA adapter (peft=lora), the base is built as the other model.* keys
+    say and, with peft=lora, the policy trains a copy of the adapter against a frozen one (docs/lora.md).
+    null: name_or_path / from_config."""
     from_config: dict[str, Any] | None = MISSING
     """transformers config kwargs (model_type and its family's keys) of a random-init model;
     null: load name_or_path with from_pretrained."""
