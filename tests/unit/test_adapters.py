@@ -165,3 +165,31 @@ def test_an_adapter_to_start_from_is_checked_before_launch(tmp_path, adapter_run
         with pytest.raises(InvalidConfig) as refused:
             validate_config(config(*overrides), Path("."))
         assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_tracking_reference_adapter_is_a_frozen_copy_left_out_of_the_saved_and_merged_model(tmp_path):
+    """TR-DPO with adapters: a second adapter, frozen, starts equal to the policy's; model/ and model_merged/
+    hold the policy's adapter only."""
+    from peft import PeftModel
+
+    from dpo_sweeps.models.adapters import merged_model, save_adapter
+    from dpo_sweeps.models.build import build_policy
+
+    cfg = config("model=tiny_llama", "peft=lora", "peft.r=4")
+    base = build_policy(cfg.model, byte_tokenizer(), 0)
+    policy = add_adapters(copy.deepcopy(base), cfg.peft, cfg.model.block_name, reference_copy=True)
+    params = dict(policy.named_parameters())
+    reference = {n: p for n, p in params.items() if ".reference." in n}
+    assert reference and not any(p.requires_grad for p in reference.values())
+    assert all(torch.equal(p, params[n.replace(".reference.", ".default.")]) for n, p in reference.items())
+    with torch.no_grad():  # give the policy's adapter something to merge
+        for name, param in params.items():
+            if ".default." in name and "lora_B" in name:
+                param.normal_(0, 0.1)
+    ids = torch.randint(0, 200, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = _logps(policy.eval(), ids)
+        save_adapter(policy, policy.state_dict(), tmp_path / "model", cfg.model.name_or_path)
+        loaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "model").eval()
+        assert torch.allclose(_logps(loaded, ids), expected, atol=1e-5)
+        assert torch.allclose(_logps(merged_model(policy, policy.state_dict()).eval(), ids), expected, atol=1e-5)
