@@ -54,8 +54,7 @@ def test_lora_trains_on_two_ranks_from_ln2(tmp_path, strategy, precision, precom
     check_lora_run(result)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_lora_hybrid_shard_on_four_ranks(tmp_path, precision):
     result = run_cli(tmp_path / "run", *LEAN, "fsdp=hybrid_shard", "fsdp.hybrid_group_size=2",
                      f"precision={precision}", "resources.nproc_per_node=4", timeout=600)
@@ -163,7 +162,6 @@ def sft_adapter(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.slow
 def test_dpo_from_an_sft_adapter_trains_a_copy_against_the_adapter(tmp_path, sft_adapter):
     """The policy starts as the SFT adapter and the reference is that adapter (rewards 0 at step 1), not the
     bare base, whose log-probs a fresh adapter starts from."""
