@@ -21,10 +21,15 @@ from dpo_sweeps.models.adapters import AdapterReference, add_adapters, linear_na
 from dpo_sweeps.models.tokenizers import byte_tokenizer
 
 
-def config(*overrides: str) -> Config:
+def plain(*overrides: str) -> dict:
+    """The resolved config of these overrides, without Hydra's node (as a run's .hydra/config.yaml)."""
     values = OmegaConf.to_container(api.compose(overrides), resolve=False)
     values.pop("hydra", None)
-    return Config.of(OmegaConf.to_container(OmegaConf.create(values), resolve=True))
+    return OmegaConf.to_container(OmegaConf.create(values), resolve=True)
+
+
+def config(*overrides: str) -> Config:
+    return Config.of(plain(*overrides))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -193,3 +198,27 @@ def test_a_tracking_reference_adapter_is_a_frozen_copy_left_out_of_the_saved_and
         loaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "model").eval()
         assert torch.allclose(_logps(loaded, ids), expected, atol=1e-5)
         assert torch.allclose(_logps(merged_model(policy, policy.state_dict()).eval(), ids), expected, atol=1e-5)
+
+
+def test_reports_label_lora_runs_apart_from_full_fine_tunes(tmp_path):
+    """summary.json's plan names the adapters, so the report's labels and heatmap rows keep LoRA runs apart."""
+    import json
+
+    from support.reports import write_run
+
+    from dpo_sweeps.analysis.figures import heatmap_figure
+    from dpo_sweeps.analysis.runs import read_run
+    from dpo_sweeps.parallel.plan import resolve_plan
+
+    for job, overrides in enumerate([["peft=lora", "peft.r=8"], ["peft=lora", "peft.r=8", "peft.use_dora=true"], []]):
+        values = plain("resources.nproc_per_node=2", "precision=bf16", *overrides)
+        run_dir = write_run(tmp_path / str(job), job, overrides, values, status="completed",
+                            metrics={"perf/speed_per_memory": 1.0 + job, "eval/rewards/accuracies": 0.5})
+        summary = json.loads((run_dir / "summary.json").read_text())
+        plan = resolve_plan(Config.of(values)).as_dict()
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "plan": plan}))
+    runs = [read_run(tmp_path / str(job), str(job), tmp_path) for job in range(3)]
+    assert [r.plan["label"] for r in runs] == ["FULL_SHARD bf16 LoRA r=8", "FULL_SHARD bf16 DoRA r=8", "FULL_SHARD bf16"]
+    assert [r.strategy_label for r in runs] == ["FULL_SHARD LoRA r=8", "FULL_SHARD DoRA r=8", "FULL_SHARD"]
+    rows = [t.get_text() for t in heatmap_figure(runs).axes[0].get_yticklabels()]
+    assert len(rows) == 3, rows
