@@ -94,8 +94,12 @@ class Run:
 
     @property
     def strategy_label(self) -> str | None:
-        """The sharding that ran (FULL_SHARD, SHARD_GRAD_OP, ...: the plan's), else the config's name for it."""
-        return self.plan["strategy"] if self.plan else self.config.get("fsdp.sharding_strategy")
+        """The sharding that ran (FULL_SHARD, SHARD_GRAD_OP, ...: the plan's), with the adapters it trained
+        (`FULL_SHARD LoRA r=16`: the heatmap keeps them apart from full fine-tunes), else the config's name."""
+        if not self.plan:
+            return self.config.get("fsdp.sharding_strategy")
+        adapters = self.plan.get("adapters")  # absent from summaries older than peft
+        return f"{self.plan['strategy']} {adapters}" if adapters else self.plan["strategy"]
 
     @property
     def precision_label(self) -> str | None:

@@ -5,6 +5,9 @@
     python bench/dpo_vs_trl.py --smoke   # seconds: tiny data, ours and bare only (what CI runs)
     python bench/dpo_vs_trl.py --model smollm2_135m   # pretrained SmolLM2-135M-Instruct: 96 pairs, 12 steps,
                                                       # max_length 128, its chat template
+    python bench/dpo_vs_trl.py --model smollm2_135m --peft lora --frameworks ours,trl,trl_precompute
+        # LoRA r=16 (alpha 32) on every linear layer of the blocks, ours (peft=lora) against TRL's
+        # DPOTrainer with the same peft_config, at its defaults and with precomputed reference log-probs
 
 The workload (the issue's): a GPT-2-style model, 4 layers x 256 wide, with the 4,096-token BPE
 dpo-sweeps trains on the run's data (conf/model/bench_gpt2.yaml); 256 HH harmless pairs
@@ -146,6 +149,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="seconds-long: tiny data, few steps, one round")
     parser.add_argument("--model", default="bench_gpt2", choices=("bench_gpt2", "smollm2_135m"),
                         help="conf/model preset of all runs (smollm2_135m: pretrained, its chat template on HH)")
+    parser.add_argument("--peft", choices=("none", "lora"), default="none",
+                        help="lora: every framework trains LoRA adapters (--lora-r) instead of all weights (no bare run)")
+    parser.add_argument("--lora-r", type=int, default=16, help="with --peft lora: the adapters' rank (alpha 2r)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
@@ -162,10 +168,14 @@ def main() -> None:
         return
 
     full = SMOLLM2 if args.model == "smollm2_135m" else FULL
-    w = dict(SMOKE if args.smoke else full, data_path=str(HH), model=args.model)
+    w = dict(SMOKE if args.smoke else full, data_path=str(HH), model=args.model,
+             peft_r=args.lora_r if args.peft == "lora" else None)
     if args.rounds:
         w["rounds"] = args.rounds
     kinds = [k.strip() for k in args.frameworks.split(",") if k.strip()]
+    if w["peft_r"] and "bare" in kinds:  # the bare loop trains every weight
+        print("--peft lora: no bare run (it trains every weight)", file=sys.stderr)
+        kinds.remove("bare")
     if any(k.startswith("trl") for k in kinds):
         try:
             import trl  # noqa: F401

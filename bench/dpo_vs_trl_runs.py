@@ -30,7 +30,25 @@ def ours_overrides(w: dict, extra: list[str] = ()) -> list[str]:
             f"train.lr={LR}", f"train.warmup_steps={WARMUP_STEPS}", f"train.max_grad_norm={MAX_GRAD_NORM}",
             f"train.seed={SEED}", f"train.max_steps={w['steps']}", f"perf.warmup_steps={w['warmup']}",
             "train.eval_every=0", "train.eval_max_pairs=8", "train.save_model=false", "checkpoint.every_steps=0",
-            "wandb.mode=disabled", "train.progress_bar=false", *extra]
+            "wandb.mode=disabled", "train.progress_bar=false",
+            *(["peft=lora", f"peft.r={w['peft_r']}", f"peft.alpha={2 * w['peft_r']}"] if w.get("peft_r") else []),
+            *extra]
+
+
+def trl_peft_config(w: dict, model):
+    """--peft lora: TRL's peft_config with our LoRA settings (peft=lora's default targets: every linear
+    layer of the blocks), so both train the same adapters."""
+    if not w.get("peft_r"):
+        return None
+    from peft import LoraConfig
+
+    from dpo_sweeps.models.adapters import lora_config
+
+    config = compose(ours_overrides(w))
+    ours = lora_config(model, config.peft, config.model.block_name)
+    return LoraConfig(r=ours.r, lora_alpha=ours.lora_alpha, lora_dropout=ours.lora_dropout,
+                      target_modules=sorted(ours.target_modules), fan_in_fan_out=ours.fan_in_fan_out,
+                      bias="none", task_type="CAUSAL_LM")
 
 
 def compose(overrides: list[str]):
@@ -174,7 +192,8 @@ def run_trl(workdir: Path, w: dict, out: Path, precompute: bool = False) -> None
     )
     collator = CountingCollator(pad_token_id=tokenizer.pad_token_id, max_length=w["max_length"])
     trainer = PreTokenizedDPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                                     data_collator=collator, callbacks=[Clock()])
+                                     data_collator=collator, callbacks=[Clock()],
+                                     peft_config=trl_peft_config(w, model))
     one_time = PreTokenizedDPOTrainer.one_time_s
     batch_tokens.clear()
     clock.start_wall = time.perf_counter()

@@ -4,6 +4,7 @@
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
     python bench/memory_estimate_error.py --model smollm2_135m   # 8 shapes of pretrained SmolLM2-135M
     python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
+    python bench/memory_estimate_error.py --model smollm2_135m_lora   # 8 LoRA shapes of SmolLM2-135M (peft=lora)
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
@@ -76,7 +77,33 @@ SMOLLM2_SHAPES = [
                               "train.batch_size=32", "fsdp.activation_checkpointing=true"]),
     ("smol-1rank-fp32-mb4", ["model=smollm2_135m", "precision=fp32", "train.micro_batch_size=4"]),
 ]
-SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES}
+# LoRA (peft=lora, issue 36): peft x strategy x micro-batch x r on SmolLM2, the reference the base with the
+# adapters off; the first two with the reference scored every step (no precomputed log-probs).
+LORA = [*SMOLLM2, "peft=lora"]
+SMOLLM2_LORA_SHAPES = [
+    ("smol-lora16-fs-fp32-mb4-ref", [*LORA, "peft.r=16", "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=4",
+                                     "train.precompute_reference_logps=false"]),
+    ("smol-lora16-sgo-bf16-mb8-ref", [*LORA, "peft.r=16", "fsdp=shard_grad_op", "precision=bf16",
+                                      "train.micro_batch_size=8", "train.precompute_reference_logps=false"]),
+    ("smol-lora16-fs-bf16-mb4", [*LORA, "peft.r=16", "fsdp=full_shard", "precision=bf16", "train.micro_batch_size=4"]),
+    ("smol-lora64-fs-fp32-mb4", [*LORA, "peft.r=64", "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=4"]),
+    ("smol-lora8-sgo-fp32-mb8", [*LORA, "peft.r=8", "fsdp=shard_grad_op", "precision=fp32", "train.micro_batch_size=8"]),
+    ("smol-lora16-ns-bf16-mb4", [*LORA, "peft.r=16", "fsdp=no_shard", "precision=bf16", "train.micro_batch_size=4"]),
+    ("smol-lora16-fs-fp32-mb8-ac", [*LORA, "peft.r=16", "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=8",
+                                    "fsdp.activation_checkpointing=true"]),
+    ("smol-lora16-1rank-fp32-mb4", ["model=smollm2_135m", "peft=lora", "peft.r=16", "precision=fp32",
+                                    "train.micro_batch_size=4"]),
+]
+# Two tiny LoRA shapes: that the LoRA rows run, in seconds.
+TINY_LORA_SHAPES = [
+    ("llama-lora4-fs-fp32-mb8", ["model=tiny_llama", "peft=lora", "peft.r=4", "fsdp=full_shard", "precision=fp32",
+                                 "resources.nproc_per_node=2"]),
+    ("llama-lora4-sgo-bf16-mb8-ref", ["model=tiny_llama", "peft=lora", "peft.r=4", "fsdp=shard_grad_op",
+                                      "precision=bf16", "resources.nproc_per_node=2",
+                                      "train.precompute_reference_logps=false"]),
+]
+SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES, "smollm2_135m_lora": SMOLLM2_LORA_SHAPES,
+              "tiny_lora": TINY_LORA_SHAPES}
 
 
 def probe(run_dir: Path, overrides: list[str]) -> dict:
@@ -106,7 +133,8 @@ def main() -> None:
     parser.add_argument("--reuse", type=Path, help="a folder of earlier runs (one per shape) to read again")
     parser.add_argument("--model", default="tiny", choices=sorted(SHAPE_SETS),
                         help="tiny: the 14 shapes of tiny_gpt2, tiny_llama and bench_gpt2 (default); "
-                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct")
+                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct; smollm2_135m_lora: 8 LoRA "
+                             "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
     args = parser.parse_args()

@@ -93,6 +93,13 @@ def _alpha_unused(cfg: Config, launch: Launch) -> bool:
     return getattr(cfg.loss, "f_divergence", None) != "alpha_divergence" or _mix_without("f_divergence")(cfg, launch)
 
 
+def _init_from_full_model(cfg: Config) -> bool:
+    """model.init_from names a run that saved a whole model (not adapters, whose base model.* builds)."""
+    from dpo_sweeps.models.adapters import start_adapter
+
+    return cfg.model.init_from is not None and start_adapter(cfg.model) is None
+
+
 def _no_reference(cfg: Config, _: Launch) -> bool:
     from dpo_sweeps.dpo.losses import uses_reference
 
@@ -121,11 +128,16 @@ RULES = (
     ReadOnlyWhen(("fsdp.reshard_after_forward",), _unwrapped,
                  "one fp32 rank without offload runs the model without FSDP, so nothing is resharded",
                  "resources.nproc_per_node > 1, precision=bf16 or fp16, or fsdp.cpu_offload=true"),
+    ReadOnlyWhen(("peft.r", "peft.alpha", "peft.dropout", "peft.target_modules", "peft.use_rslora", "peft.use_dora",
+                  "peft.modules_to_save"), lambda c, _: c.peft.method == "none",
+                 "peft=none is a full fine-tune: there are no adapters", "peft=lora"),
+    ReadOnlyWhen(("train.save_merged",), lambda c, _: c.peft.method == "none" or not c.train.save_model,
+                 "only adapters are merged, into the saved model", "peft=lora with train.save_model=true"),
     ReadOnlyWhen(("precision.initial_loss_scale", "precision.loss_scale_growth_interval"),
                  lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
                  "precision=fp16, or precision.loss_scaling=true"),
     ReadOnlyWhen(("model.from_config", "model.gguf_file", "model.tokenizer.kind", "model.tokenizer.vocab_size",
-                  "model.install_hint"), lambda c, _: c.model.init_from is not None,
+                  "model.install_hint"), lambda c, _: _init_from_full_model(c),
                  "model.init_from's saved model brings its own architecture and tokenizer", "model.init_from=null"),
     ReadOnlyWhen(("model.tokenizer.vocab_size",), lambda c, _: c.model.tokenizer.kind != "bpe",
                  "only a trained BPE has a vocabulary size to choose", "model.tokenizer.kind=bpe"),
@@ -140,6 +152,10 @@ RULES = (
                  "data=hh or data=preference to read files; data.num_train_pairs and data.num_eval_pairs"),
     ReadOnlyWhen(("train.precompute_reference_logps",), _no_reference,
                  "this loss has no reference model to score", "a loss with a reference, reference_free=false"),
+    ReadOnlyWhen(("train.reference_sync.every_steps", "train.reference_sync.alpha"), _no_reference,
+                 "this loss has no reference model to sync", "a loss with a reference, reference_free=false"),
+    ReadOnlyWhen(("train.reference_sync.alpha",), lambda c, _: not c.train.reference_sync.every_steps,
+                 "no sync at train.reference_sync.every_steps=0", "train.reference_sync.every_steps > 0"),
     ReadOnlyWhen(("train.sample_prompts", "train.sample_max_new_tokens"), lambda c, _: not c.train.save_model,
                  "the replies after training come from the saved model", "train.save_model=true"),
     ReadOnlyWhen(("train.sample_max_new_tokens",), lambda c, _: not c.train.sample_prompts,
@@ -193,7 +209,7 @@ ALWAYS_READ = (
     "train.logps_chunk_size", "train.share_prompt", "train.zero_shot_eval",
     "model.name_or_path", "model.block_name", "model.init_from",
     "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
-    "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling",
+    "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling", "peft.method",
     "resources.nodes", "resources.nproc_per_node", "resources.device", "resources.collective_timeout_s",
     "resources.hang_timeout_s", "resources.threads_per_rank",
     # A single run checks fit against it as a sweep's point does (app.py, parallel/fit.py).

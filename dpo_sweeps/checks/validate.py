@@ -59,6 +59,7 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     _check_chat_template(cfg.data.chat_template, cfg.model)
     _check_probe(cfg)
     _check_trackers(cfg)
+    _check_peft(cfg)
 
 
 def _check_batch_split(cfg: Config) -> None:
@@ -131,3 +132,19 @@ def _check_trackers(cfg: Config) -> None:
                    "the URI of an MLflow server (http://host:5000), file:/path or sqlite:///path.db")
         if problem := mlflow_uri_problem(uri):
             refuse("MLFLOW_TRACKING_URI", problem.replace(uri, "<the variable's value>"), MLFLOW_URI_ACCEPTED)
+def _check_peft(cfg: Config) -> None:
+    """Adapters: the modules they name exist in the model, an adapter to start from is whole and for this
+    base (models/adapters.py), and nothing reads model/ as a full model."""
+    from dpo_sweeps.models.adapters import check_adapter_targets, check_start_adapter, start_adapter
+
+    start = start_adapter(cfg.model)
+    if start is not None:
+        check_start_adapter(start, cfg.model.init_from, cfg.model, cfg.peft)
+    if cfg.peft.method == "none":
+        return
+    if cfg.train.sample_prompts:
+        raise InvalidConfig("train.sample_prompts", f"{cfg.train.sample_prompts} with peft={cfg.peft.method} "
+                            "(the replies are generated from a full saved model; model/ holds adapters)",
+                            "0 with peft (or peft=none)")
+    if start is None:  # a started adapter keeps its own targets
+        check_adapter_targets(cfg.model, cfg.peft)

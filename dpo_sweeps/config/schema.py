@@ -43,6 +43,23 @@ STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 
 @dataclass
+class ReferenceSyncConfig(Section):
+    """TR-DPO (Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment"; TRL's
+    sync_ref_model): every `every_steps` optimizer steps the reference moves toward the policy,
+    ref <- alpha * policy + (1 - alpha) * ref (train/reference_sync.py)."""
+
+    every_steps: int = 0
+    """Optimizer steps between two syncs (>= 0); 0: the reference stays as it starts (plain DPO)."""
+    alpha: float = 0.6
+    """The policy's weight in each sync (0 < alpha <= 1; 1: the reference becomes the policy)."""
+
+    def check(self) -> None:
+        at_least(self.every_steps, 0, "train.reference_sync.every_steps", "an integer >= 0 (0: no sync)")
+        if self.every_steps and not (isinstance(self.alpha, int | float) and 0 < self.alpha <= 1):
+            refuse("train.reference_sync.alpha", f"got {self.alpha!r}", "a number > 0 and <= 1")
+
+
+@dataclass
 class TrainConfig(Section):
     batch_size: int = MISSING
     """Global batch, in preference pairs, summed over all ranks and accumulation steps (>= 1)."""
@@ -75,6 +92,9 @@ class TrainConfig(Section):
     """Show a progress bar on rank 0."""
     save_model: bool = MISSING
     """Save the final policy in Hugging Face format under <run dir>/model (rank 0 gathers it)."""
+    save_merged: bool = False
+    """With peft (adapters) and save_model: also write the adapters merged into the base weights, a plain
+    Hugging Face model, to <run dir>/model_merged (model/ holds the PEFT adapter folder)."""
     time_limit_min: float | None = MISSING
     """Wall-time limit of one attempt, in minutes (> 0); when reached the run saves a checkpoint and
     ends failed with kind `timeout` (the same command resumes it). null: none."""
@@ -92,6 +112,8 @@ class TrainConfig(Section):
     log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
     (step 0) and summary.json, the baseline beside eval/rewards/accuracies; every eval then also scores the
     trained policy alike, eval/policy/{accuracy, margin} (train/zero_shot.py)."""
+    reference_sync: ReferenceSyncConfig = field(default_factory=ReferenceSyncConfig)
+    """TR-DPO: the reference moves toward the policy during training (off by default)."""
     sample_prompts: int = 0
     """> 0: after the final model is saved (needs save_model), rank 0 writes samples.json, the greedy
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
@@ -115,6 +137,11 @@ class TrainConfig(Section):
             at_least(self.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
         at_least(self.log_every, 1, "train.log_every")
         at_least(self.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
+        self.reference_sync.check()
+        if self.reference_sync.every_steps and self.precompute_reference_logps:
+            refuse("train.reference_sync.every_steps", f"{self.reference_sync.every_steps} with "
+                   "train.precompute_reference_logps=true (a reference that moves cannot be scored before training)",
+                   "train.precompute_reference_logps=false, or 0 (no sync)")
         if self.sample_prompts:
             at_least(self.sample_max_new_tokens, 1, "train.sample_max_new_tokens")
             if not self.save_model:
@@ -152,7 +179,9 @@ class ModelConfig(Section):
     """The transformer block class FSDP wraps, one FSDP unit per block (e.g. GPT2Block)."""
     init_from: str | None = MISSING
     """A run directory of an earlier run (e.g. loss=sft) whose saved model is the policy's start and
-    the reference; null: name_or_path / from_config."""
+    the reference; when it saved a LoRA adapter (peft=lora), the base is built as the other model.* keys
+    say and, with peft=lora, the policy trains a copy of the adapter against a frozen one (docs/lora.md).
+    null: name_or_path / from_config."""
     from_config: dict[str, Any] | None = MISSING
     """transformers config kwargs (model_type and its family's keys) of a random-init model;
     null: load name_or_path with from_pretrained."""
@@ -198,6 +227,46 @@ class FsdpConfig(Section):
         """The strategy; the mesh it makes of the ranks is the plan's (parallel/plan.py, with resources)."""
         if self.sharding_strategy not in STRATEGIES:
             refuse("fsdp.sharding_strategy", f"unknown strategy '{self.sharding_strategy}'", ", ".join(STRATEGIES))
+
+
+PEFT_METHODS = ("none", "lora")
+
+
+@dataclass
+class PeftConfig(Section):
+    """Parameter-efficient fine-tuning with the `peft` library (models/adapters.py): the policy trains
+    LoRA adapters on frozen base weights, and the reference is the base with its adapters switched off
+    (no second model). docs/lora.md says what runs."""
+
+    method: str = "none"
+    """none (a full fine-tune) | lora; the conf/peft file's name."""
+    r: int = 16
+    """LoRA rank: the inner size of each adapter (>= 1)."""
+    alpha: float = 32.0
+    """LoRA alpha: the adapters' output is scaled by alpha / r (alpha / sqrt(r) with use_rslora) (> 0)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training (0 <= dropout < 1)."""
+    target_modules: list[str] | None = None
+    """Leaf names of the modules that get adapters (e.g. [q_proj, v_proj]); a name the model lacks is
+    refused, listing its linear layers. null: every linear layer of the blocks (model.block_name)."""
+    use_rslora: bool = False
+    """Rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r."""
+    use_dora: bool = False
+    """DoRA: weight-decomposed adapters (a trained magnitude per output feature beside LoRA's direction)."""
+    modules_to_save: list[str] | None = None
+    """Leaf names of modules trained in full beside the adapters (e.g. [lm_head]), saved with them; null: none."""
+
+    def check(self) -> None:
+        if self.method not in PEFT_METHODS:
+            refuse("peft.method", f"unknown method '{self.method}'", "peft=none or peft=lora")
+        if self.method == "none":
+            return
+        at_least(self.r, 1, "peft.r", "an integer >= 1 (the adapters' rank)")
+        positive_number(self.alpha, "peft.alpha", "a number > 0")
+        if not 0 <= self.dropout < 1:
+            refuse("peft.dropout", f"got {self.dropout!r}", "a number >= 0 and < 1")
+        if self.target_modules is not None and not self.target_modules:
+            refuse("peft.target_modules", "an empty list", "null (every linear layer of the blocks) or module names")
 
 
 @dataclass
@@ -498,6 +567,8 @@ class Config(Section):
     """fsdp=<conf/fsdp file>: how parameters are sharded."""
     precision: PrecisionConfig = MISSING
     """precision=<conf/precision file>: compute and reduction dtypes."""
+    peft: PeftConfig = field(default_factory=PeftConfig)
+    """peft=<conf/peft file>: a full fine-tune (none) or LoRA adapters."""
     train: TrainConfig = field(default_factory=TrainConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
@@ -534,7 +605,7 @@ class Config(Section):
         """Each section's own checks, in the order a reader meets them; checks/validate.py adds those that span
         sections."""
         for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
-                        self.perf, self.probe, self.checkpoint, self.wandb, self.tracking, self.faults):
+                        self.peft, self.perf, self.probe, self.checkpoint, self.wandb, self.tracking, self.faults):
             section.check()
         if self.cluster is not None:
             self.cluster.check()

@@ -4,7 +4,8 @@ A model config either names a model (`model.name_or_path`, loaded with `from_pre
 folders work offline), a GGUF file (`model.gguf_file`, dequantized once and cached: models/gguf.py)
 or describes a random-init architecture (`model.from_config`, a transformers config).
 `model.init_from` points at an earlier run's directory: its saved model starts the policy and is the
-reference (SFT then DPO).
+reference (SFT then DPO); when it saved adapters (peft), the base is built as above and the adapter
+loaded onto it (models/adapters.py).
 """
 
 from __future__ import annotations
@@ -18,35 +19,46 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from dpo_sweeps.config.schema import ModelConfig
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
-from dpo_sweeps.models import gguf
+from dpo_sweeps.models import adapters, gguf
 from dpo_sweeps.models.tokenizers import bpe_tokenizer, byte_tokenizer
-from dpo_sweeps.rundir.paths import writing
+from dpo_sweeps.rundir.paths import MERGED_MODEL_DIR, saved_model_path, writing
 
-SAVED_MODEL_DIR = "model"
 MODEL_SOURCES = ("a preset in conf/model/, a local folder with config.json, a hub name in the local cache, "
                  "or model.gguf_file")
 
 
-def saved_model_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / SAVED_MODEL_DIR
 
+def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool, *, base_name: str = "",
+               merged: bool = False) -> Path | None:
+    """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer (collective).
 
-def save_model(policy: torch.nn.Module, tokenizer, run_dir: Path, is_main: bool) -> Path | None:
-    """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer (collective)."""
+    A policy with adapters (peft) is saved as a PEFT adapter folder for `base_name`, the adapter weights
+    gathered from every rank; `merged` also writes the merged model, in Hugging Face format, to model_merged/.
+    """
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     path = saved_model_path(run_dir)
     if is_main:
-        with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(policy.config)
-        plain.load_state_dict(state, assign=True)
-        plain.tie_weights()  # assign= gave tied weights (e.g. embeddings and LM head) a tensor each: one again
         try:  # safetensors and tokenizers raise their own types: `writing` names the path (or the file)
-            with writing(path):
-                plain.save_pretrained(path)
-                tokenizer.save_pretrained(path)
+            if adapters.has_adapters(policy):
+                with writing(path):
+                    adapters.save_adapter(policy, state, path, base_name)
+                    tokenizer.save_pretrained(path)
+                if merged:
+                    merged_path = path.with_name(MERGED_MODEL_DIR)
+                    with writing(merged_path):
+                        adapters.merged_model(policy, state).save_pretrained(merged_path)
+                        tokenizer.save_pretrained(merged_path)
+            else:
+                with torch.device("meta"):
+                    plain = AutoModelForCausalLM.from_config(policy.config)
+                plain.load_state_dict(state, assign=True)
+                plain.tie_weights()  # assign= gave tied weights (e.g. embeddings and LM head) a tensor each: one again
+                with writing(path):
+                    plain.save_pretrained(path)
+                    tokenizer.save_pretrained(path)
         except Exception as exc:
             if not is_disk_full(exc, path.parent):
                 raise
@@ -61,6 +73,8 @@ def _init_source(model_cfg: ModelConfig) -> Path | None:
     if model_cfg.init_from is None:
         return None
     path = saved_model_path(model_cfg.init_from)
+    if adapters.is_adapter_folder(path):  # the base is built as model.* says; add_adapters loads the adapter
+        return None
     if not (path / "config.json").exists():
         raise InvalidConfig(
             "model.init_from",
@@ -72,7 +86,7 @@ def _init_source(model_cfg: ModelConfig) -> Path | None:
 
 def build_tokenizer(model_cfg: ModelConfig, training_texts: list[str]) -> PreTrainedTokenizerBase:
     """The run's tokenizer; a BPE is trained on `training_texts` (and cached)."""
-    source = _init_source(model_cfg)
+    source = _init_source(model_cfg) or adapters.start_adapter(model_cfg)  # an adapter folder holds it too
     if source is not None:
         return AutoTokenizer.from_pretrained(source)
     if model_cfg.gguf_file is not None:

@@ -78,6 +78,8 @@ def model_shape(model_cfg) -> ModelShape:
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
     shape = model_shape(cfg.model)
+    if cfg.peft.method != "none":  # adapters: their weights beside the base's, and only they train
+        shape = _with_adapters(shape, _architecture_key(cfg.model), _peft_key(cfg))
     on_gpu = wants_cuda(cfg.resources.device) or _cluster_memory_gib(cfg.cluster) is not None  # a GPU cluster
     baseline = 0 if on_gpu else rank_baseline_bytes()
     plan = resolve_plan(cfg, world_size)
@@ -250,16 +252,42 @@ def _model_shape(key: tuple) -> ModelShape:
     return _build_model_shape(key)  # no estimator process, or an error it could not pass on: build it here
 
 
+def _peft_key(cfg) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps({"peft": asdict(cfg.peft), "block_name": cfg.model.block_name}, sort_keys=True)
+
+
+@lru_cache(maxsize=64)
+def _with_adapters(shape: ModelShape, key: tuple, peft_key: str) -> ModelShape:
+    """`shape` with the run's adapters (models/adapters.py), counted on the architecture built on the meta device."""
+    import json
+    from dataclasses import replace
+
+    from dpo_sweeps.config.schema import PeftConfig
+    from dpo_sweeps.models.adapters import add_adapters
+
+    spec = json.loads(peft_key)
+    model = add_adapters(_meta_model(key), PeftConfig(**spec["peft"]), spec["block_name"])
+    adapted = ModelShape.of(model)
+    return replace(shape, num_params=adapted.num_params, trainable_params=adapted.trainable_params)
+
+
 def _build_model_shape(key: tuple) -> ModelShape:
+    return ModelShape.of(_meta_model(key))
+
+
+def _meta_model(key: tuple):
     import json
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    init_from, name_or_path, spec_json, tokenizer_kind, vocab_size, gguf_file = key
-    if init_from is not None:
-        from dpo_sweeps.models.build import saved_model_path
+    from dpo_sweeps.rundir.paths import saved_model_path
 
+    init_from, name_or_path, spec_json, tokenizer_kind, vocab_size, gguf_file = key
+    if init_from is not None and (saved_model_path(init_from) / "config.json").exists():  # else an adapter's
         config = AutoConfig.from_pretrained(saved_model_path(init_from))
     elif spec_json != "null":
         spec = json.loads(spec_json)
@@ -277,5 +305,4 @@ def _build_model_shape(key: tuple) -> ModelShape:
     else:
         config = AutoConfig.from_pretrained(name_or_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return ModelShape.of(model)
+        return AutoModelForCausalLM.from_config(config)

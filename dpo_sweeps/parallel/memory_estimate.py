@@ -50,14 +50,23 @@ class ModelShape:
     hidden: int
     intermediate: int
     vocab: int
+    trainable_params: int | None = None  # those that get gradients and optimizer state; None: all (full fine-tune)
 
     @classmethod
     def of(cls, model) -> ModelShape:
-        """From a Hugging Face causal LM (its config and parameter count)."""
+        """From a Hugging Face causal LM (its config and parameter count; with adapters, the trained share)."""
         c = model.config
         hidden = c.hidden_size
         intermediate = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * hidden
-        return cls(sum(p.numel() for p in model.parameters()), c.num_hidden_layers, hidden, intermediate, c.vocab_size)
+        params = list(model.parameters())
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        total = sum(p.numel() for p in params)
+        return cls(total, c.num_hidden_layers, hidden, intermediate, c.vocab_size,
+                   trainable if trainable < total else None)
+
+    @property
+    def trained(self) -> int:
+        return self.num_params if self.trainable_params is None else self.trainable_params
 
     @property
     def block_params(self) -> int:
@@ -86,6 +95,7 @@ class RunShape:
     reshard_after_forward: bool = True  # false: the trained model's blocks stay gathered from forward to backward
     reduce_dtype: str = "float32"  # the dtype gradients are reduce-scattered in
     fully_sharded: bool = True  # the trained model is wrapped by fully_shard (fsdp.needs_fully_shard)
+    adapters: bool = False  # peft: the reference is the policy with its adapters off (models/adapters.py)
 
 
 @dataclass
@@ -105,7 +115,9 @@ def model_states(model: ModelShape, run: RunShape) -> int:
     offload they live in CPU memory, not on the device."""
     if run.cpu_offload:
         return 0
-    return (4 + 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)) * model.num_params // max(1, run.shard_group_size)
+    # Frozen parameters (the base under adapters) hold their fp32 weights only: no gradient, no moments.
+    per_trained = 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)
+    return (4 * model.num_params + per_trained * model.trained) // max(1, run.shard_group_size)
 
 
 def gathered_params(model: ModelShape, run: RunShape) -> int:
@@ -122,8 +134,8 @@ def gathered_params(model: ModelShape, run: RunShape) -> int:
 
 def reference(model: ModelShape, run: RunShape) -> int:
     """A reference model run in every step (not precomputed): its shard and the blocks it gathers."""
-    if not run.uses_reference or run.precompute_reference_logps:
-        return 0
+    if not run.uses_reference or run.precompute_reference_logps or run.adapters:
+        return 0  # with adapters the reference is the policy with them off: no model of its own
     pb = DTYPES[run.param_dtype].bytes
     shard = 0 if run.cpu_offload else pb * model.num_params // max(1, run.shard_group_size)
     return shard + pb * 2 * model.block_params
@@ -246,5 +258,5 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
-        response_fraction=response_fraction,
+        response_fraction=response_fraction, adapters=plan.adapters is not None,
     )

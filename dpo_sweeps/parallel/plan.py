@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpo_sweeps.config.schema import STRATEGIES, Config, FsdpConfig, PrecisionConfig
+from dpo_sweeps.config.schema import STRATEGIES, Config, FsdpConfig, PeftConfig, PrecisionConfig
 from dpo_sweeps.errors import InvalidConfig
 
 
@@ -73,6 +73,7 @@ class ParallelPlan:
     loss_scale_growth_interval: int  # 0 without loss scaling
     cpu_offload: bool
     activation_checkpointing: bool
+    adapters: str | None = None  # `LoRA r=16` (peft, models/adapters.py); None: a full fine-tune
 
     @property
     def shard_size(self) -> int:
@@ -112,8 +113,8 @@ class ParallelPlan:
 
     @property
     def label(self) -> str:
-        """What summaries, logs and reports call the run's layout: `SHARD_GRAD_OP bf16`."""
-        return f"{self.strategy} {self.precision}"
+        """What summaries, logs and reports call the run's layout: `SHARD_GRAD_OP bf16`, `... LoRA r=16`."""
+        return f"{self.strategy} {self.precision}" + (f" {self.adapters}" if self.adapters else "")
 
     @property
     def param_bytes(self) -> int:
@@ -138,6 +139,7 @@ class ParallelPlan:
             "loss_scaling": {"initial_scale": self.initial_loss_scale,
                              "growth_interval": self.loss_scale_growth_interval} if self.loss_scaling else None,
             "cpu_offload": self.cpu_offload, "activation_checkpointing": self.activation_checkpointing,
+            "adapters": self.adapters,
         }
 
 
@@ -198,4 +200,13 @@ def resolve_plan(cfg: Config, world_size: int | None = None) -> ParallelPlan:
         initial_loss_scale=float(_loss_scale_setting(precision, "initial_loss_scale")) if scaling else 1.0,
         loss_scale_growth_interval=int(_loss_scale_setting(precision, "loss_scale_growth_interval")) if scaling else 0,
         cpu_offload=bool(fsdp.cpu_offload), activation_checkpointing=bool(fsdp.activation_checkpointing),
+        adapters=adapters_label(cfg.peft),
     )
+
+
+def adapters_label(peft: PeftConfig) -> str | None:
+    """How labels name a run's adapters: `LoRA r=16` (DoRA, rsLoRA alike); None for a full fine-tune."""
+    if peft.method == "none":
+        return None
+    kind = "DoRA" if peft.use_dora else "rsLoRA" if peft.use_rslora else "LoRA"
+    return f"{kind} r={peft.r}"

@@ -28,6 +28,10 @@ from dpo_sweeps.errors import InvalidConfig
 
 # In a sweep directory: the staged search's answer (launchers/find_best.py writes it, the report reads it).
 FIND_BEST = "find_best.json"
+# The trained policy in Hugging Face format (or a PEFT adapter folder), and with train.save_merged the
+# adapters merged into the base: what model.init_from reads from an earlier run.
+SAVED_MODEL_DIR = "model"
+MERGED_MODEL_DIR = "model_merged"
 # An Optuna trial's link to its study, written by the sweeper into the trial's run directory (train/pruning.py).
 TRIAL_FILE = "trial.json"
 
@@ -44,6 +48,10 @@ PROBLEMS = {
 }
 # Problems only a write has: an error that names no file is still one of the path written.
 WRITE_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def saved_model_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SAVED_MODEL_DIR
 
 
 def cache_root() -> Path:

@@ -18,7 +18,9 @@ copy, a user). At resume every file is checked against the sizes in the marker; 
 is reported in one line, renamed `step_<N>.broken`, and the run resumes from the newest one that is
 intact (`keep_last` >= 2 keeps one to fall back on).
 
-The reference model is not saved: it is rebuilt from the same seed or pretrained weights. The data
+The reference model is not saved: it is rebuilt from the same seed or pretrained weights. Neither are
+frozen weights (the base of a run with adapters, peft): they are rebuilt alike, and a checkpoint holds the
+trained parameters (the adapters) and their optimizer state only. The data
 position is the step itself (GlobalBatchSampler is a pure function of the step), so a resumed run
 reads exactly the batches the uninterrupted run would have read.
 """
@@ -39,9 +41,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
+from dpo_sweeps.models.adapters import REFERENCE_ADAPTER
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.checkpoints import (
     BROKEN_SUFFIX,
@@ -103,6 +112,15 @@ def _from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, bool]:
+    """The model's state without its frozen parameters (but with a reference adapter's, which TR-DPO moves:
+    train/reference_sync.py), the optimizer's state, and whether any were left out."""
+    frozen = {name for name, param in model.named_parameters()
+              if not param.requires_grad and f".{REFERENCE_ADAPTER}." not in name}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {k: v for k, v in model_state.items() if k not in frozen}, optim_state, bool(frozen)
+
+
 # ---------------------------------------------------------------------- the checkpointer
 class Checkpointer:
     """Saves and restores the run's training state; every method is collective unless it says not."""
@@ -125,9 +143,11 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             train_state: dict[str, Any], before_commit: Callable[[], None] | None = None) -> Path:
+             train_state: dict[str, Any], before_commit: Callable[[], None] | None = None,
+             reference: torch.nn.Module | None = None) -> Path:
         """Write checkpoint `step` (collective); returns its folder. `before_commit`: a test hook run
-        once this rank's files are written, before the ranks agree that the checkpoint is complete."""
+        once this rank's files are written, before the ranks agree that the checkpoint is complete.
+        `reference`: a reference model that changes during training (TR-DPO), saved beside the policy."""
         final = self.folder / f"step_{step}"
         tmp = self.folder / f"step_{step}.tmp"
         started = time.monotonic()
@@ -136,8 +156,11 @@ class Checkpointer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             _barrier()
-            model_state, optim_state = get_state_dict(model, optimizer)
-            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
+            model_state, optim_state, _ = trained_state(model, optimizer)
+            state = {"model": model_state, "optimizer": optim_state}
+            if reference is not None:
+                state["reference"] = get_model_state_dict(reference)
+            dcp.save(state, checkpoint_id=str(tmp))
             rank_file = tmp / f"train_state_rank{self.rank}.pt"
             torch.save({**train_state, "step": step, "rng": capture_rng_state(self.device)}, rank_file)
             with open(rank_file, "rb+") as f:
@@ -222,16 +245,23 @@ class Checkpointer:
             os.rename(info.path, info.path.with_name(info.path.name + BROKEN_SUFFIX))
         return None
 
-    def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Restore policy, optimizer and this rank's RNG states (collective); returns the saved train state."""
-        model_state, optim_state = get_state_dict(model, optimizer)
+    def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             reference: torch.nn.Module | None = None) -> dict[str, Any]:
+        """Restore policy, optimizer (and a `reference` saved with them) and this rank's RNG states (collective);
+        returns the saved train state."""
+        model_state, optim_state, partial = trained_state(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
+        if reference is not None:
+            state["reference"] = get_model_state_dict(reference)
         try:
             dcp.load(state, checkpoint_id=str(info.path))
         except CheckpointException as exc:  # a BaseException: make it an error the run records
             raise RuntimeError(f"checkpoint {info.path} cannot be loaded: {str(exc).strip().splitlines()[-1]} "
                                "(checkpoint.resume=false starts over)") from exc
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(strict=not partial))
+        if reference is not None:
+            set_model_state_dict(reference, state["reference"])
 
         rank_file = info.path / f"train_state_rank{self.rank}.pt"
         same_layout = info.marker.get("world_size") == self.world_size and rank_file.exists()

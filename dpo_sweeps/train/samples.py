@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from dpo_sweeps.models.build import build_policy, saved_model_path
+from dpo_sweeps.models.build import build_policy
 from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.paths import saved_model_path
 
 SAMPLES_FILE = "samples.json"
 

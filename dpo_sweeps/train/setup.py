@@ -22,8 +22,10 @@ from dpo_sweeps.config.schema import Config, TrainConfig
 from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
 from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
 from dpo_sweeps.data.sources import load_preference_rows
+from dpo_sweeps.dpo.adapter_reference import AdapterReference
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
+from dpo_sweeps.models.adapters import add_adapters, start_adapter
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
@@ -57,10 +59,11 @@ class TrainingData:
 
 @dataclass
 class Models:
-    """Policy and reference (None when the loss needs none), sharded (or moved) onto this rank's device."""
+    """Policy and reference (None when the loss needs none), sharded (or moved) onto this rank's device.
+    With adapters (peft), the reference is the policy with its adapters switched off (models/adapters.py)."""
 
     policy: torch.nn.Module
-    reference: torch.nn.Module | None
+    reference: torch.nn.Module | AdapterReference | None
     num_params: int
     model_flops: ModelFlops
     layout: dict  # summary.json: the mesh, and the node of each rank
@@ -166,6 +169,14 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     layout = rank_layout(mesh, env.local_rank)
     mp_policy = mixed_precision_policy(plan)
     shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
+    if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
+        torch.manual_seed(cfg.train.seed)  # the same adapter initialization on every rank
+        policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model),
+                              reference_copy=with_reference and cfg.train.reference_sync.every_steps > 0)
+        policy = shard_model(policy, mp_policy=mp_policy, **shard)
+        reference = AdapterReference(policy) if with_reference else None
+        return Models(policy=policy, reference=reference, num_params=num_params, model_flops=model_flops,
+                      layout=layout)
     # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
     # cast of its own (an empty policy).
     reference = shard_model(
@@ -242,8 +253,8 @@ class TrainingSetup:
 
 def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan, device: torch.device, *,
                    probing: bool, stop_watch: StopWatch, summary: SetupSummary) -> TrainingSetup:
-    """Build, in order: the data, the models, the reference's log-probs (then the reference is freed,
-    train.precompute_reference_logps), the optimizer, its schedule and the loss scaler. `summary` gets
+    """Build, in order: the data, the models, the optimizer, the reference's log-probs (then the reference
+    is freed, train.precompute_reference_logps), the optimizer's schedule and the loss scaler. `summary` gets
     summary.json's `data` and `layout` as soon as they are known."""
     data = build_data(cfg, base_dir, env)
     summary.data = data.counts
@@ -256,12 +267,14 @@ def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan
     summary.layout = models.layout
     policy, reference, num_params, model_flops = models.policy, models.reference, models.num_params, models.model_flops
     del models  # `reference` is then the only name of the reference model, for free_reference
+    # Built before any forward: a reference pass through the policy (adapters off) with
+    # reshard_after_forward=false leaves parameters() yielding unsharded tensors that never get a grad.
+    optimizer = build_optimizer(cfg.train, policy)
     precompute_s = None
     if reference is not None and cfg.train.precompute_reference_logps:
         precompute_s = precompute_reference_logps(data, reference, cfg, env, device, probing, stop_watch)
         reference = None
         free_reference(device)
-    optimizer = build_optimizer(cfg.train, policy)
     return TrainingSetup(
         tokenizer=data.tokenizer, end_of_turn=data.end_of_turn, train_pairs=data.train_pairs,
         eval_pairs=data.eval_pairs, sampler=data.sampler, policy=policy, reference=reference,

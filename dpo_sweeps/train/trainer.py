@@ -41,6 +41,7 @@ from dpo_sweeps.train.final_metrics import final_metrics
 from dpo_sweeps.train.perf import PerfMeter
 from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
+from dpo_sweeps.train.reference_sync import due, sync_reference
 from dpo_sweeps.train.samples import write_samples
 from dpo_sweeps.train.scoring import batch_logps, collate_pairs
 from dpo_sweeps.train.setup import SetupSummary, TrainingSetup, build_training
@@ -167,6 +168,9 @@ class Trainer:
         lr = built.scheduler.get_last_lr()[0]
         if not overflow:
             built.optimizer.step()
+        sync = cfg.train.reference_sync  # TR-DPO (train/reference_sync.py)
+        if built.reference is not None and due(step + 1, sync.every_steps):
+            sync_reference(built.policy, built.reference, sync.alpha)
         built.scaler.update(overflow)
         built.scheduler.step()
         built.optimizer.zero_grad(set_to_none=True)
@@ -304,7 +308,8 @@ class Trainer:
         """
         info = self.checkpointer.find_resumable()
         if info is not None:
-            saved = self.checkpointer.load(info, self.built.policy, self.built.optimizer)
+            saved = self.checkpointer.load(info, self.built.policy, self.built.optimizer,
+                                           reference=self._moving_reference())
             self.built.scheduler.load_state_dict(saved["scheduler"])
             self.built.scaler.load_state_dict(saved["scaler"])
             self.state = TrainState(step=saved["step"], last_train=saved["last_train"], last_eval=saved["last_eval"],
@@ -328,7 +333,15 @@ class Trainer:
             "zero_shot": self.state.zero_shot,
         }
         fault = fault_in_checkpoint(self.cfg.faults, step, self.env.rank, self.resumed_from is not None)
-        return self.checkpointer.save(step, built.policy, built.optimizer, train_state, before_commit=fault)
+        return self.checkpointer.save(step, built.policy, built.optimizer, train_state, before_commit=fault,
+                                      reference=self._moving_reference())
+
+    def _moving_reference(self) -> torch.nn.Module | None:
+        """A full fine-tune's reference model that TR-DPO moves: checkpointed with the policy. (An adapter
+        run's moving reference is an adapter of the policy, checkpointed with it.)"""
+        reference = self.built.reference
+        moving = self.cfg.train.reference_sync.every_steps > 0 and isinstance(reference, torch.nn.Module)
+        return reference if moving else None
 
     def _checkpoint_or_stop(self) -> None:
         """Between steps: the periodic checkpoint; on a stop signal or the time limit, a checkpoint and a stop."""
@@ -347,7 +360,8 @@ class Trainer:
         """The policy in Hugging Face format (full state dict gathered to rank 0), with its tokenizer."""
         self.heartbeat(self.state.step, "save_model")
         built = self.built
-        path = save_model(built.policy, built.tokenizer, self.ctx.run_dir, self.env.is_main)
+        path = save_model(built.policy, built.tokenizer, self.ctx.run_dir, self.env.is_main,
+                          base_name=self.cfg.model.name_or_path, merged=self.cfg.train.save_merged)
         train = self.cfg.train
         if train.sample_prompts and not self.probing:
             if self.env.is_main:

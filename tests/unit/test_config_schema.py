@@ -25,7 +25,7 @@ from dpo_sweeps.models.gguf import GGUF_MAGIC
 CONF = REPO / "conf"
 # Group options that compose to a runnable config as they are (preference needs data.path).
 GROUP_OPTIONS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-                 for group in ("model", "data", "loss", "fsdp", "precision")}
+                 for group in ("model", "data", "loss", "fsdp", "precision", "peft")}
 
 
 def _compose(*overrides: str):
