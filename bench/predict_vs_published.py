@@ -20,7 +20,8 @@ import math
 import statistics
 import sys
 
-from dpo_sweeps.cost.profile import builtin_cluster, device_profile
+from dpo_sweeps.cost.predict import device_profile
+from dpo_sweeps.cost.profile import builtin_cluster
 from dpo_sweeps.cost.step_time import Layout, Workload, predict_step
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
