@@ -12,9 +12,9 @@ import torch
 from omegaconf import OmegaConf
 
 from dpo_sweeps import api
+from dpo_sweeps.checks.unused import check_settings_used
+from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.config.unused import check_settings_used
-from dpo_sweeps.config.validate import validate_config
 from dpo_sweeps.dpo.adapter_reference import AdapterReference
 from dpo_sweeps.dpo.reference_logps import weights_digest
 from dpo_sweeps.errors import InvalidConfig
