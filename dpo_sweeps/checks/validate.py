@@ -135,6 +135,8 @@ def _check_trackers(cfg: Config) -> None:
 def _check_peft(cfg: Config) -> None:
     """Adapters: the modules they name exist in the model, an adapter to start from is whole and for this
     base (models/adapters.py), and nothing reads model/ as a full model."""
+    if cfg.peft.method == "none" and cfg.model.init_from is None:
+        return  # nothing to check, and a sweep's check before launch loads no torch (models/adapters.py does)
     from dpo_sweeps.models.adapters import check_adapter_targets, check_start_adapter, start_adapter
 
     start = start_adapter(cfg.model)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def shell_lines(path: Path) -> list[tuple[int, str, str]]:
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
-    """(first line number, code) of every ```python block."""
+    """(first line number, code) of every ```python block, dedented (a block inside a list item is indented)."""
     blocks, block, start, code = [], None, 0, []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         fence = FENCE.match(line.strip())
@@ -74,7 +75,7 @@ def python_blocks(path: Path) -> list[tuple[int, str]]:
             block, start, code = fence.group(2), number + 1, []
         elif fence:
             if block == "python":
-                blocks.append((start, "\n".join(code)))
+                blocks.append((start, textwrap.dedent("\n".join(code))))
             block = None
         elif block is not None:
             code.append(line)
