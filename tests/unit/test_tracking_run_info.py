@@ -22,7 +22,8 @@ def test_a_sweeps_trial_is_tagged_with_its_sweep_stage_trial_and_plan_and_secret
     (run_dir / "trial.json").write_text(json.dumps({"trial_number": 3, "study_name": "s"}))
     config = {"probe": {"steps": 0}, "model": {"hf_token": "hf-abcdef123456", "tokenizer": {"kind": "byte"}},
               "loss": {"beta": 0.1}}
-    run = RunInfo.of(Config.of(config), run_dir=run_dir, name="optuna_dpo/3", group="optuna_dpo", config=config,
+    run = RunInfo.of(Config.of(config), run_dir=run_dir, name="optuna_dpo/3", group="optuna_dpo",
+                     sweep_dir=run_dir.parent, config=config,
                      plan_label="FULL_SHARD bf16")
     assert run.sweep_dir == run_dir.parent and run.stage == "trial" and run.trial_number == 3
     assert run.tags == {"sweep": "optuna_dpo", "stage": "trial", "trial": "3", "plan": "FULL_SHARD bf16"}
@@ -32,7 +33,7 @@ def test_a_sweeps_trial_is_tagged_with_its_sweep_stage_trial_and_plan_and_secret
 
 def test_a_single_run_is_its_own_sweep():
     run = RunInfo.of(Config.of({"probe": {"steps": 2}}), run_dir=REPO / "outputs" / "x", name="x", group="x",
-                     config={}, plan_label=None)
+                     sweep_dir=None, config={}, plan_label=None)
     assert run.sweep_dir is None and run.stage == "probe" and run.tags == {"sweep": "x", "stage": "probe"}
 
 
