@@ -21,6 +21,7 @@ import pytest
 from support import REPO, cli_env, summary_json
 from support.mlflow_server import MlflowServer, params_of, tags_of
 from support.sweeps import run_sweep
+from support.wandb_records import read_records
 
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
@@ -245,11 +246,12 @@ def _wait_unlocked(run_dir: Path, timeout: float = 60) -> None:
 @pytest.mark.slow
 def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once(mlflow_server, tmp_path):
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "dpo_sweeps", *SHORT, "train.max_steps=16", "train.eval_every=4",
-            "checkpoint.every_steps=4", "tracking.backends=[mlflow,tensorboard,trackio]",
+    args = [sys.executable, "-m", "dpo_sweeps", *SHORT[1:], "wandb.mode=offline", "train.max_steps=16",
+            "train.eval_every=4", "checkpoint.every_steps=4", "tracking.backends=[mlflow,tensorboard,trackio,wandb]",
             f"tracking.mlflow.tracking_uri={mlflow_server.uri}", "tracking.mlflow.experiment_name=resume",
             "tracking.trackio.project=resume", f"hydra.run.dir={run_dir}"]
     env = {**cli_env(), "TRACKIO_DIR": str(tmp_path / "trackio")}
+    env.pop("WANDB_MODE", None)
     first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     try:
@@ -281,6 +283,17 @@ def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once
         assert _close(mlflow_server.history(run["info"]["run_id"], key), expected), key
         assert _close(_scalars(run_dir / "tensorboard")[key], expected), key
         assert _close(_trackio_history(env, "resume", "run", key), expected), key
+
+    # W&B offline cannot be asked what it holds: the resumed attempt writes a second offline record under
+    # the same run id, and replays metrics.jsonl into it whole, so that record alone has every step once.
+    records = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(records) == 2 and all(r.parent.name.endswith("-" + state["wandb"]["id"]) for r in records)
+    ids = {rec.run.run_id for path in records for rec in read_records(path) if rec.WhichOneof("record_type") == "run"}
+    assert ids == {state["wandb"]["id"]} and state["wandb"]["id"] == state["run_uid"]
+    resumed = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+               for rec in read_records(records[-1]) if rec.WhichOneof("record_type") == "history"]
+    losses = [(row["_step"], row["train/loss"]) for row in resumed if "train/loss" in row]
+    assert _close(losses, _expected_history(run_dir, "train/loss")), resumed[:3]  # steps 1..16, once each
 
 
 def _trackio_history(env: dict, project: str, run: str, key: str) -> list[tuple[int, float]]:
