@@ -283,7 +283,9 @@ def plan_of(config: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _nearest_sweep(run_dir: Path, sweep_dirs: list[Path], root: Path) -> Path:
+def nearest_sweep(run_dir: Path, sweep_dirs: list[Path], root: Path) -> Path:
+    """The sweep a run is a job of: the nearest sweep directory above it (a find_best's root, above its
+    stages' folders), else `root`."""
     for parent in (run_dir, *run_dir.parents):
         if parent in sweep_dirs:
             return parent
@@ -323,6 +325,6 @@ def load_runs(roots: list[Path]) -> tuple[list[Run], list[Path]]:
             else:  # a run directory given itself: named by its folder, once
                 relative = Path() if prefix.parts else Path(root.resolve().name)
             name = (prefix / relative).as_posix()
-            runs.append(read_run(run_dir, name, _nearest_sweep(run_dir, sweep_dirs, root)))
+            runs.append(read_run(run_dir, name, nearest_sweep(run_dir, sweep_dirs, root)))
         all_sweeps.extend(s for s in sweep_dirs if s not in all_sweeps)
     return runs, all_sweeps

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpo_sweeps.analysis.runs import discover
+from dpo_sweeps.analysis.runs import discover, nearest_sweep
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.rundir.summary import SummaryUnreadable, load_summary
 from dpo_sweeps.tracking.backend import REGISTRY, Backend, missing_libraries
@@ -59,7 +59,7 @@ def upload(roots: list[Path], kind: str, where: str) -> Uploaded:
     check_target(kind, where)
     done = Uploaded()
     for root in roots:
-        run_dirs, _ = discover(Path(root))
+        run_dirs, sweep_dirs = discover(Path(root))
         for run_dir in run_dirs:
             try:
                 summary = load_summary(run_dir)
@@ -68,10 +68,11 @@ def upload(roots: list[Path], kind: str, where: str) -> Uploaded:
                 continue
             cfg = Config.of(summary.config)
             in_sweep = run_dir.resolve() != Path(root).resolve()
-            group = sweep_group(run_dir.parent) if in_sweep else run_dir.name
+            sweep_dir = nearest_sweep(run_dir, sweep_dirs, Path(root)) if in_sweep else None
+            group = sweep_group(sweep_dir) if sweep_dir is not None else run_dir.name
             name = f"{group}/{run_dir.name}" if in_sweep else run_dir.name
-            tracker = Tracker(cfg, run_dir=run_dir, name=name, group=group, config=summary.config, enabled=True,
-                              plan_label=(summary.plan or {}).get("label"),
+            tracker = Tracker(cfg, run_dir=run_dir, name=name, group=group, sweep_dir=sweep_dir,
+                              config=summary.config, enabled=True, plan_label=(summary.plan or {}).get("label"),
                               backends=[_backend(kind, where, cfg, Path(root), run_dir)])
             if not tracker.backends:
                 done.failed += (str(run_dir),)

@@ -112,6 +112,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         dir_setting="hydra.sweep.dir" if multirun else "hydra.run.dir",
         run_name=f"{sweep_group(Path(hydra_cfg.sweep.dir))}/{hydra_cfg.job.num}" if multirun else run_dir.name,
         group=sweep_group(Path(hydra_cfg.sweep.dir)) if multirun else run_dir.name,
+        # Absolute as Hydra makes the run directory (run_job): a find_best job's is <root>/probes/N.
+        sweep_dir=Path(os.path.abspath(hydra_cfg.sweep.dir)) if multirun else None,
         attempt=attempt_id(),
         started_at=time.time(),
     )

@@ -37,6 +37,9 @@ class RunContext:
     dir_setting: str = "hydra.run.dir"  # what moves run_dir (hydra.sweep.dir for a sweep's job), for messages
     run_name: str = "run"
     group: str = "run"
+    sweep_dir: Path | None = None
+    """The sweep the run is a job of (hydra.sweep.dir: a find_best's root, not its stage's folder); None
+    for a single run. The trackers' one view of the sweep (an MLflow parent run) is made for it."""
     attempt: str = ""
     """Whoever started the attempt named it (attempt_id); summary.json's `attempt`."""
     started_at: float = 0.0  # time.time() when this attempt's Hydra task began (summary.json's cost fields)

@@ -3,7 +3,8 @@ job a nested run under it (the `mlflow.parentRunId` tag MLflow's UI nests by), t
 `dpo_sweeps.stage`, `dpo_sweeps.trial` and `dpo_sweeps.plan`.
 
 The parent is found by its sweep directory's tag, or made by the first job under a lock in the sweep
-directory, so concurrent jobs and a later upload share one. A job's run is found again by its state
+directory, so concurrent jobs and a later upload share one. A find_best sweep is one parent too: its sweep
+directory is the root (RunInfo.sweep_dir), whose probe and train stages' jobs are tagged `probe` and `train`. A job's run is found again by its state
 (tracking.json) or by its name under the parent: a resumed run and a second upload continue it.
 
 Credentials come from MLflow's environment variables (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD,
@@ -137,10 +138,12 @@ class MlflowBackend:
 def log_report(sweep_dir: Path, files: list[Path]) -> str | None:
     """The report's files (report.html, ranking.csv) to the sweep's parent run, when its jobs logged to MLflow
     (a job's tracking.json names the server and the parent); the parent is marked finished once every job
-    has ended (has its summary.json). Returns the parent's run id, or None."""
-    from dpo_sweeps.tracking.tracker import read_state
+    has ended (has its summary.json). A find_best's jobs are a level down, in its stages' folders (probes/,
+    train/), and share the root's parent run. Returns the parent's run id, or None."""
+    from dpo_sweeps.tracking.tracker import STATE_FILE, read_state
 
-    jobs = sorted(path.parent for path in Path(sweep_dir).glob("*/tracking.json"))
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted(path.parent for pattern in (f"*/{STATE_FILE}", f"*/*/{STATE_FILE}") for path in sweep_dir.glob(pattern))
     for job in jobs:
         state = read_state(job).get("mlflow") or {}
         if state.get("parent_run_id"):

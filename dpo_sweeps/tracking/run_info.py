@@ -66,7 +66,8 @@ class RunInfo:
     sweep: str
     """The sweep's name (sweep_group); a single run is its own."""
     sweep_dir: Path | None
-    """The sweep directory the run is a job of; None for a single run."""
+    """The sweep directory the run is a job of (a find_best's root, whose stages' folders hold the jobs);
+    None for a single run."""
     stage: str
     """probe, trial or train (job_type_of)."""
     trial_number: int | None
@@ -93,11 +94,11 @@ class RunInfo:
         return tags
 
     @classmethod
-    def of(cls, cfg: Config, *, run_dir: Path, name: str, group: str, config: dict,
+    def of(cls, cfg: Config, *, run_dir: Path, name: str, group: str, sweep_dir: Path | None, config: dict,
            plan_label: str | None) -> RunInfo:
-        """A running job's: a sweep's job is named `GROUP/NUM` (app.py), a single run after its directory."""
+        """A running job's: a sweep's job is named `GROUP/NUM` (app.py), a single run (`sweep_dir` None)
+        after its directory."""
         run_dir = Path(run_dir)
-        in_sweep = name != group
-        return cls(run_dir=run_dir, name=name, sweep=group, sweep_dir=run_dir.parent if in_sweep else None,
+        return cls(run_dir=run_dir, name=name, sweep=group, sweep_dir=None if sweep_dir is None else Path(sweep_dir),
                    stage=job_type_of(cfg, run_dir), trial_number=trial_number_of(run_dir),
                    config=scrub_secrets(config), plan_label=plan_label)

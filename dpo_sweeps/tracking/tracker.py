@@ -66,10 +66,11 @@ class _Live:
 class Tracker:
     """The chosen backends of one run, or nothing when not rank 0 or none is chosen."""
 
-    def __init__(self, cfg: Config, *, run_dir: Path, name: str, group: str, config: dict, enabled: bool,
-                 plan_label: str | None = None, backends: list[Backend] | None = None):
-        """`config`: the resolved config as plain containers (logged with secrets scrubbed); `backends`:
-        built already, instead of cfg.tracking.backends (an upload's, analysis/upload.py)."""
+    def __init__(self, cfg: Config, *, run_dir: Path, name: str, group: str, sweep_dir: Path | None, config: dict,
+                 enabled: bool, plan_label: str | None = None, backends: list[Backend] | None = None):
+        """`sweep_dir`: the sweep the run is a job of (None: a single run); `config`: the resolved config as
+        plain containers (logged with secrets scrubbed); `backends`: built already, instead of
+        cfg.tracking.backends (an upload's, analysis/upload.py)."""
         self.run_dir = Path(run_dir)
         self._live: list[_Live] = []
         self._replay_pending = True
@@ -85,8 +86,8 @@ class Tracker:
             return  # files only: no tracking.json, no summary.json `tracking`
         saved = read_state(self.run_dir)
         saved.setdefault("run_uid", uuid.uuid4().hex)
-        run = dataclasses.replace(RunInfo.of(cfg, run_dir=run_dir, name=name, group=group, config=config,
-                                             plan_label=plan_label), uid=saved["run_uid"])
+        run = dataclasses.replace(RunInfo.of(cfg, run_dir=run_dir, name=name, group=group, sweep_dir=sweep_dir,
+                                             config=config, plan_label=plan_label), uid=saved["run_uid"])
         for backend_name in names:
             live = None
             try:

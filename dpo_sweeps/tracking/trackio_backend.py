@@ -42,8 +42,14 @@ class TrackioBackend:
         return {"project": self.project, "run": run.name}
 
     def logged_steps(self) -> dict[str, int]:
-        last = self._trackio.SQLiteStorage.get_max_step_for_run(self.project, run_id=self.run.id)
-        return {} if last is None else {"*": int(last)}
+        # Per metric, not the run's last step: a step's train and eval records are two log calls, and a
+        # kill between Trackio's writes of the two leaves the eval one to be sent again.
+        held: dict[str, int] = {}
+        for row in self._trackio.SQLiteStorage.get_logs(self.project, run_id=self.run.id, scalar_only=True):
+            step = int(row["step"])
+            for key in row.keys() - {"step", "timestamp"}:
+                held[key] = max(held.get(key, step), step)
+        return held
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)

@@ -1,7 +1,8 @@
 """W&B (`wandb.init`), offline by default (`wandb.mode`), so nothing needs a network; an offline run is
 synced with `wandb sync <run_dir>/wandb/offline-run-*`. The W&B group is the sweep (or `wandb.group`),
-the job type the stage. A resumed run continues the same W&B id (`resume="allow"`); W&B itself keeps
-each step once online (it drops a step below the run's current one).
+the job type the stage. A resumed run continues the same W&B id (`resume="allow"`). Online, W&B tells it
+its next step (`logged_steps`), so only later steps are sent; offline it cannot, so the resumed attempt
+replays all of metrics.jsonl into its own offline record, which alone then holds every step (docs/trackers.md).
 """
 
 from __future__ import annotations

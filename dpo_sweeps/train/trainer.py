@@ -90,7 +90,8 @@ class Trainer:
         self.built = build_training(cfg, self.ctx.base_dir, env, self.plan, self.device, probing=self.probing,
                                     stop_watch=self.stop_watch, summary=self.setup_summary)
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name, group=self.ctx.group,
-                               config=self.ctx.config, enabled=env.is_main, plan_label=self.plan.label)
+                               sweep_dir=self.ctx.sweep_dir, config=self.ctx.config, enabled=env.is_main,
+                               plan_label=self.plan.label)
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
             self.trial_reporter = TrialReporter(self.trial_link, self.ctx.run_dir)

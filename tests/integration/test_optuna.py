@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import REPO  # noqa: E402
 from support.dashboard import dashboard_trials  # noqa: E402
+from support.mlflow_server import params_of, tags_of  # noqa: E402
 from support.sweeps import run_sweep  # noqa: E402
 
 from dpo_sweeps.launchers.optuna_sweeper import ObjectiveUnavailable, objective_values  # noqa: E402
@@ -27,13 +28,16 @@ def load_study(sweep_dir: Path):
 
 
 @pytest.mark.slow
-def test_a_study_of_six_trials_run_as_two_invocations_of_three(tmp_path):
+def test_a_study_of_six_trials_run_as_two_invocations_of_three(tmp_path, mlflow_server):
     sweep_dir = tmp_path / "study"
-    first = run_sweep(sweep_dir, *SMALL_TRIALS, "hydra.sweeper.n_trials=3")
+    # Logged to a real MLflow server too: one parent run for the study, each trial's run tagged with its number.
+    tracked = [*SMALL_TRIALS, "tracking.backends=[mlflow]", f"tracking.mlflow.tracking_uri={mlflow_server.uri}",
+               "tracking.mlflow.experiment_name=optuna_study"]
+    first = run_sweep(sweep_dir, *tracked, "hydra.sweeper.n_trials=3")
     assert first.returncode == 0, first.output[-3000:]
     assert len(load_study(sweep_dir).trials) == 3
 
-    second = run_sweep(sweep_dir, *SMALL_TRIALS, "hydra.sweeper.n_trials=3")
+    second = run_sweep(sweep_dir, *tracked, "hydra.sweeper.n_trials=3")
     assert second.returncode == 0, second.output[-3000:]
     trials = load_study(sweep_dir).trials
     assert [t.state.name for t in trials] == ["COMPLETE"] * 6
@@ -49,6 +53,21 @@ def test_a_study_of_six_trials_run_as_two_invocations_of_three(tmp_path):
         assert summary["config"]["loss"]["beta"] == pytest.approx(trial.params["loss.beta"])
         assert summary["config"]["train"]["batch_size"] == trial.params["train.batch_size"]
     assert (sweep_dir / "optimization_results.yaml").exists()
+
+    # In MLflow (read through its REST API): both invocations' trials nested under the study's one parent
+    # run, each tagged `trial` with its Optuna trial number, its parameters the trial's.
+    runs = mlflow_server.runs("optuna_study")
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in tags_of(r)]
+    nested = [r for r in runs if tags_of(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+    assert len(runs) == 7 and tags_of(parent)["dpo_sweeps.sweep"] == "study"
+    by_trial = {int(tags_of(r)["dpo_sweeps.trial"]): r for r in nested}
+    assert sorted(by_trial) == [t.number for t in trials] == list(range(6))
+    for trial in trials:
+        run = by_trial[trial.number]
+        assert tags_of(run)["dpo_sweeps.stage"] == "trial" and tags_of(run)["mlflow.runName"] == f"study/{trial.number}"
+        assert float(params_of(run)["loss.beta"]) == pytest.approx(trial.params["loss.beta"])
+        assert params_of(run)["train.batch_size"] == str(trial.params["train.batch_size"])
+        assert run["info"]["status"] == "FINISHED"
 
 
 def test_invalid_trials_are_not_run_and_fail_in_the_study(tmp_path):

@@ -21,6 +21,7 @@ import pytest
 from support import REPO, cli_env, summary_json
 from support.mlflow_server import MlflowServer, params_of, tags_of
 from support.sweeps import run_sweep
+from support.wandb_records import read_records
 
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
@@ -185,6 +186,52 @@ def test_a_sweep_in_tensorboard_is_an_event_dir_per_run_with_its_settings(mlflow
     assert betas == {0.1, 0.2}
 
 
+# A find_best of one plan probed for 3 steps, then two betas trained for 4 steps on it.
+TINY_FIND_BEST = ["resources.nproc_per_node=1", "train.max_steps=4", "perf.warmup_steps=1",
+                  "data.num_train_pairs=64", "data.num_eval_pairs=16",
+                  "hydra.sweeper.stages={systems: {precision: fp32}, algorithm: {loss.beta: '0.1,0.5'}, "
+                  "probe_steps: 3, top_k: 1}"]
+
+
+@pytest.mark.slow
+def test_a_find_best_sweep_is_one_parent_run_with_its_probe_and_train_jobs_nested_and_tagged_by_stage(
+        mlflow_server, tmp_path):
+    sweep_dir = tmp_path / "find_best"
+    result = run_sweep(sweep_dir, *TINY_FIND_BEST, "tracking.backends=[mlflow]",
+                       f"tracking.mlflow.tracking_uri={mlflow_server.uri}", "tracking.mlflow.experiment_name=find_best")
+    assert result.returncode == 0, result.output[-3000:]
+    report = subprocess.run([sys.executable, "-m", "dpo_sweeps.analysis.report", str(sweep_dir)], cwd=REPO,
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+
+    runs = mlflow_server.runs("find_best")
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in tags_of(r)]  # one for both stages
+    parent_id = parent["info"]["run_id"]
+    jobs = {tags_of(r)["mlflow.runName"]: r for r in runs if tags_of(r).get("mlflow.parentRunId") == parent_id}
+    assert len(runs) == 4 and sorted(jobs) == ["find_best/0", "find_best/1", "find_best/2"]
+    assert tags_of(parent)["dpo_sweeps.sweep"] == "find_best"
+    assert tags_of(parent)["dpo_sweeps.sweep_dir"] == str(sweep_dir.resolve())  # the root, not a stage's folder
+    assert [p.relative_to(sweep_dir) for p in sweep_dir.rglob("sweep_tracking.json")] == [Path("sweep_tracking.json")]
+    stages = {name: tags_of(job)["dpo_sweeps.stage"] for name, job in jobs.items()}
+    assert stages == {"find_best/0": "probe", "find_best/1": "train", "find_best/2": "train"}
+    betas = set()
+    for name, job in jobs.items():
+        num = name.split("/")[-1]
+        run_dir = sweep_dir / ("probes" if stages[name] == "probe" else "train") / num
+        assert json.loads((run_dir / "tracking.json").read_text())["mlflow"]["run_id"] == job["info"]["run_id"]
+        assert job["info"]["status"] == "FINISHED" and tags_of(job)["dpo_sweeps.status"] == "completed"
+        assert params_of(job)["probe.steps"] == ("3" if stages[name] == "probe" else "0")
+        assert _close(mlflow_server.history(job["info"]["run_id"], "train/loss"),
+                      _expected_history(run_dir, "train/loss"))
+        if stages[name] == "train":
+            betas.add(params_of(job)["loss.beta"])
+    assert betas == {"0.1", "0.5"}
+    # The report of the root logged its page and ranking to the one parent, and finished it.
+    assert mlflow_server.artifacts(parent_id, "report") == ["report/ranking.csv", "report/report.html"]
+    assert mlflow_server.get("runs/get", run_id=parent_id)["run"]["info"]["status"] == "FINISHED"
+    assert f"Logged report.html and ranking.csv to the sweep's MLflow run {parent_id}" in report.stdout
+
+
 # ---------------------------------------------------------------- resume: each step once
 def _wait_unlocked(run_dir: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
@@ -199,11 +246,12 @@ def _wait_unlocked(run_dir: Path, timeout: float = 60) -> None:
 @pytest.mark.slow
 def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once(mlflow_server, tmp_path):
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "dpo_sweeps", *SHORT, "train.max_steps=16", "train.eval_every=4",
-            "checkpoint.every_steps=4", "tracking.backends=[mlflow,tensorboard,trackio]",
+    args = [sys.executable, "-m", "dpo_sweeps", *SHORT[1:], "wandb.mode=offline", "train.max_steps=16",
+            "train.eval_every=4", "checkpoint.every_steps=4", "tracking.backends=[mlflow,tensorboard,trackio,wandb]",
             f"tracking.mlflow.tracking_uri={mlflow_server.uri}", "tracking.mlflow.experiment_name=resume",
             "tracking.trackio.project=resume", f"hydra.run.dir={run_dir}"]
     env = {**cli_env(), "TRACKIO_DIR": str(tmp_path / "trackio")}
+    env.pop("WANDB_MODE", None)
     first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     try:
@@ -235,6 +283,17 @@ def test_a_killed_and_resumed_run_continues_its_tracker_runs_with_each_step_once
         assert _close(mlflow_server.history(run["info"]["run_id"], key), expected), key
         assert _close(_scalars(run_dir / "tensorboard")[key], expected), key
         assert _close(_trackio_history(env, "resume", "run", key), expected), key
+
+    # W&B offline cannot be asked what it holds: the resumed attempt writes a second offline record under
+    # the same run id, and replays metrics.jsonl into it whole, so that record alone has every step once.
+    records = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(records) == 2 and all(r.parent.name.endswith("-" + state["wandb"]["id"]) for r in records)
+    ids = {rec.run.run_id for path in records for rec in read_records(path) if rec.WhichOneof("record_type") == "run"}
+    assert ids == {state["wandb"]["id"]} and state["wandb"]["id"] == state["run_uid"]
+    resumed = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+               for rec in read_records(records[-1]) if rec.WhichOneof("record_type") == "history"]
+    losses = [(row["_step"], row["train/loss"]) for row in resumed if "train/loss" in row]
+    assert _close(losses, _expected_history(run_dir, "train/loss")), resumed[:3]  # steps 1..16, once each
 
 
 def _trackio_history(env: dict, project: str, run: str, key: str) -> list[tuple[int, float]]:

@@ -4,6 +4,7 @@ that is not chosen refused (config/unused.py)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -22,7 +23,8 @@ def test_a_sweeps_trial_is_tagged_with_its_sweep_stage_trial_and_plan_and_secret
     (run_dir / "trial.json").write_text(json.dumps({"trial_number": 3, "study_name": "s"}))
     config = {"probe": {"steps": 0}, "model": {"hf_token": "hf-abcdef123456", "tokenizer": {"kind": "byte"}},
               "loss": {"beta": 0.1}}
-    run = RunInfo.of(Config.of(config), run_dir=run_dir, name="optuna_dpo/3", group="optuna_dpo", config=config,
+    run = RunInfo.of(Config.of(config), run_dir=run_dir, name="optuna_dpo/3", group="optuna_dpo",
+                     sweep_dir=run_dir.parent, config=config,
                      plan_label="FULL_SHARD bf16")
     assert run.sweep_dir == run_dir.parent and run.stage == "trial" and run.trial_number == 3
     assert run.tags == {"sweep": "optuna_dpo", "stage": "trial", "trial": "3", "plan": "FULL_SHARD bf16"}
@@ -32,7 +34,7 @@ def test_a_sweeps_trial_is_tagged_with_its_sweep_stage_trial_and_plan_and_secret
 
 def test_a_single_run_is_its_own_sweep():
     run = RunInfo.of(Config.of({"probe": {"steps": 2}}), run_dir=REPO / "outputs" / "x", name="x", group="x",
-                     config={}, plan_label=None)
+                     sweep_dir=None, config={}, plan_label=None)
     assert run.sweep_dir is None and run.stage == "probe" and run.tags == {"sweep": "x", "stage": "probe"}
 
 
@@ -64,3 +66,21 @@ def test_no_tracker_library_is_imported_until_chosen():
             "print(sorted(m for m in ('mlflow', 'wandb', 'trackio', 'tensorboard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_trackio_says_how_far_it_holds_each_metric_not_only_the_runs_last_step(tmp_path):
+    """A kill between Trackio's writes of a step's train and eval records: the eval one is not held, so a
+    resumed run sends it (a step-wide floor would skip it). Real Trackio, in a process of its own (it
+    reads TRACKIO_DIR when imported)."""
+    import subprocess
+    import sys
+
+    code = ("import json, trackio; from dpo_sweeps.tracking.trackio_backend import TrackioBackend; "
+            "run = trackio.init(project='p', name='r', embed=False, auto_log_cpu=False, auto_log_gpu=False); "
+            "[run.log({'train/loss': 1.0 / s}, step=s) for s in range(1, 5)]; run.log({'eval/loss': 0.5}, step=2); "
+            "run.finish(); backend = TrackioBackend('p'); backend.run = run; print(json.dumps(backend.logged_steps()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRACKIO_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    (held,) = [line for line in out.stdout.splitlines() if line.startswith("{")]  # Trackio prints too
+    assert json.loads(held) == {"train/loss": 4, "eval/loss": 2}
