@@ -1,5 +1,5 @@
 """What every tracker is told about a run (dpo_sweeps/tracking/run_info.py), and settings of a tracker
-that is not chosen refused (config/unused.py)."""
+that is not chosen refused (checks/unused.py)."""
 
 from __future__ import annotations
 
