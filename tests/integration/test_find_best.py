@@ -77,6 +77,7 @@ def test_stages_that_cannot_work_are_refused_before_anything_runs(tmp_path):
     assert "hydra.sweeper.stages.top_k: got 0 (accepted: an integer >= 1)" in result.output, result.output[-2000:]
 
 
+@pytest.mark.slow
 def test_full_fine_tuning_and_lora_are_both_trained_and_weighed_by_accuracy(tmp_path):
     """peft is a plan setting that changes what is learned: with top_k 1 the fastest plan of each peft variant
     is still trained, find_best.json and the report put the best of each side by side, and the
