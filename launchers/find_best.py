@@ -131,8 +131,8 @@ class FindBest:
         probes = self._stage_zero(probes)
         if self.sweeper.dry_run:
             print(f"dry run: {len(probes)} probes of the parallel plan into {self.sweep_dir}/probes, then "
-                  f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans "
-                  f"into {self.sweep_dir}/train (none was started)")
+                  f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans"
+                  f"{self._variants_text(probes)} into {self.sweep_dir}/train (none was started)")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         from omegaconf import OmegaConf
@@ -167,6 +167,10 @@ class FindBest:
         for p, reason in dropped:
             print(f"  not probed {' '.join(self._plan_of(p.job))}: {reason}", flush=True)
         return [p.job for p in kept]
+
+    def _variants_text(self, probes: list[SweepJob]) -> str:
+        variants = {tuple(o for o in self._plan_of(job) if learns(o)) for job in probes}
+        return f" and the best plan of each of the {len(variants)} peft variants" if len(variants) > 1 else ""
 
     def _algorithm_points(self) -> int:
         return len(self.sweeper.grid(_sweep_values(self.stages.algorithm)))
