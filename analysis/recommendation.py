@@ -1,5 +1,6 @@
 """The staged search's answer (`<sweep>/find_best.json`, written by launchers/find_best.py), for the
-report to open with: the recommended run, its figures, the command that trains it, and the stages."""
+report to open with: the recommended run, its figures, the command that trains it, the stages, and
+where the sweep trained both, full fine-tuning against adapters side by side (the best run of each)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Recommendation:
     sweep: Path
     stages: dict[str, Any]
     chosen: dict[str, Any] | None  # None: no training run completed
+    by_peft: list[dict[str, Any]]  # the best run of each adapter setting, full fine-tune first
 
 
 def load_recommendations(sweep_dirs: list[Path]) -> list[Recommendation]:
@@ -26,7 +28,8 @@ def load_recommendations(sweep_dirs: list[Path]) -> list[Recommendation]:
             result = json.loads((Path(sweep) / FIND_BEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        found.append(Recommendation(Path(sweep), result.get("stages") or {}, result.get("recommendation")))
+        found.append(Recommendation(Path(sweep), result.get("stages") or {}, result.get("recommendation"),
+                                    result.get("by_peft") or []))
     return found
 
 
@@ -58,13 +61,46 @@ def _stage_zero_text(rec: Recommendation) -> str:
     return f"stage 0: {len(skipped)} plans not probed, predicted too slow per memory: {listed}; "
 
 
+PEFT_TITLE = "Full fine-tuning against LoRA"
+PEFT_COLUMNS = ("adapters", "preference accuracy", "tokens/s per GiB", "tokens/s", "GiB peak", "run")
+
+
+def _peft_row(best: dict[str, Any]) -> list[str]:
+    def number(key: str, fmt: str) -> str:
+        return fmt.format(best[key]) if isinstance(best.get(key), (int, float)) else "-"
+
+    return [best["adapters"], f"{best['eval/rewards/accuracies']:.3f} ± {best['accuracy_spread']:.3f}",
+            number("perf/speed_per_memory", "{:,.0f}"), number("perf/tokens_per_s", "{:,.0f}"),
+            number("perf/peak_memory_gib", "{:.2f}"), best["run"]]
+
+
+def peft_lines(rec: Recommendation) -> list[str]:
+    """The best run of each adapter setting, when the sweep trained more than one."""
+    if len(rec.by_peft) < 2:
+        return []
+    rows = [list(PEFT_COLUMNS), *map(_peft_row, rec.by_peft)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(PEFT_COLUMNS))]
+    return [f"  {PEFT_TITLE} (the best run of each):",
+            *("    " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)]
+
+
 def recommendation_lines(rec: Recommendation) -> list[str]:
     if rec.chosen is None:
         return [f"Recommendation ({rec.sweep}): none, no training run completed", stages_text(rec)]
     c = rec.chosen
     return [f"Recommendation ({rec.sweep}): {c['run']}", f"  {_figures(c)}",
             f"  best accuracy, then the fastest per GiB of the {len(c['within_spread_of_best'])} run(s) within its spread",
-            f"  train it: {c['command']}", f"  {stages_text(rec)}"]
+            f"  train it: {c['command']}", f"  {stages_text(rec)}", *peft_lines(rec)]
+
+
+def peft_html(rec: Recommendation, escape) -> str:
+    if len(rec.by_peft) < 2:
+        return ""
+    head = "".join(f"<th>{escape(c)}</th>" for c in PEFT_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in _peft_row(b)) + "</tr>" for b in rec.by_peft)
+    return (f"<h3 id='full-vs-lora'>{escape(PEFT_TITLE)}</h3><p class='muted'>The best run of each adapter setting "
+            "(best accuracy, then the fastest per GiB within its spread): what adapters cost in accuracy against "
+            f"what they save in memory.</p><table><tr>{head}</tr>{body}</table>")
 
 
 def recommendation_html(rec: Recommendation, escape) -> str:
@@ -75,5 +111,5 @@ def recommendation_html(rec: Recommendation, escape) -> str:
         body = (f"<p><b>{escape(c['run'])}</b>: {escape(_figures(c))}. The best accuracy, then the fastest per GiB "
                 f"of the {len(c['within_spread_of_best'])} run(s) within its spread (one standard error).</p>"
                 f"<pre id='recommended-command'>{escape(c['command'])}</pre>"
-                f"<p class='muted'>{escape(stages_text(rec))}</p>")
+                f"<p class='muted'>{escape(stages_text(rec))}</p>" + peft_html(rec, escape))
     return f'<section id="recommendation"><h2>Recommendation</h2>{body}</section>'

@@ -7,10 +7,13 @@ So instead of training every combination of both, the grid sweeper, given `hydra
    ones that would not are recorded as skipped, kind oom_predicted, and never start;
 2. probes every plan (`probe.steps`: a few steps for speed and memory only) into `<sweep>/probes/`;
 3. fully trains every algorithm setting on the `top_k` plans with the best speed per memory, into
-   `<sweep>/train/`;
+   `<sweep>/train/`. A plan setting under `peft` (full fine-tune or adapters, their rank) changes what
+   is learned as well as speed and memory, so it is not chosen on speed alone: the best plan of every
+   such variant probed (`peft=none` and `peft=lora`, say) is trained too, beside the `top_k`;
 4. recommends one run: the best final preference accuracy, and among the runs within its spread
    (one standard error of an accuracy measured on the held-out pairs) the best speed per memory;
-   prints the command that trains it and writes `<sweep>/find_best.json`, which the report opens with.
+   prints the command that trains it and writes `<sweep>/find_best.json`, which the report opens with,
+   with the best run of each peft variant side by side (`by_peft`).
 With a cluster named (`cluster=`), a stage 0 comes first: the plans are ranked by predicted speed per
 memory and only those within `predict_keep` of the best, plus the best of each strategy, are probed
 (launchers/predicted_plans.py); find_best.json and the report list the others and why.
@@ -43,6 +46,13 @@ log = logging.getLogger("launchers")
 
 SPEED = "perf/speed_per_memory"
 ACCURACY = "eval/rewards/accuracies"
+FULL = "full fine-tune"
+
+
+def learns(override: str) -> bool:
+    """Whether a plan setting changes what is learned, not only speed and memory: peft and its keys."""
+    key = override_key(override)
+    return key == "peft" or key.startswith("peft.")
 
 
 @dataclass
@@ -121,8 +131,8 @@ class FindBest:
         probes = self._stage_zero(probes)
         if self.sweeper.dry_run:
             print(f"dry run: {len(probes)} probes of the parallel plan into {self.sweep_dir}/probes, then "
-                  f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans "
-                  f"into {self.sweep_dir}/train (none was started)")
+                  f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans"
+                  f"{self._variants_text(probes)} into {self.sweep_dir}/train (none was started)")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         from omegaconf import OmegaConf
@@ -131,7 +141,7 @@ class FindBest:
 
         probe_outcomes = self._run_stage(probes)
         best_plans = self._best_plans(probe_outcomes)
-        log.info("stage 3: the %d plans with the best speed per memory: %s", len(best_plans),
+        log.info("stage 3: the %d plans with the best speed per memory (and of each peft variant): %s", len(best_plans),
                  "; ".join(" ".join(p) for p in best_plans))
         train_points = [point for plan in best_plans for point in self.sweeper.grid(
             base + plan + _sweep_values(self.stages.algorithm) + [_subdir("train")])]
@@ -157,6 +167,10 @@ class FindBest:
         for p, reason in dropped:
             print(f"  not probed {' '.join(self._plan_of(p.job))}: {reason}", flush=True)
         return [p.job for p in kept]
+
+    def _variants_text(self, probes: list[SweepJob]) -> str:
+        variants = {tuple(o for o in self._plan_of(job) if learns(o)) for job in probes}
+        return f" and the best plan of each of the {len(variants)} peft variants" if len(variants) > 1 else ""
 
     def _algorithm_points(self) -> int:
         return len(self.sweeper.grid(_sweep_values(self.stages.algorithm)))
@@ -187,7 +201,15 @@ class FindBest:
         if not measured:
             raise InvalidSweep(f"stage 'probes': no probe completed, so no plan can be chosen (see {self.sweep_dir}/probes)")
         measured.sort(key=lambda m: -m[0])
-        return [plan for _, plan in measured[: self.stages.top_k]]
+        best = [plan for _, plan in measured[: self.stages.top_k]]
+        # The fastest plan of each peft variant too: speed per memory cannot weigh what it learns.
+        variants = {tuple(o for o in plan if learns(o)) for plan in best}
+        for _, plan in measured:
+            variant = tuple(o for o in plan if learns(o))
+            if variant not in variants:
+                variants.add(variant)
+                best.append(plan)
+        return best
 
     # ------------------------------------------------------------------ the answer
     def _write_result(self, probes: list[Outcome], train: list[Outcome], plans: list[list[str]]) -> dict:
@@ -207,6 +229,7 @@ class FindBest:
                           "plans": [" ".join(p) for p in plans], "device_seconds": train_cost},
             },
             "recommendation": recommend(candidates),
+            "by_peft": by_peft(candidates),
         }
         if self.not_probed:
             result["stages"]["predicted"] = {"predict_keep": self.stages.predict_keep, "not_probed": self.not_probed}
@@ -223,13 +246,15 @@ class Candidate:
     speed_per_memory: float | None
     peak_memory_gib: float | None
     tokens_per_s: float | None
+    adapters: str  # the plan's adapters (`LoRA r=16`), or FULL
 
     @classmethod
     def of(cls, run_dir: Path, summary: Summary) -> Candidate:
         m = summary.metrics
         return cls(run_dir, list(summary.overrides), float(m.get(ACCURACY) or 0.0),
                    int((summary.data or {}).get("eval_pairs") or 0), m.get(SPEED),
-                   m.get("perf/peak_memory_gib"), m.get("perf/tokens_per_s"))
+                   m.get("perf/peak_memory_gib"), m.get("perf/tokens_per_s"),
+                   (summary.plan or {}).get("adapters") or FULL)
 
     @property
     def spread(self) -> float:
@@ -259,6 +284,12 @@ def recommend(candidates: list[Candidate]) -> dict | None:
     }
 
 
+def by_peft(candidates: list[Candidate]) -> list[dict]:
+    """The best run of each adapter setting (full fine-tune first), chosen as `recommend` chooses."""
+    kinds = sorted({c.adapters for c in candidates}, key=lambda k: (k != FULL, k))
+    return [{"adapters": kind, **recommend([c for c in candidates if c.adapters == kind])} for kind in kinds]
+
+
 def recommendation_text(result: dict) -> str:
     stages = result.get("stages") or {}
     cost = ", ".join(f"{name} {device_time_text(stage.get('device_seconds'))}" for name, stage in stages.items())
@@ -275,4 +306,7 @@ def recommendation_text(result: dict) -> str:
         f"train it {rec['command']}",
         f"cost     {cost}",
     ]
+    if len(result.get("by_peft") or []) > 1:
+        lines.append("best of each: " + "; ".join(
+            f"{b['adapters']} {b[ACCURACY]:.3f} ± {b['accuracy_spread']:.3f}" for b in result["by_peft"]))
     return "\n".join(lines)

@@ -75,3 +75,37 @@ def test_stages_that_cannot_work_are_refused_before_anything_runs(tmp_path):
                        "top_k: 0}", "hydra.sweeper.dry_run=true", timeout=300)
     assert result.returncode != 0
     assert "hydra.sweeper.stages.top_k: got 0 (accepted: an integer >= 1)" in result.output, result.output[-2000:]
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_and_lora_are_both_trained_and_weighed_by_accuracy(tmp_path):
+    """peft is a plan setting that changes what is learned: with top_k 1 the fastest plan of each peft variant
+    is still trained, find_best.json and the report put the best of each side by side, and the
+    recommendation is chosen on trained accuracy across both."""
+    sweep_dir = tmp_path / "find_best"
+    result = run_sweep(sweep_dir, "model=tiny_llama", "resources.nproc_per_node=1", "train.max_steps=8",
+                       "perf.warmup_steps=1", "peft.r=4",
+                       "hydra.sweeper.stages={systems: {peft: 'none,lora'}, algorithm: {loss.beta: '0.1'}, "
+                       "probe_steps: 3, top_k: 1}")
+    assert result.returncode == 0, result.output[-3000:]
+    trained = [json.loads((p / "summary.json").read_text()) for p in sorted((sweep_dir / "train").iterdir())]
+    assert sorted(s["plan"]["adapters"] or "full" for s in trained) == ["LoRA r=4", "full"]
+
+    answer = json.loads((sweep_dir / "find_best.json").read_text())
+    by_peft = answer["by_peft"]
+    assert [b["adapters"] for b in by_peft] == ["full fine-tune", "LoRA r=4"]
+    for best, summary in zip(by_peft, sorted(trained, key=lambda s: s["plan"]["adapters"] is not None), strict=True):
+        assert best["eval/rewards/accuracies"] == summary["metrics"]["eval/rewards/accuracies"]
+        assert best["perf/peak_memory_gib"] == summary["metrics"]["perf/peak_memory_gib"]
+    rec = answer["recommendation"]
+    best = max(s["metrics"]["eval/rewards/accuracies"] for s in trained)
+    assert rec["eval/rewards/accuracies"] >= best - rec["accuracy_spread"]
+    assert rec["best_accuracy_run"] in {b["run"] for b in by_peft}
+    assert "best of each: full fine-tune " in result.stdout
+
+    report = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "Full fine-tuning against LoRA" in report.stdout and "LoRA r=4" in report.stdout
+    page = (sweep_dir / "report" / "report.html").read_text()
+    assert page.index("id='full-vs-lora'") < page.index('id="configs"')
