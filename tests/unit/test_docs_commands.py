@@ -86,7 +86,7 @@ def api_overrides(path: Path) -> list[tuple[int, list[str]]]:
     """The override lists a ```python block passes to `api.compose([...])` or `api.train([...])`."""
     found = []
     for start, code in python_blocks(path):
-        for node in ast.walk(ast.parse(textwrap.dedent(code))):  # a block in a list item is indented
+        for node in ast.walk(ast.parse(code)):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("compose", "train")
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "api"
                     and node.args and isinstance(node.args[0], ast.List)):
