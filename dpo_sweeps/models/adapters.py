@@ -228,6 +228,10 @@ def check_adapter_targets(model_cfg, peft_cfg: PeftConfig) -> None:
         model = AutoModelForCausalLM.from_config(config)
     target_modules(model, peft_cfg, model_cfg.block_name)
     _check_modules_to_save(model, peft_cfg)
+    if peft_cfg.method == "qlora":
+        from dpo_sweeps.models.quantize import check_quantizable
+
+        check_quantizable(model, model_cfg.block_name)
 
 
 def _check_modules_to_save(model: torch.nn.Module, peft_cfg: PeftConfig) -> None:
