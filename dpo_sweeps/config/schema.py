@@ -238,8 +238,8 @@ QUANT_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 @dataclass
 class PeftConfig(Section):
     """Parameter-efficient fine-tuning with the `peft` library (models/adapters.py): the policy trains
-    LoRA adapters on frozen base weights, and the reference is the base with its adapters switched off
-    (no second model). docs/lora.md says what runs."""
+    LoRA adapters on frozen base weights (4-bit ones with qlora: models/quantize.py), and the reference is
+    the base with its adapters switched off (no second model). docs/lora.md says what runs."""
 
     method: str = "none"
     """none (a full fine-tune) | lora | qlora (LoRA on a 4-bit base); the conf/peft file's name."""

@@ -20,6 +20,7 @@ Two traps (issue 36):
 from __future__ import annotations
 
 import importlib.util
+import platform
 
 import torch
 
@@ -33,7 +34,8 @@ def bitsandbytes_problem() -> str | None:
     """Why bitsandbytes' 4-bit layers cannot run on this machine's CPU, or None (cheap: no import of it)."""
     if importlib.util.find_spec("bitsandbytes") is None:
         return f"bitsandbytes is not installed ({QLORA_INSTALL})"
-    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":  # bitsandbytes' CPU kernels need AVX2 at least
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return "this CPU has no AVX2, which bitsandbytes' CPU 4-bit kernels need"
     return None
 
