@@ -5,6 +5,7 @@ counts the 4-bit weights (issue 36)."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,14 @@ def test_bad_qlora_settings_are_refused_in_one_line_before_launch(overrides, mes
     with pytest.raises(InvalidConfig) as refused:
         validate_config(config(*overrides), Path("."))
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_qlora_without_bitsandbytes_is_refused_before_launch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what an import finds where it is not installed
+    with pytest.raises(InvalidConfig) as refused:
+        validate_config(config(*LLAMA), Path("."))
+    assert str(refused.value).startswith("peft: qlora: bitsandbytes is not installed (pip install -e '.[qlora]'")
+    assert "peft=lora" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_quantization_keys_without_qlora_are_refused():
