@@ -1,4 +1,5 @@
-"""LoRA adapters on the policy (`peft=lora`), built with the `peft` library, and the reference they make free.
+"""LoRA adapters on the policy (`peft=lora`; `peft=qlora` on a 4-bit base: models/quantize.py), built
+with the `peft` library, and the reference they make free.
 
 The policy is the model itself with peft's LoRA layers injected (`get_peft_model(...).base_model.model`):
 FSDP2 shards it per block as it shards a full fine-tune, the frozen base weights beside the trainable
