@@ -150,3 +150,21 @@ def _check_peft(cfg: Config) -> None:
                             "0 with peft (or peft=none)")
     if start is None:  # a started adapter keeps its own targets
         check_adapter_targets(cfg.model, cfg.peft)
+    if cfg.peft.method == "qlora":
+        _check_qlora(cfg)
+
+
+def _check_qlora(cfg: Config) -> None:
+    """peft=qlora where bitsandbytes' 4-bit layers run and give the numbers they should (docs/lora.md)."""
+    from dpo_sweeps.models.quantize import bitsandbytes_problem
+
+    if problem := bitsandbytes_problem():
+        refuse("peft", f"qlora: {problem}", "peft=lora (the base in full precision)")
+    param_dtype = resolve_plan(cfg).param_dtype
+    storage = cfg.peft.bnb_4bit_quant_storage
+    if storage is not None and storage != param_dtype:
+        refuse("peft.bnb_4bit_quant_storage", f"{storage} with precision={cfg.precision.name} (param_dtype "
+               f"{param_dtype}): FSDP2 would cast the packed 4-bit weights", f"null or {param_dtype}")
+    if cfg.train.save_merged:
+        refuse("train.save_merged", "true with peft=qlora (the base is 4-bit: merging would dequantize it)",
+               "false; model/ holds the adapter, which PeftModel.from_pretrained loads onto the base")

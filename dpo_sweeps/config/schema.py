@@ -229,17 +229,20 @@ class FsdpConfig(Section):
             refuse("fsdp.sharding_strategy", f"unknown strategy '{self.sharding_strategy}'", ", ".join(STRATEGIES))
 
 
-PEFT_METHODS = ("none", "lora")
+PEFT_METHODS = ("none", "lora", "qlora")
+# peft=qlora: bitsandbytes' 4-bit data types, and the float dtypes its packed weights and its matmuls may use.
+QUANT_TYPES = ("nf4", "fp4")
+QUANT_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
 class PeftConfig(Section):
     """Parameter-efficient fine-tuning with the `peft` library (models/adapters.py): the policy trains
-    LoRA adapters on frozen base weights, and the reference is the base with its adapters switched off
-    (no second model). docs/lora.md says what runs."""
+    LoRA adapters on frozen base weights (4-bit ones with qlora: models/quantize.py), and the reference is
+    the base with its adapters switched off (no second model). docs/lora.md says what runs."""
 
     method: str = "none"
-    """none (a full fine-tune) | lora; the conf/peft file's name."""
+    """none (a full fine-tune) | lora | qlora (LoRA on a 4-bit base); the conf/peft file's name."""
     r: int = 16
     """LoRA rank: the inner size of each adapter (>= 1)."""
     alpha: float = 32.0
@@ -255,10 +258,21 @@ class PeftConfig(Section):
     """DoRA: weight-decomposed adapters (a trained magnitude per output feature beside LoRA's direction)."""
     modules_to_save: list[str] | None = None
     """Leaf names of modules trained in full beside the adapters (e.g. [lm_head]), saved with them; null: none."""
+    quantization: str = "nf4"
+    """peft=qlora: the 4-bit data type of the frozen base's linear layers (bitsandbytes): nf4 | fp4."""
+    bnb_4bit_quant_storage: str | None = None
+    """peft=qlora: the float dtype the packed 4-bit weights are stored in, so that FSDP2 shards them as
+    any parameter; it must be the precision's param_dtype (FSDP2 would cast packed bits otherwise).
+    null: the precision's param_dtype."""
+    bnb_4bit_compute_dtype: str | None = None
+    """peft=qlora: the dtype the 4-bit layers dequantize to and multiply in: float32 | bfloat16 | float16;
+    null: the precision's param_dtype."""
+    double_quant: bool = False
+    """peft=qlora: also quantize the quantization constants (bitsandbytes' compress_statistics)."""
 
     def check(self) -> None:
         if self.method not in PEFT_METHODS:
-            refuse("peft.method", f"unknown method '{self.method}'", "peft=none or peft=lora")
+            refuse("peft.method", f"unknown method '{self.method}'", "peft=none, peft=lora or peft=qlora")
         if self.method == "none":
             return
         at_least(self.r, 1, "peft.r", "an integer >= 1 (the adapters' rank)")
@@ -267,6 +281,11 @@ class PeftConfig(Section):
             refuse("peft.dropout", f"got {self.dropout!r}", "a number >= 0 and < 1")
         if self.target_modules is not None and not self.target_modules:
             refuse("peft.target_modules", "an empty list", "null (every linear layer of the blocks) or module names")
+        if self.quantization not in QUANT_TYPES:
+            refuse("peft.quantization", f"unknown 4-bit type '{self.quantization}'", " or ".join(QUANT_TYPES))
+        for key in ("bnb_4bit_quant_storage", "bnb_4bit_compute_dtype"):
+            if getattr(self, key) not in (None, *QUANT_FLOAT_DTYPES):
+                refuse(f"peft.{key}", f"got {getattr(self, key)!r}", f"null or one of {', '.join(QUANT_FLOAT_DTYPES)}")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""LoRA adapters on the policy (`peft=lora`), built with the `peft` library, and the reference they make free.
+"""LoRA adapters on the policy (`peft=lora`; `peft=qlora` on a 4-bit base: models/quantize.py), built
+with the `peft` library, and the reference they make free.
 
 The policy is the model itself with peft's LoRA layers injected (`get_peft_model(...).base_model.model`):
 FSDP2 shards it per block as it shards a full fine-tune, the frozen base weights beside the trainable
@@ -228,6 +229,10 @@ def check_adapter_targets(model_cfg, peft_cfg: PeftConfig) -> None:
         model = AutoModelForCausalLM.from_config(config)
     target_modules(model, peft_cfg, model_cfg.block_name)
     _check_modules_to_save(model, peft_cfg)
+    if peft_cfg.method == "qlora":
+        from dpo_sweeps.models.quantize import check_quantizable
+
+        check_quantizable(model, model_cfg.block_name)
 
 
 def _check_modules_to_save(model: torch.nn.Module, peft_cfg: PeftConfig) -> None:

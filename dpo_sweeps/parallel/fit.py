@@ -261,7 +261,8 @@ def _peft_key(cfg) -> str:
 
 @lru_cache(maxsize=64)
 def _with_adapters(shape: ModelShape, key: tuple, peft_key: str) -> ModelShape:
-    """`shape` with the run's adapters (models/adapters.py), counted on the architecture built on the meta device."""
+    """`shape` with the run's adapters (models/adapters.py), and under peft=qlora its 4-bit weights, counted
+    on the architecture built on the meta device."""
     import json
     from dataclasses import replace
 
@@ -269,9 +270,17 @@ def _with_adapters(shape: ModelShape, key: tuple, peft_key: str) -> ModelShape:
     from dpo_sweeps.models.adapters import add_adapters
 
     spec = json.loads(peft_key)
-    model = add_adapters(_meta_model(key), PeftConfig(**spec["peft"]), spec["block_name"])
-    adapted = ModelShape.of(model)
-    return replace(shape, num_params=adapted.num_params, trainable_params=adapted.trainable_params)
+    peft = PeftConfig(**spec["peft"])
+    model = _meta_model(key)
+    quantized = 0
+    if peft.method == "qlora":  # the linear weights of the blocks in 4-bit (models/quantize.py), counted before
+        from dpo_sweeps.models.quantize import quantizable_linears  # peft wraps them
+
+        quantized = sum(getattr(parent, name).weight.numel() for parent, name in
+                        quantizable_linears(model, spec["block_name"]))
+    adapted = ModelShape.of(add_adapters(model, peft, spec["block_name"]))
+    return replace(shape, num_params=adapted.num_params, trainable_params=adapted.trainable_params,
+                   quantized_params=quantized, double_quant=peft.double_quant)
 
 
 def _build_model_shape(key: tuple) -> ModelShape:

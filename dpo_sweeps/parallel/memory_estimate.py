@@ -41,6 +41,9 @@ CPU_RUNTIME = 66 * 2**20
 # glibc serves an allocation this large or larger by mmap whatever its dynamic threshold has risen to
 # (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, mallopt(3)), and unmaps it when freed: it never stays in the heap.
 MMAP_THRESHOLD_MAX = 32 * 2**20
+# peft=qlora (models/quantize.py): a 4-bit weight packs two to a byte, and bitsandbytes keeps one fp32
+# scale (absmax) per block of 64 weights; with double_quant the scales are 8-bit, plus an fp32 per 256 of them.
+QUANT_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class ModelShape:
     intermediate: int
     vocab: int
     trainable_params: int | None = None  # those that get gradients and optimizer state; None: all (full fine-tune)
+    quantized_params: int = 0  # peft=qlora: the base weights stored in 4-bit (the linear layers of the blocks)
+    double_quant: bool = False  # peft.double_quant: their scales in 8-bit
 
     @classmethod
     def of(cls, model) -> ModelShape:
@@ -67,6 +72,17 @@ class ModelShape:
     @property
     def trained(self) -> int:
         return self.num_params if self.trainable_params is None else self.trainable_params
+
+    @property
+    def quantized_bytes(self) -> int:
+        """The 4-bit weights, packed (sharded like any parameter)."""
+        return self.quantized_params // 2
+
+    @property
+    def scale_bytes(self) -> int:
+        """The 4-bit weights' quantization constants (every rank holds them whole)."""
+        blocks = self.quantized_params // QUANT_BLOCK
+        return blocks + 4 * (blocks // 256) if self.double_quant else 4 * blocks
 
     @property
     def block_params(self) -> int:
@@ -115,9 +131,11 @@ def model_states(model: ModelShape, run: RunShape) -> int:
     offload they live in CPU memory, not on the device."""
     if run.cpu_offload:
         return 0
-    # Frozen parameters (the base under adapters) hold their fp32 weights only: no gradient, no moments.
+    # Frozen parameters (the base under adapters) hold their fp32 weights only: no gradient, no moments;
+    # under peft=qlora the blocks' linear weights are 4-bit, and their scales are not sharded.
     per_trained = 4 + OPTIMIZER_STATE_BYTES.get(run.optimizer, 8)
-    return (4 * model.num_params + per_trained * model.trained) // max(1, run.shard_group_size)
+    weights = 4 * (model.num_params - model.quantized_params) + model.quantized_bytes
+    return (weights + per_trained * model.trained) // max(1, run.shard_group_size) + model.scale_bytes
 
 
 def gathered_params(model: ModelShape, run: RunShape) -> int:
@@ -127,9 +145,11 @@ def gathered_params(model: ModelShape, run: RunShape) -> int:
     if not run.fully_sharded:
         return 0
     pb = DTYPES[run.param_dtype].bytes
+    packed_per_block = model.quantized_bytes // max(1, model.num_layers)  # 4-bit weights gather packed
+    unpacked_per_block = model.quantized_params // max(1, model.num_layers)
     if not run.reshard_after_forward:
-        return pb * model.num_params
-    return pb * (model.root_params + 2 * model.block_params)
+        return pb * (model.num_params - model.quantized_params) + model.quantized_bytes
+    return pb * (model.root_params + 2 * (model.block_params - unpacked_per_block)) + 2 * packed_per_block
 
 
 def reference(model: ModelShape, run: RunShape) -> int:

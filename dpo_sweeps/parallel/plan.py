@@ -205,8 +205,9 @@ def resolve_plan(cfg: Config, world_size: int | None = None) -> ParallelPlan:
 
 
 def adapters_label(peft: PeftConfig) -> str | None:
-    """How labels name a run's adapters: `LoRA r=16` (DoRA, rsLoRA alike); None for a full fine-tune."""
+    """How labels name a run's adapters: `LoRA r=16` (DoRA, rsLoRA alike; `QLoRA r=16` on a 4-bit base);
+    None for a full fine-tune."""
     if peft.method == "none":
         return None
     kind = "DoRA" if peft.use_dora else "rsLoRA" if peft.use_rslora else "LoRA"
-    return f"{kind} r={peft.r}"
+    return f"{'Q' if peft.method == 'qlora' else ''}{kind} r={peft.r}"

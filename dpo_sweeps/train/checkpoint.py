@@ -118,7 +118,15 @@ def trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> t
     frozen = {name for name, param in model.named_parameters()
               if not param.requires_grad and f".{REFERENCE_ADAPTER}." not in name}
     model_state, optim_state = get_state_dict(model, optimizer)
-    return {k: v for k, v in model_state.items() if k not in frozen}, optim_state, bool(frozen)
+    # A 4-bit layer (peft=qlora) also writes its quantization constants, as `<weight's name>.<part>`.
+    return ({k: v for k, v in model_state.items() if k not in frozen and _weight_of(k) not in frozen},
+            optim_state, bool(frozen))
+
+
+def _weight_of(key: str) -> str:
+    """The parameter a 4-bit layer's quantization constant belongs to (`...q_proj.base_layer.weight`)."""
+    head, sep, _ = key.partition(".weight.")
+    return head + ".weight" if sep else key
 
 
 # ---------------------------------------------------------------------- the checkpointer

@@ -17,6 +17,7 @@ from dpo_sweeps.config.schema import Config
 from dpo_sweeps.data.encoding import EncodedPair
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
+from dpo_sweeps.models.quantize import quantization_settings
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
 from dpo_sweeps.train.scoring import batch_logps, collate_pairs
@@ -35,7 +36,7 @@ def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Confi
         reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
         scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": share_prompt,
                  "param_dtype": cfg.precision.param_dtype, "device": device.type,
-                 "ld_alpha": ld_alpha_of(cfg.loss)},
+                 "ld_alpha": ld_alpha_of(cfg.loss), "quantization": quantization_settings(cfg.peft)},
     ) if not probing else {}
     if probing:  # the values cannot change a step's speed or memory: skip the scoring pass
         found = reference_logps.placeholder(len(data.train_pairs), len(data.eval_pairs))

@@ -27,6 +27,7 @@ from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.adapters import add_adapters, start_adapter
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
+from dpo_sweeps.models.quantize import quantize_base
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.mfu import ModelFlops
@@ -170,6 +171,8 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     mp_policy = mixed_precision_policy(plan)
     shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
+        if cfg.peft.method == "qlora":  # the frozen base's linear layers in 4-bit (bitsandbytes)
+            policy = quantize_base(policy, cfg.peft, cfg.model.block_name, plan.param_dtype, device)
         torch.manual_seed(cfg.train.seed)  # the same adapter initialization on every rank
         policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model),
                               reference_copy=with_reference and cfg.train.reference_sync.every_steps > 0)
