@@ -317,6 +317,7 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
     Lost silently (its link cut first, as a machine without power), the node leaves the other ranks
     waiting in a collective (timeout 300 s) until SLURM kills them: the launcher names the node and rank 0
     from the heartbeats."""
+    from support import isolation
     from support.slurm import SCRIPT
 
     env = {**os.environ, **slurm2}
@@ -347,7 +348,8 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
         subprocess.run(["scancel", "-n", name], env=env, timeout=30, check=False)
         # the node comes back for the tests after this one
         subprocess.run(["bash", str(SCRIPT), "start", "--nodes", slurm2["DPO_SWEEPS_SLURM_NODES"],
-                        slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]], check=True, capture_output=True, timeout=300)
+                        slurm2["DPO_SWEEPS_SLURM_STATE_DIR"]], check=True, capture_output=True, timeout=300,
+                       env=isolation.start().service_env())  # the restarted slurmd outlives this session
     print(f"node killed -> sweep ended in {ended_after_s:.1f} s")
     assert ended_after_s <= bound_s, log.read_text()[-3000:]
     summary = summary_json(run_dir)

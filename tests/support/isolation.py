@@ -34,12 +34,25 @@ class TestState:
     root: Path
     users_cache: Path
     users_cache_before: frozenset[str]
+    replaced: dict[str, str | None]  # each variable pointed into `root`, with the value it had before
+
+    def service_env(self) -> dict[str, str]:
+        """The environment for a service a test starts that outlives the session (the local SLURM cluster's
+        daemons and database): the variables as they were, not folders that go with the session."""
+        env = dict(os.environ)
+        for variable, value in self.replaced.items():
+            if value is None:
+                env.pop(variable, None)
+            else:
+                env[variable] = value
+        return env
 
     @classmethod
     def create(cls) -> TestState:
         """A new folder for this session's state, with the environment pointed into it."""
         users_cache = Path.home() / ".cache" / "dpo_sweeps"
         before = _listing(users_cache)
+        replaced = {variable: os.environ.get(variable) for variable in (*CACHE_VARIABLES, "TMPDIR")}
         root = Path(tempfile.mkdtemp(prefix="dpo-sweeps-tests-"))
         for variable, sub in CACHE_VARIABLES.items():
             folder = root / "cache" / sub
@@ -49,7 +62,7 @@ class TestState:
         tmp.mkdir()
         os.environ["TMPDIR"] = str(tmp)
         tempfile.tempdir = None  # re-read TMPDIR: pytest's tmp_path and every tempfile call land there
-        return cls(root, users_cache, before)
+        return cls(root, users_cache, before, replaced)
 
     def users_cache_changes(self) -> list[str]:
         """Entries under the user's ~/.cache/dpo_sweeps that appeared or changed since the session began."""

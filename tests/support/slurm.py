@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dpo_sweeps.rundir.checkpoints import latest_checkpoint
+from support import isolation
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "launchers" / "slurm" / "local_cluster.sh"
@@ -45,8 +46,11 @@ def _unavailable(reason: str) -> None:
 
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    # The cluster's daemons and database outlive this test session: they get the user's environment, not
+    # the session's temporary folders (tests/support/isolation.py), which go when the session ends.
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
+        env=isolation.start().service_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
