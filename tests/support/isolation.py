@@ -9,11 +9,15 @@ warm cache fills it itself and no result depends on the order of the tests or on
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+# Where the first session of a run (the xdist controller) leaves the user's own values for the others.
+USER_ENV = "DPO_SWEEPS_TESTS_USER_ENV"
 
 # The variables each library reads for its folders under the user's home.
 CACHE_VARIABLES = {
@@ -39,7 +43,7 @@ class TestState:
     def service_env(self) -> dict[str, str]:
         """The environment for a service a test starts that outlives the session (the local SLURM cluster's
         daemons and database): the variables as they were, not folders that go with the session."""
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != USER_ENV}
         for variable, value in self.replaced.items():
             if value is None:
                 env.pop(variable, None)
@@ -52,7 +56,11 @@ class TestState:
         """A new folder for this session's state, with the environment pointed into it."""
         users_cache = Path.home() / ".cache" / "dpo_sweeps"
         before = _listing(users_cache)
-        replaced = {variable: os.environ.get(variable) for variable in (*CACHE_VARIABLES, "TMPDIR")}
+        # The user's values, as the first session found them: an xdist worker inherits its controller's
+        # folders, and a service must not get those either (they go when the controller's session ends).
+        if USER_ENV not in os.environ:
+            os.environ[USER_ENV] = json.dumps({v: os.environ.get(v) for v in (*CACHE_VARIABLES, "TMPDIR")})
+        replaced = json.loads(os.environ[USER_ENV])
         root = Path(tempfile.mkdtemp(prefix="dpo-sweeps-tests-"))
         for variable, sub in CACHE_VARIABLES.items():
             folder = root / "cache" / sub
