@@ -38,7 +38,7 @@ class TestState:
     root: Path
     users_cache: Path
     users_cache_before: frozenset[str]
-    replaced: dict[str, str | None]  # each variable pointed into `root`, with the value it had before
+    replaced: dict[str, str | None]  # each variable pointed into `root`, with the user's value (as the run found it)
 
     def service_env(self) -> dict[str, str]:
         """The environment for a service a test starts that outlives the session (the local SLURM cluster's
