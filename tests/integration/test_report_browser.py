@@ -69,7 +69,8 @@ class DevToolsPipe:
             os.dup2(high_read, 3)
             os.dup2(high_write, 4)
 
-        self._log = (profile / "chromium.log").open("wb")
+        self._log_path = profile / "chromium.log"
+        self._log = self._log_path.open("wb")
         self.process = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
                                         preexec_fn=onto_fds_3_and_4, close_fds=False,
                                         stdout=self._log, stderr=subprocess.STDOUT)
@@ -102,8 +103,14 @@ class DevToolsPipe:
                 raise TimeoutError(f"chromium did not answer within {timeout}s")
             chunk = os.read(self._replies, 1 << 20)
             if not chunk:
-                raise EOFError(f"chromium exited (status {self.process.poll()})")
+                raise EOFError(f"chromium exited (status {self.process.poll()}): {self._log_tail()}")
             self._buffer += chunk
+
+    def _log_tail(self, lines: int = 5) -> str:
+        """The end of Chromium's own output: why it stopped (a FATAL line names the check that failed)."""
+        self._log.flush()
+        output = self._log_path.read_text(errors="replace").splitlines()
+        return " | ".join([line for line in output if ":FATAL:" in line] or output[-lines:]) or "(no output)"
 
     def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
         self._next_id += 1

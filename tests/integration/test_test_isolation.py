@@ -27,3 +27,12 @@ def test_a_run_fills_the_sessions_cache_and_leaves_the_users_alone(tmp_path):
     session_cache = Path(os.environ["DPO_SWEEPS_CACHE"])
     assert any((session_cache / "reference_logps").iterdir())
     assert STATE.users_cache_changes() == before, f"the run wrote into {users}"
+
+
+def test_a_sessions_folder_lies_where_the_users_temporary_files_go_not_inside_another_session():
+    """An xdist worker's folder goes beside its controller's: nested, it made the Unix socket Chromium
+    creates under TMPDIR longer than the 107 bytes a socket path may have, and every browser test failed."""
+    users_tmpdir = STATE.replaced["TMPDIR"] or "/tmp"  # tempfile's first choice when TMPDIR is unset
+    assert STATE.root.parent == Path(users_tmpdir).resolve()
+    socket = Path(os.environ["TMPDIR"]) / "org.chromium.Chromium.XXXXXX" / "SingletonSocket"
+    assert len(str(socket).encode()) <= 107, socket

@@ -61,7 +61,9 @@ class TestState:
         if USER_ENV not in os.environ:
             os.environ[USER_ENV] = json.dumps({v: os.environ.get(v) for v in (*CACHE_VARIABLES, "TMPDIR")})
         replaced = json.loads(os.environ[USER_ENV])
-        root = Path(tempfile.mkdtemp(prefix="dpo-sweeps-tests-"))
+        # Beside the controller's folder, not inside it: a Unix socket's path is limited to 107 bytes, and a
+        # nested folder left Chromium's (<TMPDIR>/org.chromium.Chromium.XXXXXX/SingletonSocket) over it.
+        root = Path(tempfile.mkdtemp(prefix="dpo-sweeps-tests-", dir=_users_tempdir(replaced.get("TMPDIR"))))
         for variable, sub in CACHE_VARIABLES.items():
             folder = root / "cache" / sub
             folder.mkdir(parents=True, exist_ok=True)
@@ -78,6 +80,21 @@ class TestState:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _users_tempdir(users_tmpdir: str | None) -> str:
+    """The temporary directory the user's own environment gives (tempfile's choice without our TMPDIR)."""
+    ours = os.environ.pop("TMPDIR", None)
+    if users_tmpdir is not None:
+        os.environ["TMPDIR"] = users_tmpdir
+    tempfile.tempdir = None
+    try:
+        return tempfile.gettempdir()
+    finally:
+        os.environ.pop("TMPDIR", None)
+        if ours is not None:
+            os.environ["TMPDIR"] = ours
+        tempfile.tempdir = None
 
 
 def _listing(folder: Path) -> frozenset[str]:
