@@ -125,6 +125,25 @@ def _gguf_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(folder) if folder is not None else gguf.load_tokenizer(path)
 
 
+def load_model_code(model_cfg: ModelConfig | None = None, *, adapters: bool = False) -> None:
+    """Import the code that builds a model, before it is built: transformers' modeling_utils (which brings
+    accelerate and the optional packages transformers finds installed), the architecture's own module when
+    `model.from_config` names it, and peft for adapters. How much memory that code takes depends on what is
+    installed beside dpo-sweeps, so a CPU rank reads its baseline for the memory estimate after it, not
+    before (train/setup.py; parallel/fit.py's baseline process imports the same)."""
+    import transformers.modeling_utils  # noqa: F401
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    model_type = (model_cfg.from_config or {}).get("model_type") if model_cfg is not None else None
+    if model_type in CONFIG_MAPPING:
+        config_class = CONFIG_MAPPING[model_type]
+        if config_class in MODEL_FOR_CAUSAL_LM_MAPPING:
+            MODEL_FOR_CAUSAL_LM_MAPPING[config_class]  # the lazy mapping imports the architecture's module
+    if adapters:
+        import peft  # noqa: F401
+
+
 def build_policy(model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> torch.nn.Module:
     """The policy in fp32 on CPU (FSDP moves and casts it). Same seed, same weights on every rank."""
     source = _init_source(model_cfg)

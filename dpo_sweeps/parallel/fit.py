@@ -127,7 +127,8 @@ class _Estimator:
     line). It starts while a sweep composes its points (`measure_in_background`), so neither its
     imports nor torch's and transformers' model classes cost the sweep its time, or this process its memory."""
 
-    CODE = (f"import {RANK_IMPORTS}; from dpo_sweeps.parallel.process_memory import resident_bytes; print(resident_bytes(), "
+    CODE = (f"import {RANK_IMPORTS}; from dpo_sweeps.models.build import load_model_code; load_model_code(); "
+            "from dpo_sweeps.parallel.process_memory import resident_bytes; print(resident_bytes(), "
             "flush=True); from dpo_sweeps.parallel.fit import serve_model_shapes; serve_model_shapes()")
 
     def __init__(self) -> None:

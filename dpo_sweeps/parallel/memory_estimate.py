@@ -20,9 +20,9 @@ ops, such as GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized
 (`fsdp.activation_checkpointing`) a block keeps only its input, and one block's activations exist at
 a time, while backward recomputes it. Backward adds a few intermediate-sized gradients at once.
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
-model exists (Python, libraries, data) is added, plus what a torch CPU process gains once it trains
-beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers: CPU_RUNTIME,
-measured on the bench and quickstart runs), plus the freed memory glibc's heap keeps (`heap_kept`).
+model exists (Python, libraries, the model's code, data) is added, plus what a torch CPU process gains
+once it trains beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers:
+CPU_RUNTIME, measured on the bench and quickstart runs), plus the freed memory glibc's heap keeps (`heap_kept`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan
 
 GIB = 1024**3
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "rmsprop": 4}
-# What a training torch CPU process gains beyond its tensors once it has built a model and stepped: the
-# model's code (transformers' modules, about 45 MiB), the process group, autograd and kernel pages, thread
-# pools (measured phase by phase: bench/README.md).
-CPU_RUNTIME = 66 * 2**20
+# What a training torch CPU process gains beyond its tensors once it has built a model and stepped, the
+# model's code already imported and so in the baseline (models/build.py load_model_code): the process
+# group, autograd and kernel pages, thread pools (fitted to the probes of bench/memory_estimate_error.py:
+# bench/README.md).
+CPU_RUNTIME = 56 * 2**20
 # glibc serves an allocation this large or larger by mmap whatever its dynamic threshold has risen to
 # (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, mallopt(3)), and unmaps it when freed: it never stays in the heap.
 MMAP_THRESHOLD_MAX = 32 * 2**20

@@ -26,7 +26,7 @@ from dpo_sweeps.dpo.adapter_reference import AdapterReference
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.adapters import add_adapters, start_adapter
-from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer
+from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, load_model_code
 from dpo_sweeps.models.quantize import quantize_base
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
@@ -263,6 +263,7 @@ def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan
     summary.data = data.counts
     if device.type == "cpu" and env.is_main and (why := slow_on_this_cpu(plan.param_dtype)):
         log.warning("precision=%s: %s", cfg.precision.name, why)
+    load_model_code(cfg.model, adapters=cfg.peft.method != "none")  # its memory belongs in the baseline
     release_freed_heap()  # the baseline holds no heap freed before (a process that trained already)
     rss_before_model = resident_bytes() if device.type == "cpu" else 0  # for the memory estimate
     runtime_resident = trained_before()
