@@ -45,7 +45,9 @@ def workload_of(cfg, plan: ParallelPlan, shape) -> Workload:
         head_params=shape.root_params, positions=positions, scored=scored, attention=rows * length * length,
         micro_batches=max(1, train.batch_size // (train.micro_batch_size * plan.world_size)),
         recompute="full" if plan.activation_checkpointing else "none",
-        reference_forward=uses_reference(cfg.loss) and not train.precompute_reference_logps)
+        reference_forward=uses_reference(cfg.loss) and not train.precompute_reference_logps,
+        trained_params=shape.trainable_params, quantized_params=shape.quantized_params,
+        quantized_bytes=shape.quantized_bytes + shape.scale_bytes)
 
 
 def layout_of(plan: ParallelPlan, nproc_per_node: int) -> Layout:
@@ -74,9 +76,9 @@ def predict_config(cfg, profile: DeviceProfile, world_size: int | None = None,
     `shape`: the model's ModelShape where it is built already (a run); else the fit check's, from the config."""
     plan = resolve_plan(cfg, world_size)
     if shape is None:
-        from dpo_sweeps.parallel.fit import model_shape
+        from dpo_sweeps.parallel.fit import model_shape_of
 
-        shape = model_shape(cfg.model)
+        shape = model_shape_of(cfg)
     prediction = predict_step(workload_of(cfg, plan, shape), layout_of(plan, cfg.resources.nproc_per_node), profile)
     steps = cfg.probe.steps or cfg.train.max_steps
     hours = prediction.step_time_s.scaled(steps * plan.world_size / 3600)

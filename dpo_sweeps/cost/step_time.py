@@ -20,6 +20,9 @@ part of its FSDP communication that compute does not hide:
   slowest link it crosses (NVLink/PCIe inside a node, the device's InfiniBand/RoCE share across nodes) and
   pays (n-1) link latencies per block. FSDP prefetches, so communication overlaps compute: only what exceeds
   the compute, and one block's gather and reduce-scatter (nothing to overlap them with), are exposed.
+- adapters (peft): backward computes weight gradients for the adapters only (the frozen base passes input
+  gradients through), only their gradients are reduce-scattered and only their shard is stepped; under
+  qlora the 4-bit weights are gathered packed and unpacked at every pass through the blocks.
 - optimizer: AdamW reads and writes the fp32 shard, its gradient and moments once (memory bound).
 
 The interval: the calibration's 90th-percentile log error, widened by the share of the step spent in
@@ -47,6 +50,10 @@ CALIBRATION_OF = {"a100_40gb": ("a100", True), "a100_80gb": ("a100", True), "h10
                   "h200_sxm": ("h100", False), "b200": ("h100", False), "l40s": ("a100", False)}
 UNCALIBRATED_WIDTH = 0.15  # log units, added in quadrature: a device the tables never measured
 MEASURED_WIDTH = 0.3  # a measured CPU profile: no calibration at all, only the micro-benchmark
+# Adapters (peft): the calibration tables train every weight, so a frozen base's backward (input gradients
+# only), the adapters' small matmuls and QLoRA's unpacking are counted from their FLOPs and bytes, never
+# measured against published figures: log units, added in quadrature.
+ADAPTER_WIDTH = 0.2
 # A measured (CPU) profile has no calibration: a tiny model's step there is bound by its op count, taken from
 # the structure of a Hugging Face decoder block (norms, projections, rotary, SDPA, activation, residuals: about
 # 50 ops a pass) and of the DPO step outside the blocks (embedding, chunked log-probs, the loss: about 200).
@@ -71,11 +78,28 @@ class Workload:
     micro_batches: int  # per optimizer step (gradient accumulation)
     recompute: str = "none"  # activation checkpointing: none, selective, full
     reference_forward: bool = False  # a reference model's forward per micro-batch (not cached)
-    trained_params: int | None = None  # parameters the optimizer steps (default: all)
+    trained_params: int | None = None  # parameters the optimizer steps (default: all); set: adapters (peft)
+    quantized_params: int = 0  # peft=qlora: base weights stored in 4-bit, dequantized at every pass
+    quantized_bytes: int = 0  # their packed bytes with their quantization constants
 
     @property
     def params(self) -> int:
         return self.block_params + self.head_params
+
+    @property
+    def trained(self) -> int:
+        return self.params if self.trained_params is None else self.trained_params
+
+    def weight_gradient_flops(self) -> float:
+        """Backward's weight gradients, 2 per trained weight and position: all of them for a full fine-tune;
+        with adapters only theirs (in the blocks), as the frozen base computes input gradients alone."""
+        if self.trained_params is None:
+            return 2 * self.block_params * self.positions + 2 * self.head_params * self.scored
+        return 2 * self.trained_params * self.positions
+
+    def gathered_bytes(self, param_bytes: int) -> float:
+        """The parameters FSDP all-gathers for a pass: 4-bit weights travel packed."""
+        return (self.params - self.quantized_params) * param_bytes + self.quantized_bytes
 
     def model_flops(self) -> float:
         """The step's model FLOPs (mfu.py's count): forward and backward, plus the reference's forward."""
@@ -168,7 +192,9 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     per_pass_forward_dense = 2 * work.block_params * work.positions + 2 * work.head_params * work.scored
     attention_forward = 4 * work.num_layers * work.hidden * work.attention
     passes = 3 + (1 if work.reference_forward else 0)
-    dense = passes * per_pass_forward_dense
+    # Forward, backward's input gradients (as many FLOPs again), the reference's forward; then backward's
+    # weight gradients, of the trained weights only (a full fine-tune: one forward's worth).
+    dense = (passes - 1) * per_pass_forward_dense + work.weight_gradient_flops()
     attention = passes * attention_forward
     layer_passes = passes
     if work.recompute == "full":  # the blocks' forward again in backward (not the head)
@@ -189,8 +215,12 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     # with more FLOP/s per byte of bandwidth (an H100 against an A100) spends a larger share of its step there.
     elementwise = (calibration["elementwise_bytes"] * layer_passes * work.num_layers * work.positions * work.hidden
                    * layout.param_bytes / profile.memory_bandwidth)
+    # QLoRA: every pass through the blocks (forward, backward, recompute, reference) unpacks the 4-bit
+    # weights into the compute dtype, reading the packed bytes and writing the unpacked ones (memory bound).
+    dequantize = (layer_passes - 1) * (work.quantized_bytes + work.quantized_params * layout.param_bytes) \
+        / profile.memory_bandwidth
     compute = dense / dense_rate + attention / attention_rate + layer_passes * work.num_layers * layer_cost \
-        + (OPS_PER_MICRO_BATCH * profile.op_overhead_s if profile.measured else elementwise)
+        + (OPS_PER_MICRO_BATCH * profile.op_overhead_s if profile.measured else elementwise) + dequantize
 
     # FSDP communication per micro-batch.
     s, r = layout.shard_size, layout.replicate_size
@@ -198,21 +228,22 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     replicas_cross = layout.world_size > layout.ranks_per_node and not shard_crosses
     gathers = 1 + (1 if layout.reshard_after_forward else 0) + (1 if work.reference_forward else 0)
     blocks = work.num_layers + 1
-    gather = _collective_time(work.params * layout.param_bytes, s, shard_crosses, profile, blocks)
-    reduce = _collective_time(work.params * layout.reduce_bytes, s, shard_crosses, profile, blocks)
-    replicate = 2 * _collective_time(work.params / s * layout.reduce_bytes, r, replicas_cross, profile, blocks)
+    gather = _collective_time(work.gathered_bytes(layout.param_bytes), s, shard_crosses, profile, blocks)
+    # Only trained parameters have gradients to reduce (adapters: theirs alone).
+    reduce = _collective_time(work.trained * layout.reduce_bytes, s, shard_crosses, profile, blocks)
+    replicate = 2 * _collective_time(work.trained / s * layout.reduce_bytes, r, replicas_cross, profile, blocks)
     comm = gathers * gather + reduce + replicate
     one_block = (gather + reduce + replicate) / blocks
     exposed = max(0.0, comm - compute) + one_block
     micro = compute + exposed
 
-    trained = work.trained_params if work.trained_params is not None else work.params
-    optimizer = OPTIMIZER_BYTES * trained / s / profile.memory_bandwidth
+    optimizer = OPTIMIZER_BYTES * work.trained / s / profile.memory_bandwidth
     step = work.micro_batches * micro + optimizer
 
     comm_share = work.micro_batches * exposed / step
     width = math.hypot(calibration["log_error_q90"], 0.6 * comm_share,
-                       MEASURED_WIDTH if profile.measured else (0.0 if calibrated else UNCALIBRATED_WIDTH))
+                       MEASURED_WIDTH if profile.measured else (0.0 if calibrated else UNCALIBRATED_WIDTH),
+                       ADAPTER_WIDTH if work.trained_params is not None else 0.0)
     step_e = Estimate(step, step * math.exp(-width), step * math.exp(width))
     tokens = work.positions * work.micro_batches
     mfu = None if profile.measured else step_e.inverse(work.model_flops() / peak)

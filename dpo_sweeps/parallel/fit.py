@@ -75,11 +75,18 @@ def model_shape(model_cfg) -> ModelShape:
     return _model_shape(_architecture_key(model_cfg))
 
 
+def model_shape_of(cfg) -> ModelShape:
+    """The shape of a resolved config's model as it trains: with peft, its adapters beside the base's
+    weights, only they trained, and under qlora the base's 4-bit weights."""
+    shape = model_shape(cfg.model)
+    if cfg.peft.method != "none":
+        shape = _with_adapters(shape, _architecture_key(cfg.model), _peft_key(cfg))
+    return shape
+
+
 def predicted_peak_gib(cfg, world_size: int) -> float:
     """The estimated peak memory per device of a resolved config, in GiB."""
-    shape = model_shape(cfg.model)
-    if cfg.peft.method != "none":  # adapters: their weights beside the base's, and only they train
-        shape = _with_adapters(shape, _architecture_key(cfg.model), _peft_key(cfg))
+    shape = model_shape_of(cfg)
     on_gpu = wants_cuda(cfg.resources.device) or _cluster_memory_gib(cfg.cluster) is not None  # a GPU cluster
     baseline = 0 if on_gpu else rank_baseline_bytes()
     plan = resolve_plan(cfg, world_size)

@@ -3,6 +3,7 @@ prediction on a config worked out by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,8 +14,9 @@ from support import REPO
 from dpo_sweeps.config.schema import ClusterConfig, Config
 from dpo_sweeps.cost.predict import device_profile, predict_config
 from dpo_sweeps.cost.profile import CLUSTER_DIR, DeviceProfile, builtin_cluster
-from dpo_sweeps.cost.step_time import Layout, Workload, predict_step
+from dpo_sweeps.cost.step_time import ADAPTER_WIDTH, Layout, Workload, predict_step
 from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.parallel.fit import model_shape_of
 from dpo_sweeps.parallel.memory_estimate import ModelShape
 
 GPU_PROFILES = ("a100_40gb", "a100_80gb", "h100_sxm", "h200_sxm", "b200", "l40s")
@@ -141,3 +143,52 @@ def test_the_predictor_meets_its_targets_on_the_published_tables_it_was_and_was_
     assert fitted_error <= 0.15
     held_out_error, held_out_inside = _published("held_out.csv")
     assert held_out_error <= 0.20 and held_out_inside >= 0.7
+
+
+def test_adapters_worked_out_by_hand():
+    """The by-hand config above with LoRA adapters of 1e6 parameters in its blocks, then with its 2e7 block
+    weights in 4-bit: weight gradients, reduce-scatter and optimizer for the adapters alone."""
+    profile = DeviceProfile(name="h100_sxm", gpus_per_node=8, memory_gib=80, memory_bandwidth=1e12,
+                            peak_flops={"fp32": 1e13, "bf16": 1e14}, intra_bandwidth=1e11, intra_latency=0.0,
+                            inter_bandwidth=1e10, inter_latency=0.0)
+    calibration = {"e_max": 0.5, "h_half": 0, "e_attn": 0.25, "layer_overhead_s": 0.0, "elementwise_bytes": 0,
+                   "log_error_q90": 0.1}
+    layout = Layout(world_size=4, ranks_per_node=4, shard_size=4, replicate_size=1, reshard_after_forward=True,
+                    param_bytes=2, reduce_bytes=4, compute="bf16")
+    lora = Workload(num_layers=2, hidden=1000, block_params=21_000_000, head_params=10_000_000, positions=1000,
+                    scored=500, attention=1_000_000, micro_batches=2, trained_params=1_000_000)
+    p = predict_step(lora, layout, profile, calibration)
+    # Dense: forward 2 x 2.1e7 x 1000 + 2 x 1e7 x 500 = 5.2e10, twice (forward, input gradients), plus the
+    # adapters' weight gradients 2 x 1e6 x 1000 = 2e9: 1.06e11 at 5e13/s = 2.12e-3 s; attention as before
+    # 9.6e-4 s. Compute 3.08e-3 s per micro-batch.
+    assert p.compute_s == pytest.approx(2 * 3.08e-3)
+    # Gathers move all 3.1e7 parameters (6.2e7 B x 3/4 = 4.65e-4 s, twice), the reduce-scatter the adapters'
+    # 4e6 B x 3/4 = 3e-5 s: 9.6e-4 s in all, one unit's share exposed: (4.65e-4 + 3e-5) / 3 = 1.65e-4 s.
+    assert p.comm_s == pytest.approx(2 * 9.6e-4)
+    assert p.exposed_comm_s == pytest.approx(2 * 1.65e-4)
+    # AdamW over the adapters' shard: 28 B x 1e6 / 4 at 1e12 B/s = 7e-6 s.
+    assert p.optimizer_s == pytest.approx(7e-6)
+    assert p.step_time_s.value == pytest.approx(2 * (3.08e-3 + 1.65e-4) + 7e-6)
+    width = math.hypot(0.1, 0.6 * 2 * 1.65e-4 / p.step_time_s.value, ADAPTER_WIDTH)  # adapters: wider
+    assert p.step_time_s.high == pytest.approx(p.step_time_s.value * math.exp(width))
+
+    # QLoRA: the 2e7 base block weights in 4-bit, 1e7 packed bytes with 0.05e7 of constants. Each of the two
+    # passes through the blocks (forward, backward) unpacks them: (1.05e7 + 2e7 x 2 B) / 1e12 B/s = 5.05e-5 s.
+    qlora = dataclasses.replace(lora, quantized_params=20_000_000, quantized_bytes=10_500_000)
+    q = predict_step(qlora, layout, profile, calibration)
+    assert q.compute_s == pytest.approx(2 * (3.08e-3 + 2 * 5.05e-5))
+    # The gathers move the packed weights: (1.1e7 x 2 B + 1.05e7 B) x 3/4 = 2.4375e-4 s each.
+    assert q.comm_s == pytest.approx(2 * (2 * 2.4375e-4 + 3e-5))
+
+
+def test_a_lora_config_is_predicted_with_its_adapters():
+    full = _config("model=tiny_llama", "cluster=h100_sxm", "resources.nproc_per_node=2")
+    lora = _config("model=tiny_llama", "cluster=h100_sxm", "resources.nproc_per_node=2", "peft=lora")
+    p_full = predict_config(full, device_profile(full.cluster))
+    p_lora = predict_config(lora, device_profile(lora.cluster))
+    trained = model_shape_of(lora).trainable_params
+    assert 0 < trained < model_shape_of(full).num_params / 2
+    # Only the adapters are stepped: AdamW's time scales with the parameters it steps.
+    assert p_lora.optimizer_s / p_full.optimizer_s == pytest.approx(trained / model_shape_of(full).num_params)
+    assert p_lora.comm_s < p_full.comm_s  # only their gradients are reduced
+    assert p_lora.step_time_s.high / p_lora.step_time_s.value > p_full.step_time_s.high / p_full.step_time_s.value
