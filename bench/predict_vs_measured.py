@@ -26,7 +26,7 @@ COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=f
           "resources.device=cpu", "data.num_train_pairs=256", "data.num_eval_pairs=16", "cluster=cpu",
           "checkpoint.every_steps=0"]
 
-# model x strategy x precision x micro-batch x sequence length x ranks x activation checkpointing.
+# model x strategy x precision x micro-batch x sequence length x ranks x activation checkpointing x peft.
 CONFIGS = [
     ["model=tiny_llama", "train.batch_size=8", "train.micro_batch_size=4", "data.max_length=64"],
     ["model=bench_gpt2", "train.batch_size=8", "train.micro_batch_size=4", "data.max_length=64"],
@@ -47,6 +47,9 @@ CONFIGS = [
     ["model=smollm2_135m", "precision=bf16", "train.batch_size=4", "train.micro_batch_size=2", "data.max_length=128"],
     ["model=smollm2_135m", "fsdp.activation_checkpointing=true", "train.batch_size=4", "train.micro_batch_size=4",
      "data.max_length=256"],
+    # Adapters (peft=lora, r=16 on every linear layer of the blocks): the frozen base's backward.
+    ["model=tiny_llama", "peft=lora", "resources.nproc_per_node=2", "train.batch_size=16", "train.micro_batch_size=4"],
+    ["model=smollm2_135m", "peft=lora", "train.batch_size=4", "train.micro_batch_size=4", "data.max_length=128"],
 ]
 
 
