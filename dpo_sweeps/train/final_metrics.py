@@ -39,7 +39,12 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
     metrics.update(perf_metrics)
     if built.reference_precompute_s is not None:  # one-time cost, outside the timed steps
         metrics["perf/reference_precompute_s"] = built.reference_precompute_s
-    metrics["perf/peak_memory_estimate_gib"] = memory_estimate(cfg, plan, built).total / GIB
+    estimate = memory_estimate(cfg, plan, built)
+    metrics["perf/peak_memory_estimate_gib"] = estimate.total / GIB
+    if built.rss_before_model:  # CPU: what the estimate starts from, the process's own memory before its model,
+        # and the runtime it adds to it (none when this process trained before: a probe batch's later runs)
+        metrics["perf/memory_before_model_gib"] = built.rss_before_model / GIB
+        metrics["perf/peak_memory_estimate_runtime_gib"] = (estimate.baseline - built.rss_before_model) / GIB
     metrics.update(predicted_step_metrics(cfg, world_size, device, ModelShape.of(built.policy)))
     metrics.update({"steps": state.step, "world_size": world_size, "num_params": built.num_params})
     if built.scaler.enabled:
