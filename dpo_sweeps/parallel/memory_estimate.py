@@ -218,7 +218,11 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     """
     s = max(1, run.shard_group_size)
     units = [model.root_params] + [model.block_params] * model.num_layers  # FSDP units: the root, one per block
-    kept = sum(_heap_sized(4 * u // s) for u in units)  # the optimizer step's fp32 temporary
+    # The optimizer step's fp32 temporary is the size of what it steps: with adapters (peft), theirs only,
+    # which live in the blocks.
+    stepped = units if model.trainable_params is None else \
+        [0] + [model.trainable_params // max(1, model.num_layers)] * model.num_layers
+    kept = sum(_heap_sized(4 * u // s) for u in stepped)
     if run.fully_sharded:
         pb = DTYPES[run.param_dtype].bytes
         kept += sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)

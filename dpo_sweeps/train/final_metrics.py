@@ -9,7 +9,7 @@ import torch
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.cost.predict import predicted_step_metrics
-from dpo_sweeps.parallel.memory_estimate import MemoryEstimate, ModelShape, estimate_peak_memory, run_shape_of
+from dpo_sweeps.parallel.memory_estimate import MemoryEstimate, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import device_peak_flops
 from dpo_sweeps.parallel.plan import ParallelPlan
 from dpo_sweeps.train.perf import GIB, PerfMeter
@@ -45,7 +45,7 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
         # and the runtime it adds to it (none when this process trained before: a probe batch's later runs)
         metrics["perf/memory_before_model_gib"] = built.rss_before_model / GIB
         metrics["perf/peak_memory_estimate_runtime_gib"] = (estimate.baseline - built.rss_before_model) / GIB
-    metrics.update(predicted_step_metrics(cfg, world_size, device, ModelShape.of(built.policy)))
+    metrics.update(predicted_step_metrics(cfg, world_size, device, built.shape))
     metrics.update({"steps": state.step, "world_size": world_size, "num_params": built.num_params})
     if built.scaler.enabled:
         metrics["train/skipped_steps"] = built.scaler.skipped_steps
@@ -55,5 +55,5 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
 def memory_estimate(cfg: Config, plan: ParallelPlan, built: TrainingSetup) -> MemoryEstimate:
     """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
     run = run_shape_of(cfg, plan, seq_len=built.longest_row, response_fraction=built.response_fraction)
-    return estimate_peak_memory(ModelShape.of(built.policy), run, baseline_bytes=built.rss_before_model,
+    return estimate_peak_memory(built.shape, run, baseline_bytes=built.rss_before_model,
                                 runtime_resident=built.runtime_resident)

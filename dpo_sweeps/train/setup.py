@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,10 @@ from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.adapters import add_adapters, start_adapter
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, load_model_code
-from dpo_sweeps.models.quantize import quantize_base
+from dpo_sweeps.models.quantize import quantizable_linears, quantize_base
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
+from dpo_sweeps.parallel.memory_estimate import ModelShape
 from dpo_sweeps.parallel.mfu import ModelFlops
 from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
 from dpo_sweeps.parallel.precision import DynamicLossScaler, loss_scaler, mixed_precision_policy, slow_on_this_cpu
@@ -68,6 +69,7 @@ class Models:
     num_params: int
     model_flops: ModelFlops
     layout: dict  # summary.json: the mesh, and the node of each rank
+    shape: ModelShape  # for the memory estimate and the step-time prediction (counted before 4-bit packing)
 
 
 @dataclass(frozen=True)
@@ -171,24 +173,31 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     mp_policy = mixed_precision_policy(plan)
     shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
+        quantized = 0
         if cfg.peft.method == "qlora":  # the frozen base's linear layers in 4-bit (bitsandbytes)
+            quantized = sum(getattr(parent, name).weight.numel()
+                            for parent, name in quantizable_linears(policy, cfg.model.block_name))
             policy = quantize_base(policy, cfg.peft, cfg.model.block_name, plan.param_dtype, device)
         torch.manual_seed(cfg.train.seed)  # the same adapter initialization on every rank
         policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model),
                               reference_copy=with_reference and cfg.train.reference_sync.every_steps > 0)
+        adapted = ModelShape.of(policy)  # its trained share; a packed 4-bit weight counts as fewer elements
+        shape = replace(adapted, num_params=num_params + adapted.trained, quantized_params=quantized,
+                        double_quant=cfg.peft.double_quant)
         policy = shard_model(policy, mp_policy=mp_policy, **shard)
         reference = AdapterReference(policy) if with_reference else None
         return Models(policy=policy, reference=reference, num_params=num_params, model_flops=model_flops,
-                      layout=layout)
+                      layout=layout, shape=shape)
     # The reference never trains: it is stored and run in the run's parameter dtype, so it needs no
     # cast of its own (an empty policy).
     reference = shard_model(
         build_reference(policy, torch_dtype(plan.param_dtype)),
         mp_policy=MixedPrecisionPolicy(), trainable=False, **shard,
     ) if with_reference else None
+    shape = ModelShape.of(policy)
     policy = shard_model(policy, mp_policy=mp_policy, **shard)
     return Models(policy=policy, reference=reference, num_params=num_params, model_flops=model_flops,
-                  layout=layout)
+                  layout=layout, shape=shape)
 
 
 def build_optimizer(train: TrainConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -242,6 +251,7 @@ class TrainingSetup:
     reference: torch.nn.Module | None  # None when the loss needs none, or once its log-probs are precomputed
     num_params: int
     model_flops: ModelFlops
+    shape: ModelShape
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: DynamicLossScaler
@@ -270,6 +280,7 @@ def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan
     models = build_models(cfg, env, plan, device, data.tokenizer, with_reference=uses_reference(cfg.loss))
     summary.layout = models.layout
     policy, reference, num_params, model_flops = models.policy, models.reference, models.num_params, models.model_flops
+    shape = models.shape
     del models  # `reference` is then the only name of the reference model, for free_reference
     # Built before any forward: a reference pass through the policy (adapters off) with
     # reshard_after_forward=false leaves parameters() yielding unsharded tensors that never get a grad.
@@ -282,7 +293,7 @@ def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan
     return TrainingSetup(
         tokenizer=data.tokenizer, end_of_turn=data.end_of_turn, train_pairs=data.train_pairs,
         eval_pairs=data.eval_pairs, sampler=data.sampler, policy=policy, reference=reference,
-        num_params=num_params, model_flops=model_flops, optimizer=optimizer,
+        num_params=num_params, model_flops=model_flops, shape=shape, optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.train), scaler=loss_scaler(plan),
         reference_precompute_s=precompute_s, longest_row=data.longest_row,
         response_fraction=data.response_fraction, rss_before_model=rss_before_model,
