@@ -90,11 +90,15 @@ class Workload:
     def trained(self) -> int:
         return self.params if self.trained_params is None else self.trained_params
 
+    def forward_dense_flops(self) -> float:
+        """One forward's matmul FLOPs: 2 per weight and position, the LM head on the scored positions only."""
+        return 2 * self.block_params * self.positions + 2 * self.head_params * self.scored
+
     def weight_gradient_flops(self) -> float:
         """Backward's weight gradients, 2 per trained weight and position: all of them for a full fine-tune;
         with adapters only theirs (in the blocks), as the frozen base computes input gradients alone."""
         if self.trained_params is None:
-            return 2 * self.block_params * self.positions + 2 * self.head_params * self.scored
+            return self.forward_dense_flops()
         return 2 * self.trained_params * self.positions
 
     def gathered_bytes(self, param_bytes: int) -> float:
@@ -103,8 +107,7 @@ class Workload:
 
     def model_flops(self) -> float:
         """The step's model FLOPs (mfu.py's count): forward and backward, plus the reference's forward."""
-        forward = 2 * self.block_params * self.positions + 2 * self.head_params * self.scored \
-            + 4 * self.num_layers * self.hidden * self.attention
+        forward = self.forward_dense_flops() + 4 * self.num_layers * self.hidden * self.attention
         return (3 + (1 if self.reference_forward else 0)) * forward * self.micro_batches
 
 
@@ -189,12 +192,11 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     default, calibrated = calibration_of(profile.name)
     calibration = calibration or default
     peak = profile.peak(layout.compute)
-    per_pass_forward_dense = 2 * work.block_params * work.positions + 2 * work.head_params * work.scored
     attention_forward = 4 * work.num_layers * work.hidden * work.attention
     passes = 3 + (1 if work.reference_forward else 0)
     # Forward, backward's input gradients (as many FLOPs again), the reference's forward; then backward's
     # weight gradients, of the trained weights only (a full fine-tune: one forward's worth).
-    dense = (passes - 1) * per_pass_forward_dense + work.weight_gradient_flops()
+    dense = (passes - 1) * work.forward_dense_flops() + work.weight_gradient_flops()
     attention = passes * attention_forward
     layer_passes = passes
     if work.recompute == "full":  # the blocks' forward again in backward (not the head)
