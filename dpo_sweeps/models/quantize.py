@@ -59,6 +59,11 @@ def quantizable_linears(model: torch.nn.Module, block_name: str) -> list[tuple[t
     return found
 
 
+def quantizable_params(model: torch.nn.Module, block_name: str) -> int:
+    """How many weights peft=qlora stores in 4-bit (those of `quantizable_linears`), counted before packing."""
+    return sum(getattr(parent, name).weight.numel() for parent, name in quantizable_linears(model, block_name))
+
+
 def check_quantizable(model: torch.nn.Module, block_name: str) -> None:
     """The blocks have nn.Linear layers, not only Conv1D ones (GPT-2), for bitsandbytes to quantize."""
     from transformers.pytorch_utils import Conv1D

@@ -282,10 +282,9 @@ def _with_adapters(shape: ModelShape, key: tuple, peft_key: str) -> ModelShape:
     model = _meta_model(key)
     quantized = 0
     if peft.method == "qlora":  # the linear weights of the blocks in 4-bit (models/quantize.py), counted before
-        from dpo_sweeps.models.quantize import quantizable_linears  # peft wraps them
+        from dpo_sweeps.models.quantize import quantizable_params  # peft wraps them
 
-        quantized = sum(getattr(parent, name).weight.numel() for parent, name in
-                        quantizable_linears(model, spec["block_name"]))
+        quantized = quantizable_params(model, spec["block_name"])
     adapted = ModelShape.of(add_adapters(model, peft, spec["block_name"]))
     return replace(shape, num_params=adapted.num_params, trainable_params=adapted.trainable_params,
                    quantized_params=quantized, double_quant=peft.double_quant)

@@ -27,7 +27,7 @@ from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.adapters import add_adapters, start_adapter
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, load_model_code
-from dpo_sweeps.models.quantize import quantizable_linears, quantize_base
+from dpo_sweeps.models.quantize import quantizable_params, quantize_base
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.memory_estimate import ModelShape
@@ -175,8 +175,7 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
         quantized = 0
         if cfg.peft.method == "qlora":  # the frozen base's linear layers in 4-bit (bitsandbytes)
-            quantized = sum(getattr(parent, name).weight.numel()
-                            for parent, name in quantizable_linears(policy, cfg.model.block_name))
+            quantized = quantizable_params(policy, cfg.model.block_name)
             policy = quantize_base(policy, cfg.peft, cfg.model.block_name, plan.param_dtype, device)
         torch.manual_seed(cfg.train.seed)  # the same adapter initialization on every rank
         policy = add_adapters(policy, cfg.peft, cfg.model.block_name, start=start_adapter(cfg.model),
