@@ -16,8 +16,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# Where the first session of a run (the xdist controller) leaves the user's own values for the others.
+# Where the first session of a run (the xdist controller) leaves the user's own values for the others, and
+# the temporary directory their environment gives.
 USER_ENV = "DPO_SWEEPS_TESTS_USER_ENV"
+USER_TEMPDIR = "DPO_SWEEPS_TESTS_USER_TEMPDIR"
 
 # The variables each library reads for its folders under the user's home.
 CACHE_VARIABLES = {
@@ -43,7 +45,7 @@ class TestState:
     def service_env(self) -> dict[str, str]:
         """The environment for a service a test starts that outlives the session (the local SLURM cluster's
         daemons and database): the variables as they were, not folders that go with the session."""
-        env = {k: v for k, v in os.environ.items() if k != USER_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in (USER_ENV, USER_TEMPDIR)}
         for variable, value in self.replaced.items():
             if value is None:
                 env.pop(variable, None)
@@ -60,10 +62,11 @@ class TestState:
         # folders, and a service must not get those either (they go when the controller's session ends).
         if USER_ENV not in os.environ:
             os.environ[USER_ENV] = json.dumps({v: os.environ.get(v) for v in (*CACHE_VARIABLES, "TMPDIR")})
+            os.environ[USER_TEMPDIR] = tempfile.gettempdir()
         replaced = json.loads(os.environ[USER_ENV])
         # Beside the controller's folder, not inside it: a Unix socket's path is limited to 107 bytes, and a
         # nested folder left Chromium's (<TMPDIR>/org.chromium.Chromium.XXXXXX/SingletonSocket) over it.
-        root = Path(tempfile.mkdtemp(prefix="dpo-sweeps-tests-", dir=_users_tempdir(replaced.get("TMPDIR"))))
+        root = Path(tempfile.mkdtemp(prefix="dpo-sweeps-tests-", dir=os.environ[USER_TEMPDIR]))
         for variable, sub in CACHE_VARIABLES.items():
             folder = root / "cache" / sub
             folder.mkdir(parents=True, exist_ok=True)
@@ -80,21 +83,6 @@ class TestState:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _users_tempdir(users_tmpdir: str | None) -> str:
-    """The temporary directory the user's own environment gives (tempfile's choice without our TMPDIR)."""
-    ours = os.environ.pop("TMPDIR", None)
-    if users_tmpdir is not None:
-        os.environ["TMPDIR"] = users_tmpdir
-    tempfile.tempdir = None
-    try:
-        return tempfile.gettempdir()
-    finally:
-        os.environ.pop("TMPDIR", None)
-        if ours is not None:
-            os.environ["TMPDIR"] = ours
-        tempfile.tempdir = None
 
 
 def _listing(folder: Path) -> frozenset[str]:
