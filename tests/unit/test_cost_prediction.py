@@ -58,19 +58,22 @@ def test_a_custom_profile_with_a_missing_or_impossible_field_is_refused_naming_i
     assert "\n" not in str(error.value)
 
 
+# The hand-worked device: 100 TFLOP/s bf16, 1 TB/s memory, 100 GB/s links without latency; dense matmuls at
+# half the peak, attention at a quarter, no per-layer or elementwise cost; the interval's base 0.1 (log).
+# FSDP over 4 ranks of one node, bf16 compute, fp32 reduce.
+HAND_PROFILE = DeviceProfile(name="h100_sxm", gpus_per_node=8, memory_gib=80, memory_bandwidth=1e12,
+                             peak_flops={"fp32": 1e13, "bf16": 1e14}, intra_bandwidth=1e11, intra_latency=0.0,
+                             inter_bandwidth=1e10, inter_latency=0.0)
+HAND_CALIBRATION = {"e_max": 0.5, "h_half": 0, "e_attn": 0.25, "layer_overhead_s": 0.0, "elementwise_bytes": 0,
+                    "log_error_q90": 0.1}
+HAND_LAYOUT = Layout(world_size=4, ranks_per_node=4, shard_size=4, replicate_size=1, reshard_after_forward=True,
+                     param_bytes=2, reduce_bytes=4, compute="bf16")
+
+
 def test_a_prediction_worked_out_by_hand():
-    # A device of 100 TFLOP/s bf16, 1 TB/s memory, 100 GB/s links without latency; dense matmuls at half
-    # the peak, attention at a quarter, no per-layer or elementwise cost; the interval's base 0.1 (log).
-    profile = DeviceProfile(name="h100_sxm", gpus_per_node=8, memory_gib=80, memory_bandwidth=1e12,
-                            peak_flops={"fp32": 1e13, "bf16": 1e14}, intra_bandwidth=1e11, intra_latency=0.0,
-                            inter_bandwidth=1e10, inter_latency=0.0)
-    calibration = {"e_max": 0.5, "h_half": 0, "e_attn": 0.25, "layer_overhead_s": 0.0, "elementwise_bytes": 0,
-                   "log_error_q90": 0.1}
     work = Workload(num_layers=2, hidden=1000, block_params=20_000_000, head_params=10_000_000, positions=1000,
                     scored=500, attention=1_000_000, micro_batches=2)
-    layout = Layout(world_size=4, ranks_per_node=4, shard_size=4, replicate_size=1, reshard_after_forward=True,
-                    param_bytes=2, reduce_bytes=4, compute="bf16")
-    p = predict_step(work, layout, profile, calibration)
+    p = predict_step(work, HAND_LAYOUT, HAND_PROFILE, HAND_CALIBRATION)
     # Per micro-batch, dense: 3 x (2 x 2e7 x 1000 + 2 x 1e7 x 500) = 1.5e11 FLOPs at 5e13/s = 3.0e-3 s;
     # attention: 3 x 4 x 2 layers x 1000 x 1e6 = 2.4e10 at 2.5e13/s = 9.6e-4 s. Compute 3.96e-3 s.
     assert p.compute_s == pytest.approx(2 * 3.96e-3)
@@ -148,16 +151,9 @@ def test_the_predictor_meets_its_targets_on_the_published_tables_it_was_and_was_
 def test_adapters_worked_out_by_hand():
     """The by-hand config above with LoRA adapters of 1e6 parameters in its blocks, then with its 2e7 block
     weights in 4-bit: weight gradients, reduce-scatter and optimizer for the adapters alone."""
-    profile = DeviceProfile(name="h100_sxm", gpus_per_node=8, memory_gib=80, memory_bandwidth=1e12,
-                            peak_flops={"fp32": 1e13, "bf16": 1e14}, intra_bandwidth=1e11, intra_latency=0.0,
-                            inter_bandwidth=1e10, inter_latency=0.0)
-    calibration = {"e_max": 0.5, "h_half": 0, "e_attn": 0.25, "layer_overhead_s": 0.0, "elementwise_bytes": 0,
-                   "log_error_q90": 0.1}
-    layout = Layout(world_size=4, ranks_per_node=4, shard_size=4, replicate_size=1, reshard_after_forward=True,
-                    param_bytes=2, reduce_bytes=4, compute="bf16")
     lora = Workload(num_layers=2, hidden=1000, block_params=21_000_000, head_params=10_000_000, positions=1000,
                     scored=500, attention=1_000_000, micro_batches=2, trained_params=1_000_000)
-    p = predict_step(lora, layout, profile, calibration)
+    p = predict_step(lora, HAND_LAYOUT, HAND_PROFILE, HAND_CALIBRATION)
     # Dense: forward 2 x 2.1e7 x 1000 + 2 x 1e7 x 500 = 5.2e10, twice (forward, input gradients), plus the
     # adapters' weight gradients 2 x 1e6 x 1000 = 2e9: 1.06e11 at 5e13/s = 2.12e-3 s; attention as before
     # 9.6e-4 s. Compute 3.08e-3 s per micro-batch.
@@ -175,7 +171,7 @@ def test_adapters_worked_out_by_hand():
     # QLoRA: the 2e7 base block weights in 4-bit, 1e7 packed bytes with 0.05e7 of constants. Each of the two
     # passes through the blocks (forward, backward) unpacks them: (1.05e7 + 2e7 x 2 B) / 1e12 B/s = 5.05e-5 s.
     qlora = dataclasses.replace(lora, quantized_params=20_000_000, quantized_bytes=10_500_000)
-    q = predict_step(qlora, layout, profile, calibration)
+    q = predict_step(qlora, HAND_LAYOUT, HAND_PROFILE, HAND_CALIBRATION)
     assert q.compute_s == pytest.approx(2 * (3.08e-3 + 2 * 5.05e-5))
     # The gathers move the packed weights: (1.1e7 x 2 B + 1.05e7 B) x 3/4 = 2.4375e-4 s each.
     assert q.comm_s == pytest.approx(2 * (2 * 2.4375e-4 + 3e-5))
