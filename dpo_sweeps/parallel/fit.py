@@ -72,7 +72,7 @@ def device_memory_limit_gib(cfg) -> float | None:
 
 def model_shape(model_cfg) -> ModelShape:
     """The architecture of a config's `model` section (built on the meta device, once per architecture)."""
-    return _model_shape(_architecture_key(model_cfg))
+    return _model_shape(architecture_key(model_cfg))
 
 
 def model_shape_of(cfg) -> ModelShape:
@@ -80,7 +80,7 @@ def model_shape_of(cfg) -> ModelShape:
     weights, only they trained, and under qlora the base's 4-bit weights."""
     shape = model_shape(cfg.model)
     if cfg.peft.method != "none":
-        shape = _with_adapters(shape, _architecture_key(cfg.model), _peft_key(cfg))
+        shape = _with_adapters(shape, architecture_key(cfg.model), peft_key(cfg))
     return shape
 
 
@@ -214,7 +214,7 @@ _estimator = _Estimator()
 def measure_in_background(model_cfg=None) -> None:
     """Start the estimator process now (and the shape of `model_cfg`'s architecture), while the sweep
     composes its points: a fresh process's imports take seconds."""
-    _estimator.start(_architecture_key(model_cfg) if model_cfg is not None else None)
+    _estimator.start(architecture_key(model_cfg) if model_cfg is not None else None)
 
 
 @lru_cache(maxsize=1)
@@ -240,7 +240,7 @@ def serve_model_shapes() -> None:
         print(json.dumps(reply), flush=True)
 
 
-def _architecture_key(model_cfg) -> tuple:
+def architecture_key(model_cfg) -> tuple:
     """What decides the architecture, hashable (sweep points often share their model); `model_cfg` the
     typed `model` section of a resolved config."""
     import json
@@ -260,7 +260,7 @@ def _model_shape(key: tuple) -> ModelShape:
     return _build_model_shape(key)  # no estimator process, or an error it could not pass on: build it here
 
 
-def _peft_key(cfg) -> str:
+def peft_key(cfg) -> str:
     import json
     from dataclasses import asdict
 
@@ -295,10 +295,19 @@ def _build_model_shape(key: tuple) -> ModelShape:
 
 
 def _meta_model(key: tuple):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(architecture_config(key))
+
+
+def architecture_config(key: tuple):
+    """The transformers config of an architecture key (`architecture_key`), with the vocabulary the run's
+    tokenizer gives it."""
     import json
 
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from dpo_sweeps.rundir.paths import saved_model_path
 
@@ -320,5 +329,4 @@ def _meta_model(key: tuple):
         config = plain_config(resolve_gguf_file(gguf_file))  # the file's metadata only
     else:
         config = AutoConfig.from_pretrained(name_or_path)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+    return config

@@ -96,11 +96,11 @@ def test_the_memory_estimate_counts_4bit_base_weights():
 
     from dpo_sweeps.models.build import build_policy
     from dpo_sweeps.models.quantize import quantize_base
-    from dpo_sweeps.parallel.fit import _architecture_key, _peft_key, _with_adapters, model_shape
+    from dpo_sweeps.parallel.fit import _with_adapters, architecture_key, model_shape, peft_key
     from dpo_sweeps.parallel.memory_estimate import RunShape, gathered_params, model_states
 
     lora, qlora = config("model=tiny_llama", "peft=lora", "peft.r=4"), config(*LLAMA)
-    shapes = [_with_adapters(model_shape(c.model), _architecture_key(c.model), _peft_key(c)) for c in (lora, qlora)]
+    shapes = [_with_adapters(model_shape(c.model), architecture_key(c.model), peft_key(c)) for c in (lora, qlora)]
 
     model = quantize_base(build_policy(qlora.model, byte_tokenizer(), 0), qlora.peft, qlora.model.block_name,
                           "float32", torch.device("cpu"))
