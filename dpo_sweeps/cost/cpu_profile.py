@@ -1,9 +1,15 @@
 """cluster=cpu: this machine's profile, measured once and cached under $DPO_SWEEPS_CACHE/cluster.
 
-A CPU has no datasheet peak a step reaches, so the profile is what a rank achieves here: matmul FLOP/s per
-precision at a few square sizes on the threads one rank gets (the step predictor interpolates by the
-model's hidden size), the cost of one small op with autograd (dispatch: what bounds a tiny model's step), the memory
-bandwidth a rank's copy reaches, and the gloo all-gather bandwidth and latency between two local ranks.
+A CPU has no datasheet peak a step reaches, so the profile is what a rank achieves here. The model's own
+passes are timed per point at its shapes (cpu_passes.py); this profile holds what they do not:
+- matmul FLOP/s per precision at a few square sizes on the threads one rank gets, the cost of one small
+  op with autograd (dispatch) and the bandwidth of a copy (the memory-bound work: casts, QLoRA's unpacking);
+- the optimizer: AdamW's step with gradient clipping, per parameter, on plain tensors;
+- what FSDP2 adds to a step, per unit (block), for each way a run wraps its model: a small model of
+  UNIT_TENSORS-tensor units is trained with and without `fully_shard` in fresh gloo processes (one rank that
+  casts to bf16, as a one-rank bf16 run does; two ranks full_shard, shard_grad_op and no_shard), and the
+  difference per unit, forward and backward and in the optimizer, is the hooks', copies' and collectives'
+  fixed cost; the gloo all-gather's bandwidth between two local ranks adds the cost of the bytes.
 The cache is keyed by the thread count and the torch version; delete it to measure again. Measure on a
 quiet machine: on cores other processes hold, a multi-threaded small matmul waits for its slowest thread.
 """
@@ -26,6 +32,7 @@ from dpo_sweeps.rundir.paths import cache_root
 SIZES = (64, 128, 256, 512, 1024)
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GATHER_BYTES = 8 * 2**20
+VERSION = 2  # of what a measurement holds: an older cache is measured again
 
 
 def default_threads(nproc_per_node: int) -> int:
@@ -36,7 +43,7 @@ def default_threads(nproc_per_node: int) -> int:
 def cache_path(threads: int) -> Path:
     import torch
 
-    return cache_root() / "cluster" / f"cpu-{threads}threads-torch{torch.__version__}.json"
+    return cache_root() / "cluster" / f"cpu-v{VERSION}-{threads}threads-torch{torch.__version__}.json"
 
 
 def cached_measurement(threads: int) -> dict | None:
@@ -56,14 +63,16 @@ def measure(threads: int) -> dict:
     try:
         matmul = [[short, n, _matmul_flops(torch, getattr(torch, name), n)] for short, name in PRECISIONS.items()
                   for n in SIZES]
-        op = _best_of(lambda: _autograd_chain(torch), 200) / (2 * CHAIN_OPS + 1)
+        op = best_of(lambda: _autograd_chain(torch), 200) / (2 * CHAIN_OPS + 1)
         big = torch.empty(32 * 2**20, dtype=torch.uint8)
-        copy = 2 * big.numel() / _best_of(lambda: big.clone(), 5, at_least=5)
+        copy = 2 * big.numel() / best_of(lambda: big.clone(), 5, at_least=5)
     finally:
         torch.set_num_threads(before)
     bandwidth, latency = _gloo_all_gather()
     return {"threads": threads, "matmul_flops": matmul, "op_overhead_s": op, "memory_bandwidth": copy,
-            "gloo_bandwidth": bandwidth, "gloo_latency_s": latency, "measured_at": time.time()}
+            "optimizer_s_per_param": _optimizer_seconds_per_param(torch, threads),
+            "gloo_bandwidth": bandwidth, "gloo_latency_s": latency, "fsdp_unit_s": _fsdp_unit_costs(),
+            "measured_at": time.time()}
 
 
 def cpu_device_profile(cluster: ClusterConfig, threads: int | None = None) -> DeviceProfile:
@@ -86,10 +95,12 @@ def profile_of(cluster: ClusterConfig, m: dict) -> DeviceProfile:
         name=cluster.name, gpus_per_node=cluster.gpus_per_node, memory_gib=cluster.device_memory_gib,
         memory_bandwidth=m["memory_bandwidth"], peak_flops=peaks, intra_bandwidth=m["gloo_bandwidth"],
         intra_latency=m["gloo_latency_s"], inter_bandwidth=m["gloo_bandwidth"], inter_latency=m["gloo_latency_s"],
-        measured=True, matmul_flops=matmul, op_overhead_s=m["op_overhead_s"])
+        measured=True, matmul_flops=matmul, op_overhead_s=m["op_overhead_s"],
+        optimizer_s_per_param=m["optimizer_s_per_param"],
+        fsdp_unit_s=tuple((mode, pass_s, step_s) for mode, (pass_s, step_s) in sorted(m["fsdp_unit_s"].items())))
 
 
-def _best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> float:
+def best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> float:
     """The fastest of up to `repeats` calls (after one warm-up), stopping once `budget_s` is spent and
     `at_least` calls ran: the fastest is the machine's, the others waited for cores another process held."""
     fn()
@@ -120,7 +131,7 @@ def _autograd_chain(torch) -> None:
 def _matmul_flops(torch, dtype, n: int) -> float:
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     repeats = max(3, int(2e8 / n**3))
-    seconds = _best_of(lambda: torch.mm(a, b), repeats)
+    seconds = best_of(lambda: torch.mm(a, b), repeats, at_least=3)
     return 2 * n**3 / seconds
 
 
@@ -152,3 +163,97 @@ def _gloo_all_gather() -> tuple[float, float]:
     big, small = (float(x) for x in out[0].split())
     # A ring all-gather of n bytes on 2 ranks moves n/2 per rank; latency is the small message's time.
     return GATHER_BYTES / 2 / max(big - small, 1e-9), small
+
+
+def _optimizer_seconds_per_param(torch, threads: int) -> float:
+    """AdamW's step with gradient-norm clipping and zeroing, as a run's optimizer step does, per parameter
+    (OPTIMIZER_PARAMS of them in a few large tensors: the per-tensor cost is FSDP's, measured below)."""
+    torch.set_num_threads(threads)
+    params = [torch.nn.Parameter(torch.randn(OPTIMIZER_PARAMS // 4)) for _ in range(4)]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+
+    def step() -> None:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return best_of(step, 5, budget_s=2.0, at_least=3) / OPTIMIZER_PARAMS
+
+
+OPTIMIZER_PARAMS = 8 * 2**20
+# The synthetic FSDP model: units of UNIT_TENSORS tensors (a Llama block's: 7 projections, 2 norms) of
+# width UNIT_WIDTH, small enough that their bytes cost nothing next to the fixed cost measured.
+UNIT_TENSORS = 9
+UNIT_WIDTH = 32
+FSDP_UNITS = (2, 10)
+FSDP_RANK = """
+import json, sys, time, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+rank, world, path, modes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4].split(",")
+W, TENSORS, UNITS = int(sys.argv[5]), int(sys.argv[6]), [int(u) for u in sys.argv[7].split(",")]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
+def unit():
+    norm, proj = torch.nn.RMSNorm(W), lambda: torch.nn.Linear(W, W, bias=False)
+    layers = [torch.nn.RMSNorm(W)] + [proj() for _ in range(TENSORS - 2)] + [torch.nn.RMSNorm(W)]
+    return torch.nn.Sequential(*layers)
+def best(fn, n=25):
+    fn(); out = float("inf")
+    for _ in range(n):
+        dist.barrier(); t = time.perf_counter(); fn(); out = min(out, time.perf_counter() - t)
+    return out
+def timed(mode, units):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[unit() for _ in range(units)])
+    if mode != "plain":
+        shape, names = ((world, 1), ("replicate", "shard")) if mode == "no_shard" else ((world,), ("shard",))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mode == "cast" \
+            else MixedPrecisionPolicy()
+        reshard = mode != "shard_grad_op"
+        for block in model:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(4, W)
+    def passes():
+        model(x).float().sum().backward()
+    def step():
+        passes()
+        params = [p for p in model.parameters() if p.grad is not None]
+        total = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+        optimizer.step(); optimizer.zero_grad(set_to_none=True)
+    t_pass = best(passes); optimizer.zero_grad(set_to_none=True)
+    return t_pass, best(step) - t_pass
+out = {m: {u: timed(m, u) for u in UNITS} for m in ["plain"] + modes}
+if rank == 0:
+    print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def _fsdp_unit_costs() -> dict[str, tuple[float, float]]:
+    """Per FSDP wrapping (cast: one rank in bf16; full_shard, shard_grad_op, no_shard: two ranks), what one
+    unit adds to a micro-batch's forward and backward and to the optimizer step, in seconds: the slope
+    over FSDP_UNITS units of the wrapped model's time less the plain model's."""
+    costs = {}
+    for world, modes in ((1, ("cast",)), (2, ("full_shard", "shard_grad_op", "no_shard"))):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = str(Path(tmp) / "store")
+            args = [store, ",".join(modes), str(UNIT_WIDTH), str(UNIT_TENSORS), ",".join(map(str, FSDP_UNITS))]
+            procs = [subprocess.Popen([sys.executable, "-c", FSDP_RANK, str(r), str(world), *args],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                     for r in range(world)]
+            out = [p.communicate(timeout=300)[0] for p in procs]
+        times = json.loads(out[0])
+        few, many = (str(u) for u in FSDP_UNITS)
+        for mode in modes:
+            costs[mode] = tuple(
+                max(0.0, ((times[mode][many][i] - times["plain"][many][i])
+                          - (times[mode][few][i] - times["plain"][few][i])) / (FSDP_UNITS[1] - FSDP_UNITS[0]))
+                for i in (0, 1))
+    return costs

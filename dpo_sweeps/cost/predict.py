@@ -1,9 +1,9 @@
 """The prediction of one config (a sweep point or a run): its Workload and Layout from the resolved config,
 on its cluster profile (`cluster=`), with the fit check's memory estimate and the run's device-hours.
 
-From the config alone, as the fit check (parallel/fit.py): the architecture built on the meta device, every
-row `data.max_length` long (runs pad to their longest row: an upper bound on the step), the response half
-of each row scored when the LM head runs on response positions only (`train.logps_chunk_size` > 0).
+From the config alone, as the fit check (parallel/fit.py): the architecture built on the meta device, and
+every pair at its longest (`micro_batch_rows`: runs pad to their longest row, so this is an upper bound on
+the step).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from dpo_sweeps.cost.profile import DeviceProfile, builtin_cluster, profile_name
 from dpo_sweeps.cost.step_time import Estimate, Layout, Prediction, Workload, predict_step
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan, resolve_plan
-
-RESPONSE_FRACTION = 0.5  # as the fit check's estimate (memory_estimate.run_shape_of)
 
 
 def device_profile(cluster: ClusterConfig, threads: int | None = None) -> DeviceProfile:
@@ -33,13 +31,22 @@ def device_profile(cluster: ClusterConfig, threads: int | None = None) -> Device
         inter_bandwidth=cluster.inter_node_gb_s * 1e9, inter_latency=cluster.inter_node_latency_us * 1e-6)
 
 
+def micro_batch_rows(cfg) -> tuple[int, int, int]:
+    """(rows, their length, scored positions) of one micro-batch at the worst case the prediction assumes:
+    every pair's prompt at data.max_prompt_length and both responses filling data.max_length. Rows hold
+    prompt + chosen and prompt + rejected, or with train.share_prompt one row per pair, the prompt once and
+    both responses; the LM head scores the response positions (train.logps_chunk_size > 0) or every one."""
+    train, data = cfg.train, cfg.data
+    pairs, response = train.micro_batch_size, data.max_length - data.max_prompt_length
+    rows, length = (pairs, data.max_prompt_length + 2 * response) if train.share_prompt else (2 * pairs, data.max_length)
+    return rows, length, rows * length if train.logps_chunk_size == 0 else 2 * pairs * response
+
+
 def workload_of(cfg, plan: ParallelPlan, shape) -> Workload:
     """One rank's step of a DPO config (`shape`: memory_estimate.ModelShape of its architecture)."""
     train = cfg.train
-    rows = train.micro_batch_size * (1 if train.share_prompt else 2)
-    length = cfg.data.max_length
+    rows, length, scored = micro_batch_rows(cfg)
     positions = rows * length
-    scored = positions if train.logps_chunk_size == 0 else int(positions * RESPONSE_FRACTION)
     return Workload(
         num_layers=shape.num_layers, hidden=shape.hidden, block_params=shape.num_params - shape.root_params,
         head_params=shape.root_params, positions=positions, scored=scored, attention=rows * length * length,
@@ -57,29 +64,43 @@ def layout_of(plan: ParallelPlan, nproc_per_node: int) -> Layout:
                   compute=plan.compute)
 
 
+def rank_threads(cfg) -> int:
+    """The threads one rank of a config computes on (resources.threads_per_rank, else its share of the cores)."""
+    from dpo_sweeps.cost.cpu_profile import default_threads
+
+    return cfg.resources.threads_per_rank or default_threads(cfg.resources.nproc_per_node)
+
+
 def profile_of_config(cfg) -> DeviceProfile | None:
     """The cluster a config names (its measured numbers for cluster=cpu, on a rank's threads), or None."""
     if cfg.cluster is None:
         return None
-    threads = None
-    if cfg.cluster.measured:
-        from dpo_sweeps.cost.cpu_profile import default_threads
-
-        threads = cfg.resources.threads_per_rank or default_threads(cfg.resources.nproc_per_node)
-    return device_profile(cfg.cluster, threads)
+    return device_profile(cfg.cluster, rank_threads(cfg) if cfg.cluster.measured else None)
 
 
 def predict_config(cfg, profile: DeviceProfile, world_size: int | None = None,
-                   peak_memory_gib: float | None = None, shape=None) -> Prediction:
+                   peak_memory_gib: float | None = None, shape=None, time_passes: bool = True) -> Prediction:
     """The prediction of a typed, resolved config on `profile`: step time, tokens/s per device, MFU and the
     device-hours of its train.max_steps (probe.steps for a probe), with `peak_memory_gib` beside them.
-    `shape`: the model's ModelShape where it is built already (a run); else the fit check's, from the config."""
+    `shape`: the model's ModelShape where it is built already (a run); else the fit check's, from the config.
+    On a measured profile the point's passes are timed here (cpu_passes.py) unless cached; `time_passes`
+    false: cached ones only (a run, which must not spend its time or memory on them), else ValueError."""
     plan = resolve_plan(cfg, world_size)
     if shape is None:
         from dpo_sweeps.parallel.fit import model_shape_of
 
         shape = model_shape_of(cfg)
-    prediction = predict_step(workload_of(cfg, plan, shape), layout_of(plan, cfg.resources.nproc_per_node), profile)
+    work = workload_of(cfg, plan, shape)
+    passes = None
+    if profile.measured:
+        from dpo_sweeps.cost.cpu_passes import cached_passes, measured_passes, pass_shape
+
+        key = pass_shape(cfg, plan, rank_threads(cfg))
+        passes = measured_passes(key) if time_passes else cached_passes(key)
+        if passes is None:
+            raise ValueError("cluster=cpu: this point's passes were not timed before it ran (a sweep or dry run "
+                             "with cluster=cpu times them)")
+    prediction = predict_step(work, layout_of(plan, cfg.resources.nproc_per_node), profile, passes=passes)
     steps = cfg.probe.steps or cfg.train.max_steps
     hours = prediction.step_time_s.scaled(steps * plan.world_size / 3600)
     return replace(prediction, device_hours=hours, peak_memory_gib=peak_memory_gib)
@@ -100,7 +121,7 @@ def predicted_step_metrics(cfg, world_size: int, device, shape) -> dict:
         if profile is None:
             return {"perf/step_time_predicted_s": None, "perf/step_time_predicted_reason":
                     "no profile: name a cluster= (cluster=cpu measures this machine once)"}
-        step = predict_config(cfg, profile, world_size, shape=shape).step_time_s
+        step = predict_config(cfg, profile, world_size, shape=shape, time_passes=False).step_time_s
     except (OSError, ValueError, KeyError) as exc:
         return {"perf/step_time_predicted_s": None, "perf/step_time_predicted_reason": str(exc).splitlines()[0]}
     return {"perf/step_time_predicted_s": step.value, "perf/step_time_predicted_low_s": step.low,
@@ -113,10 +134,9 @@ def _run_profile(cfg, device_name: str | None) -> DeviceProfile | None:
     if device_name is not None:  # a GPU
         name = profile_name_of_device(device_name)
         return device_profile(builtin_cluster(name)) if name else None
-    from dpo_sweeps.cost.cpu_profile import cached_measurement, default_threads, profile_of
+    from dpo_sweeps.cost.cpu_profile import cached_measurement, profile_of
 
-    threads = cfg.resources.threads_per_rank or default_threads(cfg.resources.nproc_per_node)
-    found = cached_measurement(threads)
+    found = cached_measurement(rank_threads(cfg))
     return profile_of(builtin_cluster("cpu"), found) if found is not None else None
 
 

@@ -30,6 +30,14 @@ class DeviceProfile:
     # Measured profiles only: achieved matmul FLOP/s by precision and square size (cpu_profile.py).
     matmul_flops: tuple[tuple[str, int, float], ...] = ()
     op_overhead_s: float = 0.0  # measured profiles: the cost of one small op (dispatch), seconds
+    optimizer_s_per_param: float = 0.0  # measured profiles: AdamW's step with clipping, per parameter
+    # Measured profiles: (wrapping, seconds one FSDP unit adds to a micro-batch's passes, seconds it adds to
+    # the optimizer step); wrappings: cast (one rank, bf16), full_shard, shard_grad_op, no_shard (cpu_profile.py).
+    fsdp_unit_s: tuple[tuple[str, float, float], ...] = ()
+
+    def fsdp_unit_cost(self, wrapping: str) -> tuple[float, float]:
+        """(per micro-batch, per optimizer step) of one FSDP unit wrapped as `wrapping` (0, 0 unmeasured)."""
+        return next(((p, s) for w, p, s in self.fsdp_unit_s if w == wrapping), (0.0, 0.0))
 
     def peak(self, compute: str, tf32: bool = True) -> float:
         key = "tf32" if compute == "fp32" and tf32 and "tf32" in self.peak_flops else compute

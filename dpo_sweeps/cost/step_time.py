@@ -11,8 +11,9 @@ part of its FSDP communication that compute does not hide:
   its norms, activations and residuals read and write the hidden states at the device's memory bandwidth
   (`elementwise_bytes` per hidden value). These five numbers are the calibration (CALIBRATIONS, fitted
   only on llm-foundry's MPT tables, per GPU generation: bench/fit_efficiency.py, bench/data/llm_foundry.csv).
-  A measured CPU profile has no calibration: its matmul rates are measured at the model's sizes, and its
-  fixed cost is its measured per-op cost times the step's op count.
+  A measured CPU profile has no calibration and no rates: the point's own passes are timed at its shapes
+  (cpu_passes.py), and `predict_measured` adds to them what the machine's profile measured FSDP, the
+  optimizer and memory-bound copies to cost (cpu_profile.py).
 - communication (FSDP2, Zhao et al. 2023, arXiv 2304.11277): per micro-batch an all-gather of the
   parameters in the compute dtype for forward, again for backward when resharded after forward, one for
   the reference's forward, and a reduce-scatter of the gradients in the reduce dtype; hybrid sharding adds
@@ -34,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dpo_sweeps.cost.cpu_passes import MeasuredPasses
 from dpo_sweeps.cost.profile import DeviceProfile
 
 # Fitted by bench/fit_efficiency.py on bench/data/llm_foundry.csv only, one set per GPU generation the
@@ -49,16 +51,15 @@ CALIBRATIONS = {
 CALIBRATION_OF = {"a100_40gb": ("a100", True), "a100_80gb": ("a100", True), "h100_sxm": ("h100", True),
                   "h200_sxm": ("h100", False), "b200": ("h100", False), "l40s": ("a100", False)}
 UNCALIBRATED_WIDTH = 0.15  # log units, added in quadrature: a device the tables never measured
-MEASURED_WIDTH = 0.3  # a measured CPU profile: no calibration at all, only the micro-benchmark
+MEASURED_WIDTH = 0.3  # a measured CPU profile: no calibration; FSDP, the optimizer and the loss from a synthetic model
 # Adapters (peft): the calibration tables train every weight, so a frozen base's backward (input gradients
 # only), the adapters' small matmuls and QLoRA's unpacking are counted from their FLOPs and bytes, never
 # measured against published figures: log units, added in quadrature.
 ADAPTER_WIDTH = 0.2
-# A measured (CPU) profile has no calibration: a tiny model's step there is bound by its op count, taken from
-# the structure of a Hugging Face decoder block (norms, projections, rotary, SDPA, activation, residuals: about
-# 50 ops a pass) and of the DPO step outside the blocks (embedding, chunked log-probs, the loss: about 200).
-OPS_PER_BLOCK_PASS = 50
-OPS_PER_MICRO_BATCH = 200
+# A measured (CPU) profile times the model's passes and the scoring (cpu_passes.py); the DPO loss and the
+# step's bookkeeping around them (the loss's log-sigmoid and margins, the metrics kept) are about this many
+# small ops a micro-batch, at the profile's measured cost of one.
+OPS_OUTSIDE_PASSES = 60
 # Bytes AdamW's step moves per parameter of the shard: fp32 weight read+write, gradient read, two moments
 # read+write.
 OPTIMIZER_BYTES = 4 * 2 + 4 + 8 * 2
@@ -188,7 +189,14 @@ def calibration_of(profile_name: str) -> tuple[dict, bool]:
     return CALIBRATIONS[name], calibrated
 
 
-def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibration: dict | None = None) -> Prediction:
+def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibration: dict | None = None,
+                 passes: MeasuredPasses | None = None) -> Prediction:
+    """The step on `profile`: from its calibration on a datasheet profile; on a measured one (cluster=cpu)
+    from the point's timed `passes` (predict_measured)."""
+    if profile.measured:
+        if passes is None:
+            raise ValueError("a measured profile (cluster=cpu) predicts from the point's timed passes (cpu_passes.py)")
+        return predict_measured(work, layout, profile, passes)
     default, calibrated = calibration_of(profile.name)
     calibration = calibration or default
     peak = profile.peak(layout.compute)
@@ -205,24 +213,15 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
         layer_passes += 1
     elif work.recompute == "selective":  # the attention core again
         attention += attention_forward
-    if profile.measured:
-        dense_rate = _measured_rate(profile, layout.compute, work.hidden)
-        attention_rate = _measured_rate(profile, layout.compute, max(16, work.hidden // 8))
-        layer_cost = profile.op_overhead_s * OPS_PER_BLOCK_PASS
-    else:
-        dense_rate = peak * dense_efficiency(work.hidden, calibration)
-        attention_rate = peak * calibration["e_attn"]
-        layer_cost = calibration["layer_overhead_s"]
+    dense_rate = peak * dense_efficiency(work.hidden, calibration)
+    attention_rate = peak * calibration["e_attn"]
+    layer_cost = calibration["layer_overhead_s"]
     # Norms, activations, residuals and dropout read and write the hidden states: memory bound, so a device
     # with more FLOP/s per byte of bandwidth (an H100 against an A100) spends a larger share of its step there.
     elementwise = (calibration["elementwise_bytes"] * layer_passes * work.num_layers * work.positions * work.hidden
                    * layout.param_bytes / profile.memory_bandwidth)
-    # QLoRA: every pass through the blocks (forward, backward, recompute, reference) unpacks the 4-bit
-    # weights into the compute dtype, reading the packed bytes and writing the unpacked ones (memory bound).
-    dequantize = (layer_passes - 1) * (work.quantized_bytes + work.quantized_params * layout.param_bytes) \
-        / profile.memory_bandwidth
     compute = dense / dense_rate + attention / attention_rate + layer_passes * work.num_layers * layer_cost \
-        + (OPS_PER_MICRO_BATCH * profile.op_overhead_s if profile.measured else elementwise) + dequantize
+        + elementwise + _dequantize_s(work, layout, profile, layer_passes)
 
     # FSDP communication per micro-batch.
     s, r = layout.shard_size, layout.replicate_size
@@ -243,24 +242,67 @@ def predict_step(work: Workload, layout: Layout, profile: DeviceProfile, calibra
     step = work.micro_batches * micro + optimizer
 
     comm_share = work.micro_batches * exposed / step
-    width = math.hypot(calibration["log_error_q90"], 0.6 * comm_share,
-                       MEASURED_WIDTH if profile.measured else (0.0 if calibrated else UNCALIBRATED_WIDTH),
+    width = math.hypot(calibration["log_error_q90"], 0.6 * comm_share, 0.0 if calibrated else UNCALIBRATED_WIDTH,
                        ADAPTER_WIDTH if work.trained_params is not None else 0.0)
     step_e = Estimate(step, step * math.exp(-width), step * math.exp(width))
     tokens = work.positions * work.micro_batches
-    mfu = None if profile.measured else step_e.inverse(work.model_flops() / peak)
-    return Prediction(step_e, step_e.inverse(tokens), mfu, work.micro_batches * compute,
-                      work.micro_batches * exposed, work.micro_batches * comm, optimizer)
+    return Prediction(step_e, step_e.inverse(tokens), step_e.inverse(work.model_flops() / peak),
+                      work.micro_batches * compute, work.micro_batches * exposed, work.micro_batches * comm, optimizer)
 
 
-def _measured_rate(profile: DeviceProfile, compute: str, size: int) -> float:
-    """Achieved matmul FLOP/s of a measured profile at `size` (log-interpolated between measured sizes)."""
-    points = sorted((n, f) for c, n, f in profile.matmul_flops if c == compute) or \
-        sorted((n, f) for c, n, f in profile.matmul_flops if c == "fp32")
-    if size <= points[0][0]:
-        return points[0][1]
-    for (n0, f0), (n1, f1) in zip(points, points[1:]):
-        if size <= n1:
-            t = math.log(size / n0) / math.log(n1 / n0)
-            return math.exp(math.log(f0) + t * math.log(f1 / f0))
-    return points[-1][1]
+def predict_measured(work: Workload, layout: Layout, profile: DeviceProfile, passes: MeasuredPasses) -> Prediction:
+    """The step on a measured profile (cluster=cpu): the point's timed passes (cpu_passes.py), and what the
+    profile measured FSDP's units, their bytes, the optimizer and QLoRA's unpacking to add (cpu_profile.py).
+    Nothing overlaps: gloo's collectives and FSDP's copies take the cores the compute would use."""
+    layers = work.num_layers
+    compute = layers * passes.block_train_s + passes.rest_train_s
+    layer_passes = 3
+    if work.reference_forward:
+        compute += layers * passes.block_forward_s + passes.rest_forward_s
+        layer_passes += 1
+    if work.recompute != "none":  # timed within the passes (cpu_passes.py checkpoints as a run does)
+        layer_passes += 1
+    compute += OPS_OUTSIDE_PASSES * profile.op_overhead_s + _dequantize_s(work, layout, profile, layer_passes)
+
+    # FSDP: each unit's fixed cost for this wrapping (hooks, copies, the collectives' calls), then its bytes.
+    s, r = layout.shard_size, layout.replicate_size
+    wrapping = _wrapping(layout)
+    units = work.num_layers + 1
+    unit_pass, unit_step = profile.fsdp_unit_cost(wrapping) if wrapping else (0.0, 0.0)
+    if s > 1 and r > 1:  # hybrid: the replicas' all-reduce too, as no_shard's
+        unit_pass, unit_step = (a + b for a, b in zip((unit_pass, unit_step), profile.fsdp_unit_cost("no_shard")))
+    gathers = (1 + (1 if layout.reshard_after_forward else 0) + (1 if work.reference_forward else 0)) if s > 1 else 0
+    gathered = work.gathered_bytes(layout.param_bytes)
+    comm = units * unit_pass + gathers * _collective_time(gathered, s, False, profile, 0) \
+        + _collective_time(work.trained * layout.reduce_bytes, s, False, profile, 0) \
+        + 2 * _collective_time(work.trained / s * layout.reduce_bytes, r, False, profile, 0)
+    if wrapping:  # FSDP copies each gathered parameter in and out (casting it), and each gradient out
+        comm += (max(gathers, 1) * 2 * gathered / s + 2 * work.trained * layout.reduce_bytes / s) \
+            / profile.memory_bandwidth
+    optimizer = profile.optimizer_s_per_param * work.trained / s + units * unit_step
+    step = work.micro_batches * (compute + comm) + optimizer
+
+    comm_share = work.micro_batches * comm / step
+    width = math.hypot(MEASURED_WIDTH, 0.6 * comm_share)
+    step_e = Estimate(step, step * math.exp(-width), step * math.exp(width))
+    tokens = work.positions * work.micro_batches
+    return Prediction(step_e, step_e.inverse(tokens), None, work.micro_batches * compute,
+                      work.micro_batches * comm, work.micro_batches * comm, optimizer)
+
+
+def _wrapping(layout: Layout) -> str | None:
+    """How FSDP wraps a run's model, as the measured profile names it (cpu_profile.py); None: not at all
+    (one rank computing in fp32, fsdp.py's needs_fully_shard)."""
+    if layout.world_size == 1:
+        return "cast" if layout.compute != "fp32" else None
+    if layout.shard_size == 1:
+        return "no_shard"
+    return "full_shard" if layout.reshard_after_forward else "shard_grad_op"
+
+
+def _dequantize_s(work: Workload, layout: Layout, profile: DeviceProfile, layer_passes: int) -> float:
+    """QLoRA: every pass through the blocks but backward's weight gradients (forward, input gradients,
+    recompute, reference) unpacks the 4-bit weights into the compute dtype, reading the packed bytes and
+    writing the unpacked ones (memory bound)."""
+    return (layer_passes - 1) * (work.quantized_bytes + work.quantized_params * layout.param_bytes) \
+        / profile.memory_bandwidth

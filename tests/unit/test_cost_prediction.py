@@ -12,9 +12,17 @@ from omegaconf import OmegaConf
 from support import REPO
 
 from dpo_sweeps.config.schema import ClusterConfig, Config
+from dpo_sweeps.cost.cpu_passes import MeasuredPasses
 from dpo_sweeps.cost.predict import device_profile, predict_config
 from dpo_sweeps.cost.profile import CLUSTER_DIR, DeviceProfile, builtin_cluster
-from dpo_sweeps.cost.step_time import ADAPTER_WIDTH, Layout, Workload, predict_step
+from dpo_sweeps.cost.step_time import (
+    ADAPTER_WIDTH,
+    MEASURED_WIDTH,
+    OPS_OUTSIDE_PASSES,
+    Layout,
+    Workload,
+    predict_step,
+)
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.fit import model_shape_of
 from dpo_sweeps.parallel.memory_estimate import ModelShape
@@ -188,3 +196,60 @@ def test_a_lora_config_is_predicted_with_its_adapters():
     assert p_lora.optimizer_s / p_full.optimizer_s == pytest.approx(trained / model_shape_of(full).num_params)
     assert p_lora.comm_s < p_full.comm_s  # only their gradients are reduced
     assert p_lora.step_time_s.high / p_lora.step_time_s.value > p_full.step_time_s.high / p_full.step_time_s.value
+
+
+# A measured (cluster=cpu) profile worked out by hand: a copy at 10 GB/s, gloo at 1 GB/s, 10 us an op, AdamW
+# 1 ns a parameter; what one FSDP unit adds to a micro-batch and to the optimizer step, per wrapping; and the
+# passes a point's model was timed at.
+HAND_CPU = DeviceProfile(name="cpu", gpus_per_node=2, memory_gib=None, memory_bandwidth=1e10,
+                         peak_flops={"fp32": 1e11, "bf16": 1e11, "fp16": 1e11}, intra_bandwidth=1e9,
+                         intra_latency=1e-4, inter_bandwidth=1e9, inter_latency=1e-4, measured=True,
+                         op_overhead_s=1e-5, optimizer_s_per_param=1e-9,
+                         fsdp_unit_s=(("cast", 1e-4, 2e-4), ("full_shard", 1e-3, 5e-4), ("no_shard", 4e-4, 3e-4),
+                                      ("shard_grad_op", 6e-4, 5e-4)))
+HAND_PASSES = MeasuredPasses(block_train_s=0.01, block_forward_s=0.003, rest_train_s=0.007, rest_forward_s=0.003)
+HAND_CPU_WORK = Workload(num_layers=2, hidden=100, block_params=1_000_000, head_params=1_000_000, positions=1000,
+                         scored=500, attention=100_000, micro_batches=2)
+
+
+def test_a_measured_profile_predicts_from_the_points_timed_passes_worked_out_by_hand():
+    one_rank = Layout(world_size=1, ranks_per_node=1, shard_size=1, replicate_size=1, reshard_after_forward=True,
+                      param_bytes=4, reduce_bytes=4, compute="fp32")
+    p = predict_step(HAND_CPU_WORK, one_rank, HAND_CPU, passes=HAND_PASSES)
+    # Two blocks' training passes, the rest of the pass (embeddings, head), the loss's ops: 0.0276 s a micro-batch.
+    compute = 2 * 0.01 + 0.007 + OPS_OUTSIDE_PASSES * 1e-5
+    assert p.compute_s == pytest.approx(2 * compute)
+    assert p.comm_s == 0  # one rank in fp32: not wrapped by FSDP at all
+    assert p.optimizer_s == pytest.approx(1e-9 * 2_000_000)
+    assert p.step_time_s.value == pytest.approx(2 * compute + 2e-3)
+    assert p.step_time_s.high == pytest.approx(p.step_time_s.value * math.exp(MEASURED_WIDTH))
+    assert p.mfu is None  # no datasheet peak
+
+    # Two ranks, full_shard, a live reference: its forward through the blocks and the rest; 3 units a
+    # millisecond each; 3 gathers of 8e6 B (half of them over gloo: 4e-3 s each) and the reduce-scatter's
+    # (4e-3 s); FSDP's copies in and out of each rank's half (3 x 2 x 4e6 + 2 x 4e6 B at 10 GB/s).
+    two = Layout(world_size=2, ranks_per_node=2, shard_size=2, replicate_size=1, reshard_after_forward=True,
+                 param_bytes=4, reduce_bytes=4, compute="fp32")
+    live = dataclasses.replace(HAND_CPU_WORK, reference_forward=True)
+    q = predict_step(live, two, HAND_CPU, passes=HAND_PASSES)
+    compute_live = compute + 2 * 0.003 + 0.003
+    comm = 3 * 1e-3 + 3 * 4e-3 + 4e-3 + (3 * 2 * 4e6 + 2 * 4e6) / 1e10
+    assert q.compute_s == pytest.approx(2 * compute_live)
+    assert q.comm_s == pytest.approx(2 * comm)
+    # AdamW over the rank's half, and each unit's share of the step on sharded tensors.
+    assert q.optimizer_s == pytest.approx(1e-9 * 1_000_000 + 3 * 5e-4)
+    assert q.step_time_s.value == pytest.approx(2 * (compute_live + comm) + q.optimizer_s)
+    width = math.hypot(MEASURED_WIDTH, 0.6 * 2 * comm / q.step_time_s.value)
+    assert q.step_time_s.low == pytest.approx(q.step_time_s.value * math.exp(-width))
+
+    # One rank in bf16 is wrapped to cast: the cast's unit cost and copies, no collective.
+    cast = dataclasses.replace(one_rank, param_bytes=2, compute="bf16")
+    c = predict_step(HAND_CPU_WORK, cast, HAND_CPU, passes=HAND_PASSES)
+    assert c.comm_s == pytest.approx(2 * (3 * 1e-4 + (2 * 4e6 + 2 * 8e6) / 1e10))
+
+
+def test_a_measured_profile_without_the_points_passes_is_refused():
+    one_rank = Layout(world_size=1, ranks_per_node=1, shard_size=1, replicate_size=1, reshard_after_forward=True,
+                      param_bytes=4, reduce_bytes=4, compute="fp32")
+    with pytest.raises(ValueError, match="timed passes"):
+        predict_step(HAND_CPU_WORK, one_rank, HAND_CPU)

@@ -1,0 +1,175 @@
+"""cluster=cpu: a point's own passes, timed on this CPU at its shapes.
+
+On a GPU the step's pieces run near rates a calibration can know. On a CPU the rate of a small model's
+matmuls, attention and elementwise work changes with every shape (what fits the caches, the kernels
+oneDNN picks, the hand-offs between a rank's threads), and a rate read off square matmuls misses the
+step by a factor (bench/README.md). So cluster=cpu profiles each point at its shapes, as vTrain profiles
+operators on GPUs: its architecture itself, built with 1 and with 3 blocks (random weights: the time does
+not depend on their values), in its compute dtype, with its adapters, scores one micro-batch of its
+longest pairs (predict.py's micro_batch_rows) through the step's own code, collated as a run collates
+them (data/collate.py: padding, a prefix-shared batch's 4-D mask) and scored by dpo/response_logps.py
+(the LM head on the response positions or full logits), on the threads a rank gets:
+- one block's training pass, (T3 - T1) / 2, forward and backward (weight gradients of what trains only;
+  with activation checkpointing, as a run wraps it, the recompute too), and its forward without autograd
+  (the reference's pass when not cached);
+- the rest of the pass, T1 less one block: embeddings, final norm, the LM head and log-softmax.
+step_time.py adds what these passes do not hold from the machine's profile (cpu_profile.py): FSDP's
+collectives, the optimizer, QLoRA's unpacking, the loss. Cached per shape under
+$DPO_SWEEPS_CACHE/cluster/passes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from dpo_sweeps.cost.cpu_profile import best_of
+from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.paths import cache_root
+
+
+@dataclass(frozen=True)
+class MeasuredPasses:
+    """One micro-batch's passes on one rank, in seconds."""
+
+    block_train_s: float  # one block, forward and backward
+    block_forward_s: float  # one block, forward without autograd
+    rest_train_s: float  # all but the blocks (embeddings, final norm, LM head, log-softmax), forward and backward
+    rest_forward_s: float
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """What decides a point's passes (hashable: points of a sweep share them)."""
+
+    architecture: str  # parallel/fit.py's architecture key, as JSON
+    peft: str  # parallel/fit.py's peft key ("none" for a full fine-tune)
+    dtype: str  # the compute dtype's torch name
+    pairs: int  # train.micro_batch_size
+    prompt: int  # tokens of each prompt (data.max_prompt_length)
+    response: int  # tokens of each response (data.max_length - data.max_prompt_length)
+    share_prompt: bool
+    chunk_size: int  # train.logps_chunk_size (0: full logits)
+    checkpointing: bool  # fsdp.activation_checkpointing: backward recomputes each block's forward
+    threads: int
+
+    def cache_file(self):
+        import torch
+
+        digest = hashlib.sha256(json.dumps([asdict(self), torch.__version__]).encode()).hexdigest()[:20]
+        return cache_root() / "cluster" / "passes" / f"{digest}.json"
+
+
+def pass_shape(cfg, plan, threads: int) -> PassShape:
+    from dpo_sweeps.parallel.fit import architecture_key, peft_key
+
+    data, train = cfg.data, cfg.train
+    return PassShape(architecture=json.dumps(architecture_key(cfg.model)),
+                     peft=peft_key(cfg) if cfg.peft.method != "none" else "none", dtype=plan.param_dtype,
+                     pairs=train.micro_batch_size, prompt=data.max_prompt_length,
+                     response=data.max_length - data.max_prompt_length, share_prompt=train.share_prompt,
+                     chunk_size=train.logps_chunk_size, checkpointing=plan.activation_checkpointing,
+                     threads=threads)
+
+
+def cached_passes(shape: PassShape) -> MeasuredPasses | None:
+    try:
+        return MeasuredPasses(**json.loads(shape.cache_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def measured_passes(shape: PassShape) -> MeasuredPasses:
+    """The passes of `shape`: cached, or timed now (seconds) and cached."""
+    found = cached_passes(shape)
+    if found is not None:
+        return found
+    found = time_passes(shape)
+    path = shape.cache_file()
+    try:
+        write_json_atomic(path, asdict(found))
+    except OSError:
+        pass  # timed again next time
+    return found
+
+
+def time_passes(shape: PassShape) -> MeasuredPasses:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(shape.threads)
+    try:
+        with torch.random.fork_rng():
+            one, three = (_time_model(shape, blocks) for blocks in (1, 3))
+    finally:
+        torch.set_num_threads(before)
+    block_train, block_forward = ((b - a) / 2 for a, b in zip(one, three))
+    return MeasuredPasses(block_train_s=max(block_train, 0.0), block_forward_s=max(block_forward, 0.0),
+                          rest_train_s=max(one[0] - block_train, 0.0), rest_forward_s=max(one[1] - block_forward, 0.0))
+
+
+def _model(shape: PassShape, blocks: int):
+    """The architecture with `blocks` blocks, its adapters, in the compute dtype, in training mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpo_sweeps.parallel.fit import architecture_config
+
+    config = copy.deepcopy(architecture_config(tuple(json.loads(shape.architecture))))
+    config.num_hidden_layers = blocks
+    if isinstance(getattr(config, "layer_types", None), list):  # per-block attention kinds (sliding, full)
+        config.layer_types = config.layer_types[:blocks]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if shape.peft != "none":
+        from dpo_sweeps.config.schema import PeftConfig
+        from dpo_sweeps.models.adapters import add_adapters
+
+        spec = json.loads(shape.peft)
+        # QLoRA's base is timed as LoRA's: its unpacking is counted from bytes (step_time.py).
+        peft = PeftConfig(**{**spec["peft"], "method": "lora"})
+        model = add_adapters(model, peft, spec["block_name"])
+    if shape.checkpointing:  # as parallel/fsdp.py wraps a trained model
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(getattr(torch, shape.dtype)).train()
+
+
+def micro_batch(shape: PassShape, vocab: int) -> dict:
+    """One micro-batch of `shape.pairs` pairs at their longest, collated as a run collates them; the last
+    pair's rejected response a quarter shorter, so that the batch is padded as real ones are."""
+    import torch
+
+    from dpo_sweeps.data.collate import collate
+    from dpo_sweeps.data.encoding import EncodedPair
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(1, vocab, (n,)).tolist()
+
+    pairs = [EncodedPair(tokens(shape.prompt), tokens(shape.response), tokens(shape.response))
+             for _ in range(shape.pairs)]
+    pairs[-1] = EncodedPair(pairs[-1].prompt, pairs[-1].chosen, pairs[-1].rejected[: max(1, 3 * shape.response // 4)])
+    return collate(pairs, pad_id=0, share_prompt=shape.share_prompt)
+
+
+def _time_model(shape: PassShape, blocks: int) -> tuple[float, float]:
+    """(forward and backward, forward alone) of the step's scoring of one micro-batch with `blocks` blocks."""
+    import torch
+
+    from dpo_sweeps.dpo.response_logps import response_logps
+
+    model = _model(shape, blocks)
+    batch = micro_batch(shape, model.config.vocab_size)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def train() -> None:
+        response_logps(model, batch, shape.chunk_size).sums.sum().backward()
+        for p in params:
+            p.grad = None
+
+    def forward() -> None:
+        with torch.no_grad():
+            response_logps(model, batch, shape.chunk_size)
+
+    return best_of(train, 5, budget_s=2.0, at_least=3), best_of(forward, 5, budget_s=1.0, at_least=3)
