@@ -129,6 +129,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
             typed = Config.of(config)
             check_settings_used(typed, ctx.overrides, launch)
             check_device_memory(typed, ctx.base_dir)
+            if launch == Launch.DPO_SWEEPS:
+                time_cost_passes(typed)
         except InvalidConfig as exc:
             # torchrun: rank 0 says it
             raise RunRefused(exc, nothing_written=True, quiet=os.environ.get("RANK", "0") != "0") from None
@@ -164,6 +166,21 @@ def check_device_memory(cfg: Config, base_dir: Path) -> None:
                             f"the estimated peak, {fit.estimate_gib:.2f} GiB per device, exceeds {fit.limit_gib:g} GiB",
                             "a limit the run fits in, a config that fits (fewer tokens per micro-batch, more "
                             "sharding), or leave resources.device_memory_gib out to start it anyway")
+
+
+def time_cost_passes(cfg: Config) -> None:
+    """cluster=cpu: a single run times its point's passes before its ranks start, as a sweep does for its
+    points before launch (launchers/cost_screen.py), so that the run records its predicted step time; a
+    rank never times anything itself (cost/predict.py). A config the prediction cannot read is left to
+    validation, and the run then records why it has no prediction."""
+    if cfg.cluster is None or not cfg.cluster.measured:
+        return
+    from dpo_sweeps.cost.predict import predict_config, profile_of_config
+
+    try:
+        predict_config(cfg, profile_of_config(cfg))
+    except (OSError, ValueError, RunFailure):
+        pass
 
 
 def completed_run(ctx: RunContext) -> Summary | None:

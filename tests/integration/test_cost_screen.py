@@ -56,6 +56,17 @@ def test_a_custom_profile_file_missing_a_figure_is_refused_naming_it(tmp_path):
     assert "cluster.memory_bandwidth_gb_s: missing" in result.output, result.output[-3000:]
 
 
+@pytest.mark.slow  # measures this CPU's profile, times the run's passes, trains
+def test_a_single_run_on_cluster_cpu_times_its_passes_before_it_starts_and_records_its_prediction(tmp_path):
+    run = run_cli(tmp_path / "run", "cluster=cpu", "train.max_steps=4", "perf.warmup_steps=1",
+                  "train.eval_every=0", "data.num_train_pairs=64", "data.num_eval_pairs=16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = run.summary["metrics"]
+    assert metrics["perf/step_time_predicted_profile"] == "cpu", metrics.get("perf/step_time_predicted_reason")
+    assert 0 < metrics["perf/step_time_predicted_low_s"] < metrics["perf/step_time_predicted_s"] \
+        < metrics["perf/step_time_predicted_high_s"]
+
+
 @pytest.mark.slow  # a training run, then the report
 def test_a_run_records_its_predicted_step_time_and_the_report_plots_it_against_the_measured(tmp_path):
     run = run_cli(tmp_path / "run", "cluster=h100_sxm", "train.max_steps=4", "perf.warmup_steps=1",
