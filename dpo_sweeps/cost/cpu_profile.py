@@ -63,14 +63,15 @@ def measure(threads: int) -> dict:
     try:
         matmul = [[short, n, _matmul_flops(torch, getattr(torch, name), n)] for short, name in PRECISIONS.items()
                   for n in SIZES]
-        op = best_of(lambda: _autograd_chain(torch), 200) / (2 * CHAIN_OPS + 1)
+        op = _best_of(lambda: _autograd_chain(torch), 200) / (2 * CHAIN_OPS + 1)
         big = torch.empty(32 * 2**20, dtype=torch.uint8)
-        copy = 2 * big.numel() / best_of(lambda: big.clone(), 5, at_least=5)
+        copy = 2 * big.numel() / _best_of(lambda: big.clone(), 5, at_least=5)
+        optimizer = _optimizer_seconds_per_param(torch)
     finally:
         torch.set_num_threads(before)
     bandwidth, latency = _gloo_all_gather()
     return {"threads": threads, "matmul_flops": matmul, "op_overhead_s": op, "memory_bandwidth": copy,
-            "optimizer_s_per_param": _optimizer_seconds_per_param(torch, threads),
+            "optimizer_s_per_param": optimizer,
             "gloo_bandwidth": bandwidth, "gloo_latency_s": latency, "fsdp_unit_s": _fsdp_unit_costs(),
             "measured_at": time.time()}
 
@@ -100,7 +101,7 @@ def profile_of(cluster: ClusterConfig, m: dict) -> DeviceProfile:
         fsdp_unit_s=tuple((mode, pass_s, step_s) for mode, (pass_s, step_s) in sorted(m["fsdp_unit_s"].items())))
 
 
-def best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> float:
+def _best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> float:
     """The fastest of up to `repeats` calls (after one warm-up), stopping once `budget_s` is spent and
     `at_least` calls ran: the fastest is the machine's, the others waited for cores another process held."""
     fn()
@@ -131,7 +132,7 @@ def _autograd_chain(torch) -> None:
 def _matmul_flops(torch, dtype, n: int) -> float:
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     repeats = max(3, int(2e8 / n**3))
-    seconds = best_of(lambda: torch.mm(a, b), repeats, at_least=3)
+    seconds = _best_of(lambda: torch.mm(a, b), repeats, at_least=3)
     return 2 * n**3 / seconds
 
 
@@ -165,10 +166,9 @@ def _gloo_all_gather() -> tuple[float, float]:
     return GATHER_BYTES / 2 / max(big - small, 1e-9), small
 
 
-def _optimizer_seconds_per_param(torch, threads: int) -> float:
+def _optimizer_seconds_per_param(torch) -> float:
     """AdamW's step with gradient-norm clipping and zeroing, as a run's optimizer step does, per parameter
     (OPTIMIZER_PARAMS of them in a few large tensors: the per-tensor cost is FSDP's, measured below)."""
-    torch.set_num_threads(threads)
     params = [torch.nn.Parameter(torch.randn(OPTIMIZER_PARAMS // 4)) for _ in range(4)]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
 
@@ -179,7 +179,7 @@ def _optimizer_seconds_per_param(torch, threads: int) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return best_of(step, 5, budget_s=2.0, at_least=3) / OPTIMIZER_PARAMS
+    return _best_of(step, 5, budget_s=2.0, at_least=3) / OPTIMIZER_PARAMS
 
 
 OPTIMIZER_PARAMS = 8 * 2**20
@@ -197,8 +197,8 @@ W, TENSORS, UNITS = int(sys.argv[5]), int(sys.argv[6]), [int(u) for u in sys.arg
 torch.set_num_threads(1)
 dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
 def unit():
-    norm, proj = torch.nn.RMSNorm(W), lambda: torch.nn.Linear(W, W, bias=False)
-    layers = [torch.nn.RMSNorm(W)] + [proj() for _ in range(TENSORS - 2)] + [torch.nn.RMSNorm(W)]
+    projections = [torch.nn.Linear(W, W, bias=False) for _ in range(TENSORS - 2)]
+    layers = [torch.nn.RMSNorm(W), *projections, torch.nn.RMSNorm(W)]
     return torch.nn.Sequential(*layers)
 def best(fn, n=25):
     fn(); out = float("inf")
