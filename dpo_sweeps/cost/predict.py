@@ -61,7 +61,7 @@ def layout_of(plan: ParallelPlan, nproc_per_node: int) -> Layout:
     return Layout(world_size=plan.world_size, ranks_per_node=nproc_per_node, shard_size=plan.shard_size,
                   replicate_size=plan.replicate_size, reshard_after_forward=plan.reshard_after_forward,
                   param_bytes=DTYPES[plan.param_dtype].bytes, reduce_bytes=DTYPES[plan.reduce_dtype].bytes,
-                  compute=plan.compute)
+                  compute=plan.compute, fully_sharded=plan.fully_sharded)
 
 
 def rank_threads(cfg) -> int:

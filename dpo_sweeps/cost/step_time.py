@@ -124,6 +124,7 @@ class Layout:
     param_bytes: int  # the compute dtype's
     reduce_bytes: int
     compute: str  # fp32, bf16, fp16
+    fully_sharded: bool = True  # wrapped by fully_shard (ParallelPlan.fully_sharded): one fp32 rank is not
 
 
 @dataclass(frozen=True)
@@ -291,10 +292,12 @@ def predict_measured(work: Workload, layout: Layout, profile: DeviceProfile, pas
 
 
 def _wrapping(layout: Layout) -> str | None:
-    """How FSDP wraps a run's model, as the measured profile names it (cpu_profile.py); None: not at all
-    (one rank computing in fp32, fsdp.py's needs_fully_shard)."""
+    """How FSDP wraps a run's model, as the measured profile names it (cpu_profile.py); None: not at all.
+    One rank is wrapped only to cast or offload (Layout.fully_sharded), as the profile's `cast` measures."""
+    if not layout.fully_sharded:
+        return None
     if layout.world_size == 1:
-        return "cast" if layout.compute != "fp32" else None
+        return "cast"
     if layout.shard_size == 1:
         return "no_shard"
     return "full_shard" if layout.reshard_after_forward else "shard_grad_op"

@@ -276,7 +276,7 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         reshard_after_forward=plan.reshard_after_forward, cpu_offload=plan.cpu_offload,
         reduce_dtype=plan.reduce_dtype,
         # as fsdp.needs_fully_shard decides for the trained model
-        fully_sharded=plan.world_size > 1 or plan.cpu_offload or plan.casts,
+        fully_sharded=plan.fully_sharded,
         activation_checkpointing=plan.activation_checkpointing,
         optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
         seq_len=seq_len or cfg.data.max_length,

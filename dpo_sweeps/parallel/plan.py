@@ -126,6 +126,12 @@ class ParallelPlan:
         return self.param_dtype != "float32" or self.reduce_dtype != "float32"
 
     @property
+    def fully_sharded(self) -> bool:
+        """Whether the trained model is wrapped by fully_shard: always on several ranks; on one, only to cast
+        or offload (fsdp.py's needs_fully_shard, which a rank asks of its MixedPrecisionPolicy)."""
+        return self.world_size > 1 or self.cpu_offload or self.casts
+
+    @property
     def mesh(self) -> dict[str, int]:
         return dict(zip(self.mesh_dim_names, self.mesh_shape))
 

@@ -13,7 +13,7 @@ from support import REPO
 
 from dpo_sweeps.config.schema import ClusterConfig, Config
 from dpo_sweeps.cost.cpu_passes import MeasuredPasses
-from dpo_sweeps.cost.predict import device_profile, predict_config
+from dpo_sweeps.cost.predict import device_profile, layout_of, predict_config
 from dpo_sweeps.cost.profile import CLUSTER_DIR, DeviceProfile, builtin_cluster
 from dpo_sweeps.cost.step_time import (
     ADAPTER_WIDTH,
@@ -26,6 +26,7 @@ from dpo_sweeps.cost.step_time import (
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.fit import model_shape_of
 from dpo_sweeps.parallel.memory_estimate import ModelShape
+from dpo_sweeps.parallel.plan import resolve_plan
 
 GPU_PROFILES = ("a100_40gb", "a100_80gb", "h100_sxm", "h200_sxm", "b200", "l40s")
 
@@ -214,7 +215,7 @@ HAND_CPU_WORK = Workload(num_layers=2, hidden=100, block_params=1_000_000, head_
 
 def test_a_measured_profile_predicts_from_the_points_timed_passes_worked_out_by_hand():
     one_rank = Layout(world_size=1, ranks_per_node=1, shard_size=1, replicate_size=1, reshard_after_forward=True,
-                      param_bytes=4, reduce_bytes=4, compute="fp32")
+                      param_bytes=4, reduce_bytes=4, compute="fp32", fully_sharded=False)
     p = predict_step(HAND_CPU_WORK, one_rank, HAND_CPU, passes=HAND_PASSES)
     # Two blocks' training passes, the rest of the pass (embeddings, head), the loss's ops: 0.0276 s a micro-batch.
     compute = 2 * 0.01 + 0.007 + OPS_OUTSIDE_PASSES * 1e-5
@@ -243,7 +244,7 @@ def test_a_measured_profile_predicts_from_the_points_timed_passes_worked_out_by_
     assert q.step_time_s.low == pytest.approx(q.step_time_s.value * math.exp(-width))
 
     # One rank in bf16 is wrapped to cast: the cast's unit cost and copies, no collective.
-    cast = dataclasses.replace(one_rank, param_bytes=2, compute="bf16")
+    cast = dataclasses.replace(one_rank, param_bytes=2, compute="bf16", fully_sharded=True)
     c = predict_step(HAND_CPU_WORK, cast, HAND_CPU, passes=HAND_PASSES)
     assert c.comm_s == pytest.approx(2 * (3 * 1e-4 + (2 * 4e6 + 2 * 8e6) / 1e10))
 
@@ -253,3 +254,17 @@ def test_a_measured_profile_without_the_points_passes_is_refused():
                       param_bytes=4, reduce_bytes=4, compute="fp32")
     with pytest.raises(ValueError, match="timed passes"):
         predict_step(HAND_CPU_WORK, one_rank, HAND_CPU)
+
+
+def test_a_layout_is_wrapped_by_fully_shard_as_the_run_would_be():
+    """One rank is wrapped only to cast or offload (ParallelPlan.fully_sharded, the estimate's and the
+    cost's one answer); two ranks always."""
+    def wrapped(*overrides: str) -> bool:
+        cfg = _config("model=tiny_llama", "cluster=cpu", *overrides)
+        return layout_of(resolve_plan(cfg), cfg.resources.nproc_per_node).fully_sharded
+
+    assert not wrapped("precision=fp32")
+    assert wrapped("precision=bf16")
+    assert wrapped("precision=fp32", "precision.reduce_dtype=bfloat16")  # casts its gradients
+    assert wrapped("precision=fp32", "fsdp.cpu_offload=true")
+    assert wrapped("precision=fp32", "resources.nproc_per_node=2")
