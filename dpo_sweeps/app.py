@@ -129,8 +129,6 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
             typed = Config.of(config)
             check_settings_used(typed, ctx.overrides, launch)
             check_device_memory(typed, ctx.base_dir)
-            if launch == Launch.DPO_SWEEPS:
-                time_cost_passes(typed)
         except InvalidConfig as exc:
             # torchrun: rank 0 says it
             raise RunRefused(exc, nothing_written=True, quiet=os.environ.get("RANK", "0") != "0") from None
@@ -140,6 +138,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         print(f"run already complete: {run_dir / 'summary.json'} (checkpoint.resume=false trains it again)",
               file=sys.stderr)
         return done
+    if not multirun and from_torchrun_env() is None:  # torchrun's ranks are the run: none times anything
+        time_cost_passes(typed)
     try:
         return run_config(ctx)
     except OSError as exc:  # the lock, .hydra/ (nothing written then), a summary.json that cannot be written
