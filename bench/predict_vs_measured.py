@@ -32,7 +32,6 @@ COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=f
           "resources.device=cpu", "data=hh", "data.eval_split=null", "data.eval_size=16",
           "data.max_pairs=400", "cluster=cpu", "checkpoint.every_steps=0"]
 LONG_CHARS = 2000  # more than any row here takes, at one token a byte (the byte tokenizer)
-ASSISTANT = "\n\nAssistant:"
 
 
 def long_pairs(out: Path) -> Path:
@@ -42,10 +41,10 @@ def long_pairs(out: Path) -> Path:
     every pair to the prediction's lengths."""
     import gzip
 
+    from dpo_sweeps.data.sources import split_hh_dialogue
+
     rows = [json.loads(line) for line in gzip.open(HH, "rt")]
-    split = [(r["chosen"][: r["chosen"].rindex(ASSISTANT) + len(ASSISTANT)],
-              r["chosen"][r["chosen"].rindex(ASSISTANT) + len(ASSISTANT):],
-              r["rejected"][r["rejected"].rindex(ASSISTANT) + len(ASSISTANT):]) for r in rows]
+    split = [(*split_hh_dialogue(r["chosen"]), split_hh_dialogue(r["rejected"])[1]) for r in rows]
 
     def following(i: int, side: int) -> str:
         text, j = split[i][side], i
