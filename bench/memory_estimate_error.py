@@ -4,14 +4,14 @@
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
     python bench/memory_estimate_error.py --model smollm2_135m   # 8 shapes of pretrained SmolLM2-135M
     python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
-    python bench/memory_estimate_error.py --model smollm2_135m_lora   # 8 LoRA shapes of SmolLM2-135M (peft=lora)
+    python bench/memory_estimate_error.py --model smollm2_135m_lora   # 10 LoRA shapes of SmolLM2-135M (peft=lora)
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
 (`perf/peak_memory_gib`: the busiest rank's peak resident memory) and the run's own estimate
 (`perf/peak_memory_estimate_gib`, from the model it built and the longest row it saw). Beside them,
-the estimate the fit check makes before launch (dpo_sweeps/parallel/fit.py: the config alone, `data.max_length`
-rows), computed here from the same config. The shapes cover three models (tiny_gpt2, tiny_llama and
+the estimate the fit check makes before launch (dpo_sweeps/parallel/fit.py: the config alone, every pair at its
+longest, data/rows.py), computed here from the same config. The shapes cover three models (tiny_gpt2, tiny_llama and
 bench_gpt2 with its 4,096-token BPE), full_shard / shard_grad_op / no_shard on 2 ranks and 1 rank,
 fp32 and bf16, micro-batches of 4 and 16 pairs, and activation checkpointing. CPU offload is refused on
 a CPU-only run (there is no device memory to offload from), so it is not measured here.
@@ -93,6 +93,11 @@ SMOLLM2_LORA_SHAPES = [
                                     "fsdp.activation_checkpointing=true"]),
     ("smol-lora16-1rank-fp32-mb4", ["model=smollm2_135m", "peft=lora", "peft.r=16", "precision=fp32",
                                     "train.micro_batch_size=4"]),
+    # One rank in fp32 is the one plan fully_shard does not wrap, whose heap keeps its activations' holes.
+    ("smol-lora16-1rank-fp32-mb8", ["model=smollm2_135m", "peft=lora", "peft.r=16", "precision=fp32",
+                                    "train.micro_batch_size=8"]),
+    ("smol-lora8-1rank-fp32-mb4-ac", ["model=smollm2_135m", "peft=lora", "peft.r=8", "precision=fp32",
+                                      "train.micro_batch_size=4", "fsdp.activation_checkpointing=true"]),
 ]
 # Two tiny LoRA shapes: that the LoRA rows run, in seconds.
 TINY_LORA_SHAPES = [
@@ -133,7 +138,7 @@ def main() -> None:
     parser.add_argument("--reuse", type=Path, help="a folder of earlier runs (one per shape) to read again")
     parser.add_argument("--model", default="tiny", choices=sorted(SHAPE_SETS),
                         help="tiny: the 14 shapes of tiny_gpt2, tiny_llama and bench_gpt2 (default); "
-                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct; smollm2_135m_lora: 8 LoRA "
+                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct; smollm2_135m_lora: 10 LoRA "
                              "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")

@@ -2,8 +2,8 @@
 on its cluster profile (`cluster=`), with the fit check's memory estimate and the run's device-hours.
 
 From the config alone, as the fit check (parallel/fit.py): the architecture built on the meta device, and
-every pair at its longest (`micro_batch_rows`: runs pad to their longest row, so this is an upper bound on
-the step).
+every pair as long as truncation leaves a long one (`micro_batch_rows`, data/rows.py: runs pad to their
+longest row, so for data cut to its limits this is an upper bound on the step).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dpo_sweeps.config.schema import ClusterConfig
 from dpo_sweeps.cost.cpu_profile import cpu_device_profile
 from dpo_sweeps.cost.profile import DeviceProfile, builtin_cluster, profile_name_of_device
 from dpo_sweeps.cost.step_time import Estimate, Layout, Prediction, Workload, predict_step
+from dpo_sweeps.data.rows import longest_rows
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan, resolve_plan
 
@@ -32,14 +33,13 @@ def device_profile(cluster: ClusterConfig, threads: int | None = None) -> Device
 
 
 def micro_batch_rows(cfg) -> tuple[int, int, int]:
-    """(rows, their length, scored positions) of one micro-batch at the worst case the prediction assumes:
-    every pair's prompt at data.max_prompt_length and both responses filling data.max_length. Rows hold
-    prompt + chosen and prompt + rejected, or with train.share_prompt one row per pair, the prompt once and
-    both responses; the LM head scores the response positions (train.logps_chunk_size > 0) or every one."""
+    """(rows, their length, scored positions) of one micro-batch at the worst case the prediction assumes,
+    every pair long (data/rows.py's `longest_rows`, as the memory estimate takes it); the LM
+    head scores the response positions (train.logps_chunk_size > 0) or every one."""
     train, data = cfg.train, cfg.data
-    pairs, response = train.micro_batch_size, data.max_length - data.max_prompt_length
-    rows, length = (pairs, data.max_prompt_length + 2 * response) if train.share_prompt else (2 * pairs, data.max_length)
-    return rows, length, rows * length if train.logps_chunk_size == 0 else 2 * pairs * response
+    rows, length, responses = longest_rows(train.micro_batch_size, data.max_length, data.max_prompt_length,
+                                           share_prompt=train.share_prompt)
+    return rows, length, rows * length if train.logps_chunk_size == 0 else responses
 
 
 def workload_of(cfg, plan: ParallelPlan, shape) -> Workload:

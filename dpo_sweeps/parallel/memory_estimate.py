@@ -27,8 +27,10 @@ CPU_RUNTIME, measured on the bench and quickstart runs), plus the freed memory g
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from dpo_sweeps.data.rows import longest_rows
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan
 
@@ -101,7 +103,7 @@ class RunShape:
     param_dtype: str  # the compute dtype (a name of plan.DTYPES)
     optimizer: str
     micro_batch_size: int  # pairs per forward pass
-    seq_len: int  # padded length of a row (max_length is the worst case)
+    seq_len: int  # padded length of a row (before a run: data/rows.py's longest_rows)
     uses_reference: bool = True
     precompute_reference_logps: bool = False
     logps_chunk_size: int = 0  # 0: full [rows, L, V] logits
@@ -213,8 +215,10 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     reduce-scatter input (reduce dtype) is allocated and freed with nothing kept in between, and the next
     block's takes its place: in bf16 the heap kept half of fp32's, though gradients are reduced in fp32.
     Buffers of MMAP_THRESHOLD_MAX or more are always mmapped and given back (SmolLM2's 49,152 x 576
-    embedding), so only units below it count. Fixing the threshold (MALLOC_MMAP_THRESHOLD_) returns all of
-    this but makes a CPU step slower (every large tensor then page-faults in afresh): bench/README.md.
+    embedding), so only units below it count. A rank fully_shard does not wrap gathers nothing, and keeps
+    its activations' holes instead (`_activation_holes`). Fixing the threshold (MALLOC_MMAP_THRESHOLD_)
+    returns all of this but makes a CPU step slower (every large tensor then page-faults in afresh):
+    bench/README.md.
     """
     s = max(1, run.shard_group_size)
     units = [model.root_params] + [model.block_params] * model.num_layers  # FSDP units: the root, one per block
@@ -222,11 +226,23 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     # which live in the blocks.
     stepped = units if model.trainable_params is None else \
         [0] + [model.trainable_params // max(1, model.num_layers)] * model.num_layers
-    kept = sum(_heap_sized(4 * u // s) for u in stepped)
-    if run.fully_sharded:
-        pb = DTYPES[run.param_dtype].bytes
-        kept += sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)
-    return kept
+    optimizer_temporary = sum(_heap_sized(4 * u // s) for u in stepped)
+    if not run.fully_sharded:
+        # The optimizer steps after backward has freed the activations, in their holes: the larger is kept.
+        return max(optimizer_temporary, _activation_holes(model, run))
+    pb = DTYPES[run.param_dtype].bytes
+    return optimizer_temporary + sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)
+
+
+def _activation_holes(model: ModelShape, run: RunShape) -> int:
+    """What the heap keeps of a pass's activations on a rank that fully_shard does not wrap: one more
+    forward's worth, every block's activations (saved, or freed at the block's end when checkpointed) and
+    the head's logits. With no gathered blocks to take the activations, each block's freed buffers are split
+    by the small tensors allocated among them (a checkpointed block's saved input, autograd's and the
+    adapters' gradients), and the next micro-batch's activations take fresh heap (measured block by block
+    on SmolLM2 with adapters on one rank: bench/README.md)."""
+    every_block = dataclasses.replace(run, activation_checkpointing=False)
+    return activations(model, every_block) + logits(model, run)
 
 
 def _split_gathers(run: RunShape) -> int:
@@ -268,9 +284,16 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     return MemoryEstimate(*terms, baseline, sum(terms) + baseline + kept, kept)
 
 
-def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
-    """The RunShape of a resolved dpo-sweeps config and its parallel plan (plan.resolve_plan)."""
-    train = cfg.train
+def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None,
+                 response_fraction: float | None = None) -> RunShape:
+    """The RunShape of a resolved dpo-sweeps config and its parallel plan (plan.resolve_plan): of the rows a run
+    saw (`seq_len`, the longest, and the share of response tokens), or before it runs of pairs as long as
+    truncation leaves them (data/rows.py, as the cost prediction takes them)."""
+    train, data = cfg.train, cfg.data
+    if seq_len is None:
+        longest = longest_rows(train.micro_batch_size, data.max_length, data.max_prompt_length,
+                               share_prompt=train.share_prompt)
+        seq_len, response_fraction = longest.length, longest.response_fraction
     return RunShape(
         shard_group_size=plan.shard_size, param_dtype=plan.param_dtype,
         reshard_after_forward=plan.reshard_after_forward, cpu_offload=plan.cpu_offload,
@@ -279,9 +302,10 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         fully_sharded=plan.fully_sharded,
         activation_checkpointing=plan.activation_checkpointing,
         optimizer=train.optimizer, micro_batch_size=train.micro_batch_size,
-        seq_len=seq_len or cfg.data.max_length,
+        seq_len=seq_len,
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
-        response_fraction=response_fraction, adapters=plan.adapters is not None,
+        response_fraction=0.5 if response_fraction is None else response_fraction,
+        adapters=plan.adapters is not None,
     )

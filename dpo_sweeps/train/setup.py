@@ -152,7 +152,9 @@ def build_data(cfg: Config, base_dir: Path, env: RankEnv) -> TrainingData:
                for p in train_pairs]
     sampler = GlobalBatchSampler(len(train_pairs), cfg.train.batch_size, cfg.train.seed,
                                  lengths=lengths, group_window=window)
-    tokens = sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in train_pairs)
+    # Tokens in the rows the step computes: a prefix-shared row holds its prompt once.
+    prompts = 1 if share_prompt else 2
+    tokens = sum(prompts * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in train_pairs)
     return TrainingData(
         tokenizer=tokenizer, train_pairs=list(train_pairs), eval_pairs=list(eval_pairs), sampler=sampler,
         counts=dict(counts), end_of_turn=encoded.end_of_turn,

@@ -12,7 +12,15 @@ from omegaconf import OmegaConf
 from support import REPO
 
 from dpo_sweeps.data.collate import collate
-from dpo_sweeps.data.encoding import IGNORE_INDEX, GlobalBatchSampler, chat_format, encode_pairs, render_pair
+from dpo_sweeps.data.encoding import (
+    IGNORE_INDEX,
+    EncodedPair,
+    GlobalBatchSampler,
+    chat_format,
+    encode_pairs,
+    render_pair,
+)
+from dpo_sweeps.data.rows import longest_rows
 from dpo_sweeps.data.sources import load_preference_rows, split_hh_dialogue
 from dpo_sweeps.data.synthetic import generate_pairs, topic_preferences
 from dpo_sweeps.errors import DataError, InvalidConfig
@@ -141,6 +149,20 @@ def test_tokenization_appends_eos_and_masks_the_prompt():
     assert batch["labels"][0].tolist()[2:] == pair.chosen
     assert batch["labels"][1].tolist() == [IGNORE_INDEX, IGNORE_INDEX, *pair.rejected, IGNORE_INDEX]
     assert batch["attention_mask"][1].tolist() == [1, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_pairs_at_their_longest_collate_to_the_rows_the_estimates_size_a_step_by(share_prompt):
+    # Prompts at max_prompt_length, responses filling max_length: the worst case the fit check and the
+    # cost prediction assume before any data is read (data/rows.py).
+    max_length, max_prompt_length, pairs = 24, 10, 3
+    longest = [EncodedPair(list(range(1, 11)), list(range(11, 25)), list(range(25, 39))) for _ in range(pairs)]
+    batch = collate(longest, pad_id=0, share_prompt=share_prompt)
+    rows = longest_rows(pairs, max_length, max_prompt_length, share_prompt=share_prompt)
+    assert tuple(batch["input_ids"].shape) == (rows.rows, rows.length)
+    assert len(batch["token_targets"]) == rows.response_tokens == 2 * pairs * (max_length - max_prompt_length)
+    # A prefix-shared row holds the prompt once and both responses: longer than max_length.
+    assert rows.length == (max_prompt_length + 2 * 14 if share_prompt else max_length)
 
 
 @pytest.mark.parametrize("mode,kept", [("keep_end", "6789"), ("keep_start", "0123")])

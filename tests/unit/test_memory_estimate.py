@@ -9,9 +9,11 @@ from dpo_sweeps.parallel.memory_estimate import (
     MMAP_THRESHOLD_MAX,
     ModelShape,
     RunShape,
+    activations,
     estimate_peak_memory,
     gathered_params,
     heap_kept,
+    logits,
 )
 
 # SmolLM2-135M: 30 Llama blocks of 576, a 49,152-token vocabulary with tied embeddings.
@@ -54,6 +56,23 @@ def test_one_rank_without_fully_shard_has_no_gathered_copies_and_keeps_only_the_
     one_rank = dataclasses.replace(FULL_SHARD, shard_group_size=1, fully_sharded=False)
     assert gathered_params(SMOLLM2, one_rank) == 0 < gathered_params(SMOLLM2, FULL_SHARD)
     assert heap_kept(SMOLLM2, one_rank) == 4 * BLOCKS  # the embedding's temporary is mmapped
+
+
+def test_one_rank_with_adapters_keeps_its_activations_holes_checkpointed_or_not():
+    # With adapters the optimizer's temporary is theirs only: the activations' holes are the larger.
+    lora = dataclasses.replace(SMOLLM2, trainable_params=4_884_480)
+    one_rank = dataclasses.replace(FULL_SHARD, shard_group_size=1, fully_sharded=False)
+    holes = activations(lora, one_rank) + logits(lora, one_rank)
+    assert heap_kept(lora, one_rank) == holes > 4 * lora.trainable_params
+    # A checkpointed block frees its activations at its end; their holes are kept all the same.
+    checkpointed = dataclasses.replace(one_rank, activation_checkpointing=True)
+    assert activations(lora, checkpointed) < activations(lora, one_rank)
+    assert heap_kept(lora, checkpointed) == holes
+    # Twice the pairs, twice the holes; on a wrapped rank the gathers take the activations instead.
+    doubled = dataclasses.replace(one_rank, micro_batch_size=8)
+    assert heap_kept(lora, doubled) == activations(lora, doubled) + logits(lora, doubled) > holes
+    wrapped = dataclasses.replace(one_rank, fully_sharded=True)
+    assert heap_kept(lora, wrapped) == heap_kept(lora, dataclasses.replace(wrapped, micro_batch_size=8))
 
 
 def test_a_small_model_keeps_every_units_buffers_in_the_heap():

@@ -22,6 +22,7 @@ from dpo_sweeps.analysis.ranking import rank_sweep
 from dpo_sweeps.analysis.runs import read_run
 from dpo_sweeps.analysis.tables import run_rows
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.data.rows import longest_rows
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.parallel.fit import predicted_peak_gib
 from dpo_sweeps.parallel.memory_estimate import run_shape_of
@@ -89,6 +90,9 @@ def test_every_strategy_precision_layout_and_technique_resolves_to_a_consistent_
         assert (plan.cpu_offload, plan.activation_checkpointing) == (offload, checkpointing), case
         # The memory estimate's shape comes from the same plan.
         shape = run_shape_of(cfg, plan)
+        longest = longest_rows(cfg.train.micro_batch_size, cfg.data.max_length, cfg.data.max_prompt_length,
+                               share_prompt=cfg.train.share_prompt)
+        assert (shape.seq_len, shape.response_fraction) == (longest.length, longest.response_fraction), case
         assert (shape.shard_group_size, shape.param_dtype, shape.reshard_after_forward, shape.cpu_offload,
                 shape.activation_checkpointing) == (plan.shard_size, plan.param_dtype, plan.reshard_after_forward,
                                                     offload, checkpointing), case
