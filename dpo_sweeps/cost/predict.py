@@ -14,7 +14,7 @@ from dpo_sweeps.config.schema import ClusterConfig
 from dpo_sweeps.cost.cpu_profile import cpu_device_profile
 from dpo_sweeps.cost.profile import DeviceProfile, builtin_cluster, profile_name_of_device
 from dpo_sweeps.cost.step_time import Estimate, Layout, Prediction, Workload, predict_step
-from dpo_sweeps.data.rows import longest_rows
+from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan, resolve_plan
 
@@ -34,12 +34,10 @@ def device_profile(cluster: ClusterConfig, threads: int | None = None) -> Device
 
 def micro_batch_rows(cfg) -> tuple[int, int, int]:
     """(rows, their length, scored positions) of one micro-batch at the worst case the prediction assumes,
-    every pair long (data/rows.py's `longest_rows`, as the memory estimate takes it); the LM
+    every pair long (data/rows.py's `longest_rows_of`, as the memory estimate takes it); the LM
     head scores the response positions (train.logps_chunk_size > 0) or every one."""
-    train, data = cfg.train, cfg.data
-    rows, length, responses = longest_rows(train.micro_batch_size, data.max_length, data.max_prompt_length,
-                                           share_prompt=train.share_prompt)
-    return rows, length, rows * length if train.logps_chunk_size == 0 else responses
+    rows, length, responses = longest_rows_of(cfg)
+    return rows, length, rows * length if cfg.train.logps_chunk_size == 0 else responses
 
 
 def workload_of(cfg, plan: ParallelPlan, shape) -> Workload:

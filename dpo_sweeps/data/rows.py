@@ -31,3 +31,9 @@ def longest_rows(pairs: int, max_length: int, max_prompt_length: int, *, share_p
     if share_prompt:
         return Rows(pairs, max_prompt_length + 2 * response, 2 * pairs * response)
     return Rows(2 * pairs, max_length, 2 * pairs * response)
+
+
+def longest_rows_of(cfg) -> Rows:
+    """`longest_rows` of a resolved config's micro-batch, data limits and row layout."""
+    return longest_rows(cfg.train.micro_batch_size, cfg.data.max_length, cfg.data.max_prompt_length,
+                        share_prompt=cfg.train.share_prompt)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dpo_sweeps.data.rows import longest_rows
+from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan
 
@@ -284,15 +284,13 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     return MemoryEstimate(*terms, baseline, sum(terms) + baseline + kept, kept)
 
 
-def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None,
-                 response_fraction: float | None = None) -> RunShape:
+def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
     """The RunShape of a resolved dpo-sweeps config and its parallel plan (plan.resolve_plan): of the rows a run
     saw (`seq_len`, the longest, and the share of response tokens), or before it runs of pairs as long as
     truncation leaves them (data/rows.py, as the cost prediction takes them)."""
-    train, data = cfg.train, cfg.data
+    train = cfg.train
     if seq_len is None:
-        longest = longest_rows(train.micro_batch_size, data.max_length, data.max_prompt_length,
-                               share_prompt=train.share_prompt)
+        longest = longest_rows_of(cfg)
         seq_len, response_fraction = longest.length, longest.response_fraction
     return RunShape(
         shard_group_size=plan.shard_size, param_dtype=plan.param_dtype,
@@ -306,6 +304,5 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None,
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
-        response_fraction=0.5 if response_fraction is None else response_fraction,
-        adapters=plan.adapters is not None,
+        response_fraction=response_fraction, adapters=plan.adapters is not None,
     )

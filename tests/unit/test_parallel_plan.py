@@ -91,7 +91,7 @@ def test_every_strategy_precision_layout_and_technique_resolves_to_a_consistent_
         # The memory estimate's shape comes from the same plan.
         shape = run_shape_of(cfg, plan)
         longest = longest_rows(cfg.train.micro_batch_size, cfg.data.max_length, cfg.data.max_prompt_length,
-                               share_prompt=cfg.train.share_prompt)
+                               share_prompt=cfg.train.share_prompt)  # spelled out: the test reads the config itself
         assert (shape.seq_len, shape.response_fraction) == (longest.length, longest.response_fraction), case
         assert (shape.shard_group_size, shape.param_dtype, shape.reshard_after_forward, shape.cpu_offload,
                 shape.activation_checkpointing) == (plan.shard_size, plan.param_dtype, plan.reshard_after_forward,
