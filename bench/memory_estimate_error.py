@@ -4,7 +4,7 @@
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
     python bench/memory_estimate_error.py --model smollm2_135m   # 8 shapes of pretrained SmolLM2-135M
     python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
-    python bench/memory_estimate_error.py --model smollm2_135m_lora   # 10 LoRA shapes of SmolLM2-135M (peft=lora)
+    python bench/memory_estimate_error.py --model smollm2_135m_lora   # 13 LoRA shapes of SmolLM2-135M (peft=lora)
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
@@ -90,6 +90,12 @@ SMOLLM2_LORA_SHAPES = [
     ("smol-lora8-sgo-fp32-mb8", [*LORA, "peft.r=8", "fsdp=shard_grad_op", "precision=fp32", "train.micro_batch_size=8"]),
     ("smol-lora16-ns-bf16-mb4", [*LORA, "peft.r=16", "fsdp=no_shard", "precision=bf16", "train.micro_batch_size=4"]),
     ("smol-lora16-fs-fp32-mb8-ac", [*LORA, "peft.r=16", "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=8",
+                                    "fsdp.activation_checkpointing=true"]),
+    # Beside it: the same without checkpointing, kept gathered, and in bf16 (how adapters split the gathers).
+    ("smol-lora16-fs-fp32-mb8", [*LORA, "peft.r=16", "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=8"]),
+    ("smol-lora16-sgo-fp32-mb8-ac", [*LORA, "peft.r=16", "fsdp=shard_grad_op", "precision=fp32",
+                                     "train.micro_batch_size=8", "fsdp.activation_checkpointing=true"]),
+    ("smol-lora16-fs-bf16-mb8-ac", [*LORA, "peft.r=16", "fsdp=full_shard", "precision=bf16", "train.micro_batch_size=8",
                                     "fsdp.activation_checkpointing=true"]),
     ("smol-lora16-1rank-fp32-mb4", ["model=smollm2_135m", "peft=lora", "peft.r=16", "precision=fp32",
                                     "train.micro_batch_size=4"]),
