@@ -4,6 +4,7 @@
     python bench/memory_estimate_error.py --reuse DIR  # re-read the runs of an earlier invocation
     python bench/memory_estimate_error.py --model smollm2_135m   # 8 shapes of pretrained SmolLM2-135M
     python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
+    python bench/memory_estimate_error.py --steps 24   # longer probes: the peak a longer run reaches
     python bench/memory_estimate_error.py --model smollm2_135m_lora   # 13 LoRA shapes of SmolLM2-135M (peft=lora)
 
 Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
@@ -117,8 +118,9 @@ SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES, "smollm2_135m_lora
               "tiny_lora": TINY_LORA_SHAPES}
 
 
-def probe(run_dir: Path, overrides: list[str]) -> dict:
-    args = [sys.executable, "-m", "dpo_sweeps", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
+def probe(run_dir: Path, overrides: list[str], steps: int = 6) -> dict:
+    common = [o if not o.startswith("probe.steps=") else f"probe.steps={steps}" for o in COMMON]
+    args = [sys.executable, "-m", "dpo_sweeps", *common, *overrides, f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{run_dir.name} failed:\n{proc.stderr[-3000:]}")
@@ -144,10 +146,12 @@ def main() -> None:
     parser.add_argument("--reuse", type=Path, help="a folder of earlier runs (one per shape) to read again")
     parser.add_argument("--model", default="tiny", choices=sorted(SHAPE_SETS),
                         help="tiny: the 14 shapes of tiny_gpt2, tiny_llama and bench_gpt2 (default); "
-                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct; smollm2_135m_lora: 10 LoRA "
+                             "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct; smollm2_135m_lora: 13 LoRA "
                              "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
+    parser.add_argument("--steps", type=int, default=6, help="steps of each probe: the heap can grow for longer "
+                        "than 6 (bench/README.md)")
     args = parser.parse_args()
     root = args.reuse or Path(tempfile.mkdtemp(prefix="memory-estimate-"))
     shapes = SHAPE_SETS[args.model]
@@ -158,7 +162,7 @@ def main() -> None:
     for k in range(args.repeat):  # round by round, so that a slow drift of the machine touches every shape
         for name, overrides in shapes:
             run_dir = root / name if args.repeat == 1 else root / name / f"run-{k}"
-            summary = json.loads((run_dir / "summary.json").read_text()) if args.reuse else probe(run_dir, overrides)
+            summary = json.loads((run_dir / "summary.json").read_text()) if args.reuse else probe(run_dir, overrides, args.steps)
             measured[name].append(summary["metrics"]["perf/peak_memory_gib"])
             in_run[name].append(summary["metrics"]["perf/peak_memory_estimate_gib"])
     rows = [(name, statistics.median(measured[name]), min(measured[name]), max(measured[name]),

@@ -211,9 +211,7 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     models: bench/README.md): the optimizer's temporary (AdamW's foreach step computes one fp32
     shard-sized tensor); and, per fully_shard unit, the gathers split by activations (`_split_gathers`)
     and, in backward, the unsharded gradients and the unsharded parameters, both in the compute dtype,
-    freed while the activation gradient passed to the next block sits between them. With adapters the
-    unsharded gradients are the adapters' only, too small to leave a gathered block's hole (measured:
-    backward grew the heap by under one MiB a block, the full fine-tune's by 1.6 gathered blocks). The flat
+    freed while the activation gradient passed to the next block sits between them. The flat
     reduce-scatter input (reduce dtype) is allocated and freed with nothing kept in between, and the next
     block's takes its place: in bf16 the heap kept half of fp32's, though gradients are reduced in fp32.
     Buffers of MMAP_THRESHOLD_MAX or more are always mmapped and given back (SmolLM2's 49,152 x 576
@@ -233,8 +231,7 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
         # The optimizer steps after backward has freed the activations, in their holes: the larger is kept.
         return max(optimizer_temporary, _activation_holes(model, run))
     pb = DTYPES[run.param_dtype].bytes
-    freed_in_backward = 1 if run.adapters else 2  # the unsharded parameters, and the full fine-tune's gradients
-    return optimizer_temporary + sum((_split_gathers(run) + freed_in_backward) * _heap_sized(pb * u) for u in units)
+    return optimizer_temporary + sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)
 
 
 def _activation_holes(model: ModelShape, run: RunShape) -> int:
@@ -258,19 +255,11 @@ def _split_gathers(run: RunShape) -> int:
     A checkpointed forward saves only each block's output, and that still splits an fp32 gather's hole
     (measured on SmolLM2 and bench_gpt2, fp32: one gathered block per block). A gather that casts (bf16
     compute) also frees the cast shards, a smaller hole the saved output takes first, and the gather's
-    own hole stays whole for the next block (bf16: the heap barely grew; SmolLM2 bf16 mb16 within 1%).
-
-    With adapters each adapted layer also allocates its frozen output and the adapter's, and frees them
-    for their sum, among the gather's copies: the forward splits one gather more without checkpointing,
-    and one with it, cast or not (SmolLM2 LoRA, first forward: 2.2 gathered blocks a block in fp32, 1.7
-    checkpointed in fp32, 2.1 checkpointed in bf16; checkpointing's later forwards grew the heap less)."""
+    own hole stays whole for the next block (bf16: the heap barely grew; SmolLM2 bf16 mb16 within 1%)."""
     if run.shard_group_size <= 1:
         return 0
     gather_casts = run.param_dtype != "float32"  # the parameters, not the gradients (unlike ParallelPlan.casts)
-    if run.adapters:
-        forward = 1 if run.activation_checkpointing else 2
-    else:
-        forward = 0 if run.activation_checkpointing and gather_casts else 1
+    forward = 0 if run.activation_checkpointing and gather_casts else 1
     return forward + (1 if run.reshard_after_forward else 0)
 
 

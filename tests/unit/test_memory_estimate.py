@@ -75,24 +75,6 @@ def test_one_rank_with_adapters_keeps_its_activations_holes_checkpointed_or_not(
     assert heap_kept(lora, wrapped) == heap_kept(lora, dataclasses.replace(wrapped, micro_batch_size=8))
 
 
-def test_adapters_free_no_gathered_gradients_and_split_one_gather_more_in_forward():
-    lora = dataclasses.replace(SMOLLM2, trainable_params=4_884_480)
-    adapters = dataclasses.replace(FULL_SHARD, adapters=True)
-    temporary = 4 * lora.trainable_params // 2  # the adapters' optimizer temporary, in the blocks' units
-    # Uncheckpointed: two split gathers in forward, the regather, the unsharded parameters; no gradients'.
-    assert heap_kept(lora, adapters) == temporary + 4 * 4 * BLOCKS == temporary + heap_kept(SMOLLM2, FULL_SHARD) \
-        - 4 * BLOCKS // 2
-    # Checkpointed, one split gather in forward whether the gather casts or not: one block fewer in fp32
-    # than the full fine-tune, the same in bf16.
-    checkpointed = dataclasses.replace(adapters, activation_checkpointing=True)
-    assert heap_kept(lora, checkpointed) == temporary + 3 * 4 * BLOCKS
-    bf16 = dataclasses.replace(checkpointed, param_dtype="bfloat16")
-    assert heap_kept(lora, bf16) == temporary + 3 * 2 * BLOCKS
-    # A shard group of one gathers nothing to split: only the unsharded parameters stay.
-    no_shard = dataclasses.replace(adapters, shard_group_size=1, reshard_after_forward=False)
-    assert heap_kept(lora, no_shard) == 2 * temporary + 4 * BLOCKS
-
-
 def test_a_small_model_keeps_every_units_buffers_in_the_heap():
     tiny = ModelShape(num_params=4_470_272, num_layers=4, hidden=256, intermediate=1024, vocab=4096)  # bench_gpt2
     p = tiny.root_params + tiny.num_layers * tiny.block_params
