@@ -7,7 +7,7 @@
     python bench/memory_estimate_error.py --steps 24   # longer probes: the peak a longer run reaches
     python bench/memory_estimate_error.py --model smollm2_135m_lora   # 13 LoRA shapes of SmolLM2-135M (peft=lora)
 
-Each shape is a real probe run (`probe.steps=6`, the same sharding, precision, micro-batch and
+Each shape is a real probe run (`probe.steps=6`, or `--steps`; the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
 (`perf/peak_memory_gib`: the busiest rank's peak resident memory) and the run's own estimate
 (`perf/peak_memory_estimate_gib`, from the model it built and the longest row it saw). Beside them,
@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "probe.steps=6",
+PROBE_STEPS = 6
+COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false",
           "perf.warmup_steps=1", "data.num_train_pairs=512", "data.num_eval_pairs=64", "resources.device=cpu"]
 
 # (name, overrides): model x strategy x precision x micro-batch x activation checkpointing.
@@ -118,9 +119,9 @@ SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES, "smollm2_135m_lora
               "tiny_lora": TINY_LORA_SHAPES}
 
 
-def probe(run_dir: Path, overrides: list[str], steps: int = 6) -> dict:
-    common = [o if not o.startswith("probe.steps=") else f"probe.steps={steps}" for o in COMMON]
-    args = [sys.executable, "-m", "dpo_sweeps", *common, *overrides, f"hydra.run.dir={run_dir}"]
+def probe(run_dir: Path, overrides: list[str], steps: int = PROBE_STEPS) -> dict:
+    args = [sys.executable, "-m", "dpo_sweeps", *COMMON, f"probe.steps={steps}", *overrides,
+            f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{run_dir.name} failed:\n{proc.stderr[-3000:]}")
@@ -150,8 +151,8 @@ def main() -> None:
                              "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
-    parser.add_argument("--steps", type=int, default=6, help="steps of each probe: the heap can grow for longer "
-                        "than 6 (bench/README.md)")
+    parser.add_argument("--steps", type=int, default=PROBE_STEPS, help="steps of each probe: the heap can grow "
+                        f"for longer than {PROBE_STEPS} (bench/README.md)")
     args = parser.parse_args()
     root = args.reuse or Path(tempfile.mkdtemp(prefix="memory-estimate-"))
     shapes = SHAPE_SETS[args.model]
