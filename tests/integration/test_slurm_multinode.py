@@ -202,9 +202,12 @@ def _job_tasks(job_name: str, array_task: int | None = None, netns: str | None =
 
 
 def _queued_after(job_name: str, env: dict, timeout: float) -> str:
-    """What squeue still shows of the jobs named `job_name` once they left the queue (""), or after `timeout`."""
+    """What squeue shows of the jobs named `job_name` once none of them is COMPLETING any more ("" once they
+    left the queue), or after `timeout`. A job pending again (requeued) is returned at once."""
     deadline = time.monotonic() + timeout
     while (queued := slurm("squeue", "-h", "-n", job_name, "-o", "%i %T %r", env=env)) and time.monotonic() < deadline:
+        if any(line.split()[1] != "COMPLETING" for line in queued.splitlines()):
+            return queued
         time.sleep(1)
     return queued
 
@@ -340,8 +343,10 @@ def test_a_node_lost_with_its_slurmd_fails_the_run_as_node_failure(slurm2, tmp_p
         proc.wait(timeout=bound_s + 60)
         ended_after_s = time.monotonic() - killed_at
         # SLURM requeued the job (NODE_FAIL, JobRequeue=1): cancelled, it leaves the queue once the node left
-        # has completed it; left requeued, it would pend until the node is back and run again.
-        queued = _queued_after(name, env, 60)
+        # has completed it; left requeued, it would pend until the node is back and run again. The node left
+        # completes it late after a silent loss: its step first waits out each task-exit message to the srun
+        # of the lost node ("No route to host"), tens of seconds on a loaded machine.
+        queued = _queued_after(name, env, 180)
     finally:
         if proc.poll() is None:
             proc.kill()
