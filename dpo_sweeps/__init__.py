@@ -1,10 +1,13 @@
 """dpo-sweeps: find the best FSDP setup for DPO training, one Hydra sweep at a time."""
 
 # First, before the imports that take seconds: `python -m dpo_sweeps` stopped by Ctrl-C while it starts
-# says so in one line (dpo_sweeps/runtime/startup.py).
-from dpo_sweeps.runtime.startup import quiet_ctrl_c_while_starting
+# says so in one line, and its processes' oneDNN cache is bounded before any of them computes
+# (dpo_sweeps/runtime/startup.py).
+from dpo_sweeps.runtime.startup import bound_onednn_primitive_cache, is_the_command, quiet_ctrl_c_while_starting
 
 quiet_ctrl_c_while_starting()
+if is_the_command():
+    bound_onednn_primitive_cache()
 
 from dpo_sweeps.config.schema import register as register_schema  # noqa: E402 (after the handler)
 from dpo_sweeps.dpo.losses.schema import register as register_loss_schemas  # noqa: E402

@@ -9,6 +9,8 @@ KeyboardInterrupt itself. A SIGINT ignored when the command starts (nohup, `trap
 The training stack's import (`importing_the_training_stack`, which dpo_sweeps/train/entry.py enters): every
 process that trains (a run, a rank, a job's task) imports torch, transformers and torch.distributed; it is
 most of what a short run costs.
+oneDNN's primitive cache (`bound_onednn_primitive_cache`): set before the first matrix product of the
+process, which is when oneDNN reads it.
 Imports only the standard library at module level: it runs before anything else of the package.
 """
 
@@ -22,6 +24,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 INTERRUPTED_BEFORE_START = "error: interrupted (Ctrl-C) before the run started; nothing was trained"
+
+# oneDNN (a CPU's bf16 and fp16 matrix products) keeps a compiled primitive, with its buffers, for every
+# input shape it meets, up to 1,024 by default. Micro-batches of rows of varying length make new shapes
+# step after step, so a CPU rank's memory grew for tens of steps past what a probe measures; 32 bounded
+# it at no cost in speed (bench/README.md, "LoRA on SmolLM2").
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 32
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -49,6 +58,12 @@ def python_handles_ctrl_c() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def bound_onednn_primitive_cache() -> None:
+    """oneDNN's primitive cache at ONEDNN_CACHE_CAPACITY in this process and the ones it starts, unless
+    the environment already sets it (the user's value stays)."""
+    os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+
+
 @contextmanager
 def importing_the_training_stack() -> Iterator[None]:
     """Import with Python's cyclic garbage collector off, then freeze what is there.
@@ -58,6 +73,7 @@ def importing_the_training_stack() -> Iterator[None]:
     and once more at exit. Frozen (gc.freeze), no collection looks at them again, the last one at the
     process's end included; training's own garbage is collected as before. bench/startup.py measures it.
     """
+    bound_onednn_primitive_cache()  # also in a process the command did not start (srun --export=NONE)
     enabled = gc.isenabled()
     gc.disable()
     try:
