@@ -24,7 +24,8 @@ tokenized pairs; the tokenizer is saved to a folder TRL loads.
   (built before timing): policy forward and backward, reference log-probs, gradient clipping, AdamW
   step. No Trainer, no FSDP, no Hydra, no logging.
 
-Each run is its own process; the frameworks alternate within each round (ours, TRL, bare, ours, ...)
+Each run is its own process, with oneDNN's primitive cache bounded as dpo-sweeps bounds its own
+(runtime/startup.py); the frameworks alternate within each round (ours, TRL, bare, ours, ...)
 because other work on a shared machine makes timings drift. Measured the same way for all:
 - steady pairs/s: pairs of the steps after `--warmup` steps over the wall time from the end of the
   last warm-up step to the end of the last step (everything each framework does between steps
@@ -49,6 +50,8 @@ import time
 from pathlib import Path
 
 from dpo_vs_trl_runs import FULL, HH, REPO, SMOKE, SMOLLM2, prepare, run_bare, run_ours, run_trl
+
+from dpo_sweeps.runtime.startup import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -76,6 +79,9 @@ def spawn(kind: str, workdir: Path, out: Path, log: Path, extra: list[str], cach
     cmd += [f"--override={o}" for o in extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
                DPO_SWEEPS_CACHE=str(cache), PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # Every framework's process gets the oneDNN cache bound dpo-sweeps' own processes set themselves
+    # (runtime/startup.py): the comparison is of the frameworks, not of that environment variable.
+    env.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
