@@ -28,7 +28,7 @@ INTERRUPTED_BEFORE_START = "error: interrupted (Ctrl-C) before the run started; 
 # oneDNN (a CPU's bf16 and fp16 matrix products) keeps a compiled primitive, with its buffers, for every
 # input shape it meets, up to 1,024 by default. Micro-batches of rows of varying length make new shapes
 # step after step, so a CPU rank's memory grew for tens of steps past what a probe measures; 32 bounded
-# it at no cost in speed (bench/README.md, "LoRA on SmolLM2").
+# it and kept SmolLM2's step time (bench/README.md, "oneDNN's primitive cache bounded").
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_CAPACITY = 32
 
