@@ -73,7 +73,6 @@ def importing_the_training_stack() -> Iterator[None]:
     and once more at exit. Frozen (gc.freeze), no collection looks at them again, the last one at the
     process's end included; training's own garbage is collected as before. bench/startup.py measures it.
     """
-    bound_onednn_primitive_cache()  # also in a process the command did not start (srun --export=NONE)
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dpo_sweeps.runtime.startup import importing_the_training_stack
+from dpo_sweeps.runtime.startup import bound_onednn_primitive_cache, importing_the_training_stack
 
 
 def training_rank() -> Callable:
     """`dpo_sweeps.train.lifecycle.run_rank`, imported with the training stack (torch, transformers,
     torch.distributed) inside importing_the_training_stack: by the processes that train, and only by
-    them (the process that starts local ranks supervises them without it)."""
+    them (the process that starts local ranks supervises them without it). oneDNN's primitive cache is
+    bounded first, also in a process the command did not start (srun --export=NONE)."""
+    bound_onednn_primitive_cache()
     with importing_the_training_stack():
         from dpo_sweeps.train.lifecycle import run_rank
     return run_rank
