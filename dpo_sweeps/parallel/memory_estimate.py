@@ -22,7 +22,8 @@ a time, while backward recomputes it. Backward adds a few intermediate-sized gra
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
 model exists (Python, libraries, the model's code, data) is added, plus what a torch CPU process gains
 once it trains beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers:
-CPU_RUNTIME, measured on the bench and quickstart runs), plus the freed memory glibc's heap keeps (`heap_kept`).
+CPU_RUNTIME, measured on the bench and quickstart runs), plus the freed memory the rank's malloc keeps
+(`heap_kept`: glibc's heap by default, tcmalloc's with resources.cpu_allocator=tcmalloc).
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class RunShape:
     reduce_dtype: str = "float32"  # the dtype gradients are reduce-scattered in
     fully_sharded: bool = True  # the trained model is wrapped by fully_shard (fsdp.needs_fully_shard)
     adapters: bool = False  # peft: the reference is the policy with its adapters off (models/adapters.py)
+    allocator: str = "glibc"  # CPU: the malloc the rank runs with (resources.cpu_allocator, parallel/allocator.py)
 
 
 @dataclass
@@ -201,7 +203,8 @@ def _rows(run: RunShape) -> int:
 
 
 def heap_kept(model: ModelShape, run: RunShape) -> int:
-    """Bytes of the buffers a CPU training step allocates and frees that glibc's heap keeps resident.
+    """Bytes of the buffers a CPU training step allocates and frees that the malloc keeps resident: glibc's
+    heap, as below; under tcmalloc, `tcmalloc_kept`.
 
     glibc serves a large allocation by mmap, and returns it to the system when freed, only until the
     first such block is freed: then its mmap threshold rises to that size (dynamic threshold, mallopt(3))
@@ -218,8 +221,11 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
     embedding), so only units below it count. A rank fully_shard does not wrap gathers nothing, and keeps
     its activations' holes instead (`_activation_holes`). Fixing the threshold (MALLOC_MMAP_THRESHOLD_)
     returns all of this but makes a CPU step slower (every large tensor then page-faults in afresh):
-    bench/README.md.
+    bench/README.md. Where those holes land varies from run to run, and so does a two-rank fp32 peak;
+    tcmalloc keeps less, the same each run (parallel/allocator.py).
     """
+    if run.allocator != "glibc":
+        return tcmalloc_kept(model, run)
     s = max(1, run.shard_group_size)
     units = [model.root_params] + [model.block_params] * model.num_layers  # FSDP units: the root, one per block
     # The optimizer step's fp32 temporary is the size of what it steps: with adapters (peft), theirs only,
@@ -232,6 +238,17 @@ def heap_kept(model: ModelShape, run: RunShape) -> int:
         return max(optimizer_temporary, _activation_holes(model, run))
     pb = DTYPES[run.param_dtype].bytes
     return optimizer_temporary + sum((_split_gathers(run) + 2) * _heap_sized(pb * u) for u in units)
+
+
+def tcmalloc_kept(model: ModelShape, run: RunShape) -> int:
+    """What tcmalloc holds free at the peak (resources.cpu_allocator=tcmalloc): freed spans its page heap
+    has not yet given back, fitted to SmolLM2's peaks (bench/README.md). On a rank fully_shard wraps, whose
+    gathered blocks come and go block by block, half a copy of the blocks' parameters in fp32 (10 shapes
+    with adapters); and half the optimizer step's fp32 temporary, the size of the shard it steps (the
+    full fine-tune's 8 shapes; with adapters it is theirs, small). On a rank fully_shard does not wrap the
+    activations' freed spans are taken again by the next micro-batch: only the temporary's half counts."""
+    gathers = 2 * model.block_params * model.num_layers if run.fully_sharded else 0
+    return gathers + 2 * model.trained // max(1, run.shard_group_size)
 
 
 def _activation_holes(model: ModelShape, run: RunShape) -> int:
@@ -284,10 +301,12 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     return MemoryEstimate(*terms, baseline, sum(terms) + baseline + kept, kept)
 
 
-def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5) -> RunShape:
+def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5,
+                 allocator: str | None = None) -> RunShape:
     """The RunShape of a resolved dpo-sweeps config and its parallel plan (plan.resolve_plan): of the rows a run
     saw (`seq_len`, the longest, and the share of response tokens), or before it runs of pairs as long as
-    truncation leaves them (data/rows.py, as the cost prediction takes them)."""
+    truncation leaves them (data/rows.py, as the cost prediction takes them). `allocator`: the one the rank
+    runs with (allocator.allocator_in_use), else the config's."""
     train = cfg.train
     if seq_len is None:
         longest = longest_rows_of(cfg)
@@ -305,4 +324,5 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
         response_fraction=response_fraction, adapters=plan.adapters is not None,
+        allocator=allocator or cfg.resources.cpu_allocator,
     )

@@ -14,6 +14,7 @@ from dpo_sweeps.parallel.memory_estimate import (
     gathered_params,
     heap_kept,
     logits,
+    tcmalloc_kept,
 )
 
 # SmolLM2-135M: 30 Llama blocks of 576, a 49,152-token vocabulary with tied embeddings.
@@ -87,3 +88,21 @@ def test_on_a_cpu_the_heap_term_and_the_runtime_come_on_top_of_the_tensors():
     on_cpu = estimate_peak_memory(SMOLLM2, FULL_SHARD, baseline_bytes=333 * 2**20)
     assert on_gpu.heap_kept == 0 and on_gpu.baseline == 0
     assert on_cpu.total == on_gpu.total + 333 * 2**20 + CPU_RUNTIME + heap_kept(SMOLLM2, FULL_SHARD)
+
+
+def test_under_tcmalloc_the_heap_term_is_tcmallocs_and_smaller_than_glibcs():
+    tcmalloc = dataclasses.replace(FULL_SHARD, allocator="tcmalloc")
+    # Half an fp32 copy of the blocks and half the optimizer's fp32 temporary of this rank's shard, whatever the
+    # dtype, micro-batch or checkpointing; glibc's heap term grows with the split gathers instead.
+    kept = 2 * BLOCKS + 2 * SMOLLM2.num_params // 2
+    assert heap_kept(SMOLLM2, tcmalloc) == tcmalloc_kept(SMOLLM2, tcmalloc) == kept < heap_kept(SMOLLM2, FULL_SHARD)
+    for changed in (dict(param_dtype="bfloat16"), dict(micro_batch_size=16), dict(activation_checkpointing=True)):
+        assert heap_kept(SMOLLM2, dataclasses.replace(tcmalloc, **changed)) == kept
+    # With adapters the temporary is theirs; one rank fully_shard does not wrap keeps only its half of it.
+    lora = dataclasses.replace(SMOLLM2, trainable_params=4_884_480)
+    assert heap_kept(lora, tcmalloc) == 2 * BLOCKS + 2 * lora.trainable_params // 2
+    one_rank = dataclasses.replace(tcmalloc, shard_group_size=1, fully_sharded=False)
+    assert heap_kept(lora, one_rank) == 2 * lora.trainable_params
+    assert heap_kept(lora, one_rank) < heap_kept(lora, dataclasses.replace(one_rank, allocator="glibc"))
+    on_cpu = estimate_peak_memory(SMOLLM2, tcmalloc, baseline_bytes=333 * 2**20)
+    assert on_cpu.total == estimate_peak_memory(SMOLLM2, tcmalloc).total + 333 * 2**20 + CPU_RUNTIME + kept
