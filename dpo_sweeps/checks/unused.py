@@ -218,7 +218,7 @@ ALWAYS_READ = (
     "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
     "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling", "peft.method",
     "resources.nodes", "resources.nproc_per_node", "resources.device", "resources.collective_timeout_s",
-    "resources.hang_timeout_s", "resources.threads_per_rank",
+    "resources.hang_timeout_s", "resources.threads_per_rank", "resources.cpu_allocator",
     # A single run checks fit against it as a sweep's point does (app.py, parallel/fit.py).
     "resources.device_memory_gib",
     "perf.warmup_steps", "probe.steps", "faults.kind",

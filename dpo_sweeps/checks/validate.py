@@ -25,6 +25,7 @@ from dpo_sweeps.data.encoding import no_chat_template
 from dpo_sweeps.data.sources import DATA_SOURCES, looks_local
 from dpo_sweeps.errors import DataError, InvalidConfig
 from dpo_sweeps.models.gguf import resolve_gguf_file
+from dpo_sweeps.parallel.allocator import missing_allocator
 from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
 from dpo_sweeps.tracking.mlflow_uri import MLFLOW_URI_ACCEPTED, mlflow_uri_problem
 
@@ -60,6 +61,8 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     _check_probe(cfg)
     _check_trackers(cfg)
     _check_peft(cfg)
+    if problem := missing_allocator(cfg.resources.cpu_allocator):
+        refuse("resources.cpu_allocator", f"{cfg.resources.cpu_allocator}: {problem}", "glibc (the default)")
 
 
 def _check_batch_split(cfg: Config) -> None:

@@ -311,6 +311,10 @@ class PrecisionConfig(Section):
             at_least(self.loss_scale_growth_interval, 1, "precision.loss_scale_growth_interval")
 
 
+# resources.cpu_allocator: the malloc of the processes that train (dpo_sweeps/parallel/allocator.py).
+CPU_ALLOCATORS = ("glibc", "tcmalloc")
+
+
 @dataclass
 class ResourcesConfig(Section):
     nodes: int = MISSING
@@ -335,6 +339,9 @@ class ResourcesConfig(Section):
     bind_cores: bool = MISSING
     """Bind the CPU ranks dpo-sweeps starts itself each to its own block of the job's cores (torchrun and
     SLURM tasks are bound by their launcher, e.g. srun --cpu-bind; GPU ranks are not bound)."""
+    cpu_allocator: str = MISSING
+    """glibc | tcmalloc: the malloc of the processes that train (runtime/allocator.py). tcmalloc (gperftools,
+    preloaded into the ranks dpo-sweeps starts) holds less freed memory than glibc's heap, run after run."""
 
     @property
     def world_size(self) -> int:
@@ -353,6 +360,8 @@ class ResourcesConfig(Section):
                         "a number of seconds > 0, or null for resources.collective_timeout_s")
         if self.threads_per_rank is not None:
             at_least(self.threads_per_rank, 1, "resources.threads_per_rank", "an integer >= 1, or null")
+        if self.cpu_allocator not in CPU_ALLOCATORS:
+            refuse("resources.cpu_allocator", f"got {self.cpu_allocator!r}", ", ".join(CPU_ALLOCATORS))
 
 
 # The precisions a cluster profile gives a dense peak for (fp32 plain, tf32 tensor cores, bf16, fp16).

@@ -9,6 +9,7 @@ import torch
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.cost.predict import predicted_step_metrics
+from dpo_sweeps.parallel.allocator import allocator_in_use
 from dpo_sweeps.parallel.memory_estimate import MemoryEstimate, estimate_peak_memory, run_shape_of
 from dpo_sweeps.parallel.mfu import device_peak_flops
 from dpo_sweeps.parallel.plan import ParallelPlan
@@ -54,6 +55,7 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
 
 def memory_estimate(cfg: Config, plan: ParallelPlan, built: TrainingSetup) -> MemoryEstimate:
     """memory_estimate.py's peak for this run's shape (compare perf/peak_memory_gib)."""
-    run = run_shape_of(cfg, plan, seq_len=built.longest_row, response_fraction=built.response_fraction)
+    run = run_shape_of(cfg, plan, seq_len=built.longest_row, response_fraction=built.response_fraction,
+                       allocator=allocator_in_use())
     return estimate_peak_memory(built.shape, run, baseline_bytes=built.rss_before_model,
                                 runtime_resident=built.runtime_resident)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import Failure, FailureKind, failure_of
+from dpo_sweeps.parallel.allocator import check_allocator_in_use
 from dpo_sweeps.parallel.distributed import init_process_group, select_device
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.rundir.checkpoints import remove_checkpoints
@@ -99,6 +100,7 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
             watchdog = Watchdog(ctx.run_dir, env.rank, env.world_size, hang_timeout_s, on_verdict).start()
             if env.world_size > 1:
                 validate_config(cfg, ctx.base_dir)
+            check_allocator_in_use(cfg.resources.cpu_allocator)
             trainer = Trainer(ctx, cfg, env, device, stop_watch=watch, heartbeat=watchdog.progress)
             trainer.setup()
             metrics = trainer.fit()

@@ -28,6 +28,7 @@ from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.adapters import add_adapters, start_adapter
 from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, load_model_code
 from dpo_sweeps.models.quantize import quantizable_params, quantize_base
+from dpo_sweeps.parallel.allocator import allocator_in_use
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
 from dpo_sweeps.parallel.memory_estimate import ModelShape
@@ -68,7 +69,7 @@ class Models:
     reference: torch.nn.Module | AdapterReference | None
     num_params: int
     model_flops: ModelFlops
-    layout: dict  # summary.json: the mesh, and the node of each rank
+    layout: dict  # summary.json: the mesh, the node of each rank, and the ranks' malloc
     shape: ModelShape  # for the memory estimate and the step-time prediction (counted before 4-bit packing)
 
 
@@ -171,7 +172,8 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     num_params = sum(p.numel() for p in policy.parameters())
     model_flops = ModelFlops.of(policy, cfg.model.block_name)
     mesh = build_mesh(plan, device.type)
-    layout = rank_layout(mesh, env.local_rank)
+    # with the malloc the ranks run with (each checked it is the config's: train/lifecycle.py)
+    layout = {**rank_layout(mesh, env.local_rank), "cpu_allocator": allocator_in_use()}
     mp_policy = mixed_precision_policy(plan)
     shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model

@@ -44,6 +44,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
+from dpo_sweeps.parallel.allocator import preloaded
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary, write_summary
 from dpo_sweeps.runtime.context import new_attempt
 
@@ -150,19 +151,24 @@ class SlurmLauncher(SweepLauncher):
             device = "cuda" if self._partition_gpus[partition] else "cpu"
         return resources.nproc_per_node if device == "cuda" else 0
 
-    def _shape(self, job: SweepJob) -> tuple[int, int, int]:
+    def _shape(self, job: SweepJob) -> tuple[int, int, int, str]:
         resources = job.section("resources")
-        return resources.nodes, resources.nproc_per_node, self._gpus_per_node(job)
+        return resources.nodes, resources.nproc_per_node, self._gpus_per_node(job), resources.cpu_allocator
 
-    def executor_parameters(self, shape: tuple[int, int, int]) -> dict[str, Any]:
-        """submitit parameters for jobs of one shape (nodes, tasks per node, GPUs per node)."""
-        nodes, tasks, gpus = shape
+    def executor_parameters(self, shape: tuple[int, int, int, str]) -> dict[str, Any]:
+        """submitit parameters for jobs of one shape (nodes, tasks per node, GPUs per node, malloc)."""
+        nodes, tasks, gpus, allocator = shape
         params: dict[str, Any] = {
             (k if k in GENERIC_KEYS else f"slurm_{k}"): v for k, v in self.sbatch_params.items() if v is not None
         }
         params.update(nodes=nodes, tasks_per_node=tasks, slurm_array_parallelism=self.array_parallelism)
         if gpus:
             params["gpus_per_node"] = gpus
+        preload: dict[str, str] = {}
+        preloaded(allocator, preload)
+        if preload:  # srun starts the tasks with the batch script's environment (parallel/allocator.py)
+            params["slurm_setup"] = [*params.get("slurm_setup", []),
+                                     f'export LD_PRELOAD={preload["LD_PRELOAD"]}${{LD_PRELOAD:+:$LD_PRELOAD}}']
         return params
 
     def describe(self) -> str:
@@ -172,7 +178,7 @@ class SlurmLauncher(SweepLauncher):
         return "SLURM: " + " ".join(f"{k}={v}" for k, v in shown.items())
 
     def describe_job(self, job: SweepJob) -> str:
-        nodes, tasks, gpus = self._shape(job)
+        nodes, tasks, gpus, _allocator = self._shape(job)
         return f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} tasks" + (f", {gpus} GPUs/node" if gpus else "")
 
     def launch_jobs(self, jobs: Sequence[SweepJob]) -> list[JobReturn]:
@@ -238,7 +244,7 @@ class SlurmLauncher(SweepLauncher):
     def _submit(self, executor: Any, jobs: Sequence[SweepJob], units: list[list[int]], running: dict,
                 results: dict[int, JobReturn], label: PointLabels) -> None:
         """Submit the jobs of `units` (each one job, or a probe batch run in turn), one job array per shape."""
-        by_shape: Mapping[tuple[int, int, int], list[list[int]]] = defaultdict(list)
+        by_shape: Mapping[tuple[int, int, int, str], list[list[int]]] = defaultdict(list)
         for unit in units:
             by_shape[self._shape(jobs[unit[0]])].append(unit)  # a probe batch's jobs need the same ranks
         for shape, shape_units in by_shape.items():

@@ -1,0 +1,94 @@
+"""The memory allocator of the processes that train on CPU memory (`resources.cpu_allocator`).
+
+glibc's malloc, the default, serves a training step's large buffers from its heap once its dynamic mmap
+threshold has risen (mallopt(3)), and keeps the holes they leave when later tensors land between them:
+on two fp32 CPU ranks most of a rank's resident set can be such free memory, and where the first step
+happens to place its buffers moves a rank's peak from run to run (bench/README.md). tcmalloc
+(gperftools) serves large buffers from spans it coalesces again when they are freed: less memory held,
+the same run after run, and faster steps. PyTorch's own CPU launcher (torch.backends.xeon.run_cpu)
+preloads it for the same reasons.
+
+An allocator is chosen when a process starts (LD_PRELOAD): dpo-sweeps puts it in the environment of the
+rank processes it starts (runtime/local_ranks.py; a one-rank run then trains in a process of its own),
+and of the tasks of a SLURM job (launchers/slurm/launcher.py). A rank someone else started (torchrun)
+must have been started with it, or the run fails before it trains (train/lifecycle.py). The
+memory estimate counts the allocator the rank runs with (`allocator_in_use`), parallel/memory_estimate.py.
+
+Imports no torch: the sweep's process checks the library before launch (checks/validate.py).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+
+from dpo_sweeps.config.schema import CPU_ALLOCATORS
+from dpo_sweeps.errors import InvalidConfig
+
+GLIBC, TCMALLOC = CPU_ALLOCATORS
+# The shared libraries that provide an allocator, by the names ctypes.util.find_library takes, in order of
+# preference: gperftools' minimal build (no heap profiler: Debian and Ubuntu's libtcmalloc-minimal4) first.
+LIBRARIES = {TCMALLOC: ("tcmalloc_minimal", "tcmalloc")}
+INSTALL = {TCMALLOC: "gperftools' tcmalloc (Debian/Ubuntu: apt install libtcmalloc-minimal4; conda: gperftools)"}
+
+
+def allocator_library(name: str) -> str | None:
+    """The shared library that provides allocator `name` on this machine (a name the dynamic loader
+    finds, e.g. libtcmalloc_minimal.so.4); None for glibc, which every process has, or when none is found."""
+    for library in LIBRARIES.get(name, ()):
+        if found := ctypes.util.find_library(library):
+            return found
+    return None
+
+
+def missing_allocator(name: str) -> str | None:
+    """Why allocator `name` cannot run here (one clause), or None when it can."""
+    if name == GLIBC or allocator_library(name):
+        return None
+    names = " or ".join(f"lib{library}" for library in LIBRARIES[name])
+    return f"no {names} on this machine; install {INSTALL[name]}"
+
+
+def allocator_in_use() -> str:
+    """The allocator this process runs with: tcmalloc when its library is mapped into the process."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return GLIBC
+    return next((name for name, libraries in LIBRARIES.items()
+                 if any(f"/lib{library}.so" in maps for library in libraries)), GLIBC)
+
+
+def check_allocator_in_use(name: str) -> None:
+    """Refuse to train with another malloc than `name` (a rank torchrun or srun started without it)."""
+    if name != GLIBC and (in_use := allocator_in_use()) != name:
+        raise InvalidConfig("resources.cpu_allocator", f"{name}, but this rank runs with {in_use}'s malloc "
+                            "(a rank torchrun or srun starts is not started by dpo-sweeps)",
+                            f"glibc, or LD_PRELOAD={allocator_library(name)} in the rank's environment")
+
+
+def preloaded(name: str, env: MutableMapping[str, str]) -> None:
+    """Put allocator `name` in `env`'s LD_PRELOAD, ahead of what it preloads already (glibc: nothing)."""
+    library = allocator_library(name)
+    if library is None:
+        return
+    kept = [entry for entry in env.get("LD_PRELOAD", "").split(":") if entry and entry != library]
+    env["LD_PRELOAD"] = ":".join([library, *kept])
+
+
+@contextmanager
+def starting_processes_with(name: str) -> Iterator[None]:
+    """This process's environment preloads allocator `name` while it starts processes (multiprocessing's
+    spawn passes the environment on as it is), and is given back after."""
+    before = os.environ.get("LD_PRELOAD")
+    preloaded(name, os.environ)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = before
