@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import require_tcmalloc  # noqa: E402
 from support.slurm import ensure_slurm_cluster  # noqa: E402
 from support.sweeps import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
@@ -41,6 +42,21 @@ def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
     again = run_sweep(sweep_dir, *ON_SLURM, *grid, env=slurm_env)
     assert again.returncode == 0, again.output[-3000:]
     assert "4 of 4 runs already completed" in again.output and "submitted" not in again.output
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_slurm_jobs_tasks_run_with_the_malloc_its_run_asks_for(slurm_env, tmp_path):
+    """srun starts the tasks, not dpo-sweeps: the job's batch script exports tcmalloc for the runs that ask."""
+    require_tcmalloc()
+    sweep_dir = tmp_path / "sweep"
+    result = run_sweep(sweep_dir, *ON_SLURM, "resources.cpu_allocator=glibc,tcmalloc", "resources.nproc_per_node=2",
+                       "train.max_steps=2", env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    for n, allocator in enumerate(("glibc", "tcmalloc")):
+        summary = result.summary(n)
+        assert summary["status"] == "completed" and summary["metrics"]["world_size"] == 2
+        assert summary["layout"]["cpu_allocator"] == allocator
 
 
 @pytest.mark.slow

@@ -60,3 +60,18 @@ def run_cli(run_dir: Path, *overrides: str, timeout: float = 300, quiet: bool = 
     args = [sys.executable, "-m", "dpo_sweeps", *(QUIET if quiet else []), *overrides, f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(args, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
     return RunResult(proc.returncode, proc.stdout, proc.stderr, Path(run_dir))
+
+
+def require_tcmalloc() -> str:
+    """tcmalloc's library (resources.cpu_allocator=tcmalloc), which tests/install_system_deps.sh installs;
+    without it the test skips, except under CI (the CI variable set), where it fails."""
+    import pytest
+
+    from dpo_sweeps.parallel.allocator import allocator_library
+
+    if library := allocator_library("tcmalloc"):
+        return library
+    message = "tcmalloc not found: apt-get install -y --no-install-recommends libtcmalloc-minimal4"
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI must run the tcmalloc tests, not skip them)")
+    pytest.skip(message)

@@ -125,7 +125,7 @@ KEYS = ("train.lr", "train.batch_size", "train.micro_batch_size", "train.max_ste
         "loss.beta", "loss.label_smoothing", "loss.sft_weight", "loss.nll_average", "data.max_length",
         "data.max_prompt_length", "data.noise", "data.eval_size", "data.max_pairs", "data.path",
         "data.truncation_mode", "fsdp.hybrid_group_size", "resources.nproc_per_node", "resources.nodes",
-        "resources.device", "precision.initial_loss_scale", "model.tokenizer.vocab_size", "checkpoint.keep_last",
+        "resources.device", "resources.cpu_allocator", "precision.initial_loss_scale", "model.tokenizer.vocab_size", "checkpoint.keep_last",
         "wandb.project", "probe.steps", "perf.warmup_steps", "train.lr_rate", "data.nosie", "loss.betta",
         # Keys read only beside other choices (dpo_sweeps/checks/unused.py).
         "train.sample_max_new_tokens", "model.install_hint", "fsdp.reshard_after_forward", "precision.name",
@@ -136,7 +136,7 @@ GROUPS = {"data": ("synthetic", "hh", "preference", "hhh", "prefs"), "loss": ("d
 VALUES = st.one_of(st.integers(-3, 5000).map(str), st.floats(-1, 2, allow_nan=False).map(lambda f: f"{f:.3g}"),
                    st.sampled_from(["0", "0.0", "-1", "null", "true", "false", "abc", "1e-3", "???", "[1,2]",
                                     "{a: 1}", "''", "nan", "inf", "./nope.jsonl", "keep_end", "cpu", "cuda", "batch",
-                                    "1", "2", "3"]))
+                                    "1", "2", "3", "tcmalloc", "jemalloc"]))
 OVERRIDE = st.one_of(
     st.builds(lambda k, v, plus: f"{'+' if plus else ''}{k}={v}", st.sampled_from(KEYS), VALUES,
               st.sampled_from([False, False, False, True])),

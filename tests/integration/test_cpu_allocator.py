@@ -1,0 +1,99 @@
+"""`resources.cpu_allocator`: the ranks dpo-sweeps starts run with the malloc the config names, a rank
+started by someone else without it is refused before it trains, and a library this machine lacks is
+refused before anything runs (dpo_sweeps/parallel/allocator.py). Real runs: tiny models, real processes.
+
+tcmalloc comes from tests/install_system_deps.sh (Debian's libtcmalloc-minimal4); without it the tests that
+need it skip, except under CI, where they fail (support.require_tcmalloc).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from support import QUIET, REPO, cli_env, require_tcmalloc, run_cli, summary_json
+
+from dpo_sweeps.parallel import allocator
+from dpo_sweeps.parallel.rank_env import free_port
+
+SHORT = ["model=tiny_llama", "data.num_train_pairs=64", "data.num_eval_pairs=16", "train.max_steps=2",
+         "train.eval_every=0", "perf.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def tcmalloc() -> str:
+    return require_tcmalloc()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_ranks_dpo_sweeps_starts_run_with_tcmalloc(tmp_path, tcmalloc, ranks):
+    run = run_cli(tmp_path / "run", *SHORT, f"resources.nproc_per_node={ranks}", "resources.cpu_allocator=tcmalloc")
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = run.summary
+    assert summary["layout"]["cpu_allocator"] == "tcmalloc"
+    assert "LD_PRELOAD" not in os.environ or tcmalloc not in os.environ["LD_PRELOAD"]  # nothing leaked here
+    # The estimate counts tcmalloc's held memory, not glibc's heap: the same config's pre-launch estimate.
+    from dpo_sweeps.config.schema import Config
+    from dpo_sweeps.parallel.fit import predicted_peak_gib
+
+    config = Config.of(summary["config"])
+    glibc = Config.of({**summary["config"], "resources": {**summary["config"]["resources"], "cpu_allocator": "glibc"}})
+    assert predicted_peak_gib(config, ranks) <= predicted_peak_gib(glibc, ranks)
+
+
+def test_the_default_malloc_is_glibc_and_recorded(tmp_path):
+    run = run_cli(tmp_path / "run", *SHORT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.summary["layout"]["cpu_allocator"] == "glibc"
+
+
+def test_a_rank_torchrun_started_without_tcmalloc_is_refused_before_it_trains(tmp_path, tcmalloc):
+    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in cli_env().items() if k != "LD_PRELOAD"}
+    proc = subprocess.run([exe, "--nproc_per_node=1", f"--master_port={free_port()}", "-m", "dpo_sweeps", *QUIET,
+                           *SHORT, "resources.cpu_allocator=tcmalloc", f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    failure = (summary_json(run_dir) or {}).get("failure")
+    assert failure is not None and failure["kind"] == "invalid_config", proc.stderr[-3000:]
+    assert failure["message"].startswith("resources.cpu_allocator: tcmalloc, but this rank runs with glibc's malloc")
+    assert f"LD_PRELOAD={tcmalloc}" in failure["message"]
+    assert not (run_dir / "metrics.jsonl").exists() or "train/loss" not in (run_dir / "metrics.jsonl").read_text()
+
+    # Started with it in its environment, the same rank trains.
+    env["LD_PRELOAD"] = tcmalloc
+    proc = subprocess.run([exe, "--nproc_per_node=1", f"--master_port={free_port()}", "-m", "dpo_sweeps", *QUIET,
+                           *SHORT, "resources.cpu_allocator=tcmalloc", f"hydra.run.dir={tmp_path / 'preloaded'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary_json(tmp_path / "preloaded")["layout"]["cpu_allocator"] == "tcmalloc"
+
+
+def test_an_allocator_this_machine_lacks_or_does_not_know_is_refused_in_one_line(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dpo_sweeps.checks.validate import validate_config
+    from dpo_sweeps.config.schema import Config
+    from dpo_sweeps.errors import InvalidConfig
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = Config.of(OmegaConf.to_container(compose("config", ["resources.cpu_allocator=tcmalloc"]), resolve=True))
+    # A machine without it: the names looked up are ones no system has.
+    monkeypatch.setitem(allocator.LIBRARIES, "tcmalloc", ("dpo_sweeps_no_such_malloc",))
+    with pytest.raises(InvalidConfig) as refused:
+        validate_config(cfg, REPO)
+    assert str(refused.value) == ("resources.cpu_allocator: tcmalloc: no libdpo_sweeps_no_such_malloc on this "
+                                  "machine; install gperftools' tcmalloc (Debian/Ubuntu: apt install "
+                                  "libtcmalloc-minimal4; conda: gperftools) (accepted: glibc (the default))")
+
+    run = run_cli(tmp_path / "run", *SHORT, "resources.cpu_allocator=jemalloc")
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].startswith(
+        "error: run failed (invalid_config): resources.cpu_allocator: got 'jemalloc' (accepted: glibc, tcmalloc)")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
