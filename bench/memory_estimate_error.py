@@ -6,6 +6,7 @@
     python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
     python bench/memory_estimate_error.py --steps 24   # longer probes: the peak a longer run reaches
     python bench/memory_estimate_error.py --model smollm2_135m_lora   # 13 LoRA shapes of SmolLM2-135M (peft=lora)
+    python bench/memory_estimate_error.py --allocator tcmalloc   # every probe with resources.cpu_allocator=tcmalloc
 
 Each shape is a real probe run (`probe.steps=6`, or `--steps`; the same sharding, precision, micro-batch and
 techniques as a full run) on synthetic data; its summary.json has the measured peak
@@ -120,6 +121,7 @@ SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES, "smollm2_135m_lora
 
 
 def probe(run_dir: Path, overrides: list[str], steps: int = PROBE_STEPS) -> dict:
+    """One probe run of the shape; its summary.json."""
     args = [sys.executable, "-m", "dpo_sweeps", *COMMON, f"probe.steps={steps}", *overrides,
             f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
@@ -151,11 +153,13 @@ def main() -> None:
                              "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
+    parser.add_argument("--allocator", choices=("glibc", "tcmalloc"), default="glibc",
+                        help="resources.cpu_allocator of every probe and of the pre-launch estimate")
     parser.add_argument("--steps", type=int, default=PROBE_STEPS, help="steps of each probe: the heap can grow "
                         f"for longer than {PROBE_STEPS} (bench/README.md)")
     args = parser.parse_args()
     root = args.reuse or Path(tempfile.mkdtemp(prefix="memory-estimate-"))
-    shapes = SHAPE_SETS[args.model]
+    shapes = [(name, [*o, f"resources.cpu_allocator={args.allocator}"]) for name, o in SHAPE_SETS[args.model]]
     if args.only:
         shapes = [(name, o) for name, o in shapes if name in args.only.split(",")]
     measured: dict[str, list[float]] = {name: [] for name, _ in shapes}

@@ -9,7 +9,8 @@ Runs `python -m dpo_sweeps` with the given overrides (after the bench's quiet de
 bench/rss_timeline_hook/ on PYTHONPATH, whose sitecustomize.py records in every rank, at the end of
 each phase of its trainer (data, policy, mesh, reference, sharding, reference pass, optimizer, then
 each step's forward, backward and optimizer), the resident set (VmRSS), the phase's peak resident set
-(sampled every 5 ms), and glibc's heap (mallinfo2: size, in use, free, mmapped); at the end, the run's
+(sampled every 5 ms), and the malloc's heap (glibc's mallinfo2, or tcmalloc's MallocExtension: size, in use,
+free, mmapped); at the end, the run's
 memory estimate term by term. It changes nothing the run computes. What it showed: bench/README.md.
 """
 

@@ -1,7 +1,7 @@
 """bench/rss_timeline.py's probe, loaded into every Python process of a run through PYTHONPATH.
 
 With RSS_TIMELINE_DIR set, each rank records, at the end of every phase of its trainer, its resident set
-and glibc's heap, to RSS_TIMELINE_DIR/<rank>-<pid>.jsonl. Measurement only: it wraps the trainer's
+and its malloc's heap (glibc's or tcmalloc's), to RSS_TIMELINE_DIR/<rank>-<pid>.jsonl. Measurement only: it wraps the trainer's
 setup functions and heartbeat, and changes nothing the run computes. Without RSS_TIMELINE_DIR it does nothing.
 """
 
@@ -27,6 +27,18 @@ if os.environ.get("RSS_TIMELINE_DIR"):
     except (OSError, AttributeError):  # not glibc, or older than 2.33
         _libc = None
 
+    # tcmalloc (resources.cpu_allocator=tcmalloc) answers through gperftools' MallocExtension C API instead.
+    _tcmalloc = ctypes.CDLL(None)
+    if hasattr(_tcmalloc, "MallocExtension_GetNumericProperty"):
+        _tcmalloc.MallocExtension_GetNumericProperty.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]
+    else:
+        _tcmalloc = None
+
+    def _tcmalloc_property(name: str) -> int:
+        value = ctypes.c_size_t(0)
+        _tcmalloc.MallocExtension_GetNumericProperty(name.encode(), ctypes.byref(value))
+        return value.value
+
     MIB = 2**20
     _lock = threading.Lock()
     _state = {"phase": "start", "peak": 0.0, "t0": time.time(), "file": None}
@@ -42,7 +54,11 @@ if os.environ.get("RSS_TIMELINE_DIR"):
         return out
 
     def _heap() -> dict:
-        """glibc's malloc statistics over all arenas (mallinfo2), in MiB."""
+        """glibc's malloc statistics over all arenas (mallinfo2), or tcmalloc's, in MiB."""
+        if _tcmalloc is not None:  # mapped heap, what is allocated, and what its page heap and caches hold free
+            heap = _tcmalloc_property("generic.heap_size") - _tcmalloc_property("tcmalloc.pageheap_unmapped_bytes")
+            return {"heap": heap / MIB, "in_use": _tcmalloc_property("generic.current_allocated_bytes") / MIB,
+                    "free": (heap - _tcmalloc_property("generic.current_allocated_bytes")) / MIB, "mmapped": 0.0}
         if _libc is None:
             return {}
         m = _libc.mallinfo2()
