@@ -34,7 +34,6 @@ def test_the_ranks_dpo_sweeps_starts_run_with_tcmalloc(tmp_path, tcmalloc, ranks
     assert run.returncode == 0, run.stderr[-3000:]
     summary = run.summary
     assert summary["layout"]["cpu_allocator"] == "tcmalloc"
-    assert "LD_PRELOAD" not in os.environ or tcmalloc not in os.environ["LD_PRELOAD"]  # nothing leaked here
     # The estimate counts tcmalloc's held memory, not glibc's heap: the same config's pre-launch estimate.
     from dpo_sweeps.config.schema import Config
     from dpo_sweeps.parallel.fit import predicted_peak_gib
@@ -97,3 +96,18 @@ def test_an_allocator_this_machine_lacks_or_does_not_know_is_refused_in_one_line
         "error: run failed (invalid_config): resources.cpu_allocator: got 'jemalloc' (accepted: glibc, tcmalloc)")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
+
+
+def test_the_process_that_starts_ranks_gives_its_environment_back(tcmalloc, monkeypatch):
+    """Only the processes started inside preload tcmalloc; what LD_PRELOAD held before stays after it."""
+    monkeypatch.setenv("LD_PRELOAD", "libsomething_else.so")
+    with allocator.starting_processes_with("tcmalloc"):
+        assert os.environ["LD_PRELOAD"] == f"{tcmalloc}:libsomething_else.so"
+        child = subprocess.run([sys.executable, "-c", "from dpo_sweeps.parallel.allocator import allocator_in_use; "
+                                "print(allocator_in_use())"], capture_output=True, text=True, env=cli_env())
+    assert child.stdout.strip() == "tcmalloc", child.stderr
+    assert os.environ["LD_PRELOAD"] == "libsomething_else.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    with allocator.starting_processes_with("glibc"):
+        assert "LD_PRELOAD" not in os.environ
+    assert "LD_PRELOAD" not in os.environ
