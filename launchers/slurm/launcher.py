@@ -44,7 +44,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
-from dpo_sweeps.parallel.allocator import preloaded
+from dpo_sweeps.parallel.allocator import allocator_library
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary, write_summary
 from dpo_sweeps.runtime.context import new_attempt
 
@@ -164,11 +164,9 @@ class SlurmLauncher(SweepLauncher):
         params.update(nodes=nodes, tasks_per_node=tasks, slurm_array_parallelism=self.array_parallelism)
         if gpus:
             params["gpus_per_node"] = gpus
-        preload: dict[str, str] = {}
-        preloaded(allocator, preload)
-        if preload:  # srun starts the tasks with the batch script's environment (parallel/allocator.py)
+        if library := allocator_library(allocator):  # srun starts the tasks with the batch script's environment
             params["slurm_setup"] = [*params.get("slurm_setup", []),
-                                     f'export LD_PRELOAD={preload["LD_PRELOAD"]}${{LD_PRELOAD:+:$LD_PRELOAD}}']
+                                     f"export LD_PRELOAD={library}${{LD_PRELOAD:+:$LD_PRELOAD}}"]
         return params
 
     def describe(self) -> str:
