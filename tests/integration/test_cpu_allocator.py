@@ -49,13 +49,18 @@ def test_the_default_malloc_is_glibc_and_recorded(tmp_path):
     assert run.summary["layout"]["cpu_allocator"] == "glibc"
 
 
-def test_a_rank_torchrun_started_without_tcmalloc_is_refused_before_it_trains(tmp_path, tcmalloc):
+def _torchrun_with_tcmalloc_asked(run_dir, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One rank under torchrun, its config asking for tcmalloc, its environment as given."""
     exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    run_dir = tmp_path / "run"
-    env = {k: v for k, v in cli_env().items() if k != "LD_PRELOAD"}
-    proc = subprocess.run([exe, "--nproc_per_node=1", f"--master_port={free_port()}", "-m", "dpo_sweeps", *QUIET,
+    return subprocess.run([exe, "--nproc_per_node=1", f"--master_port={free_port()}", "-m", "dpo_sweeps", *QUIET,
                            *SHORT, "resources.cpu_allocator=tcmalloc", f"hydra.run.dir={run_dir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_rank_torchrun_started_without_tcmalloc_is_refused_before_it_trains(tmp_path, tcmalloc):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in cli_env().items() if k != "LD_PRELOAD"}
+    proc = _torchrun_with_tcmalloc_asked(run_dir, env)
     assert proc.returncode != 0
     failure = (summary_json(run_dir) or {}).get("failure")
     assert failure is not None and failure["kind"] == "invalid_config", proc.stderr[-3000:]
@@ -65,9 +70,7 @@ def test_a_rank_torchrun_started_without_tcmalloc_is_refused_before_it_trains(tm
 
     # Started with it in its environment, the same rank trains.
     env["LD_PRELOAD"] = tcmalloc
-    proc = subprocess.run([exe, "--nproc_per_node=1", f"--master_port={free_port()}", "-m", "dpo_sweeps", *QUIET,
-                           *SHORT, "resources.cpu_allocator=tcmalloc", f"hydra.run.dir={tmp_path / 'preloaded'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = _torchrun_with_tcmalloc_asked(tmp_path / "preloaded", env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary_json(tmp_path / "preloaded")["layout"]["cpu_allocator"] == "tcmalloc"
 
