@@ -219,7 +219,9 @@ def _steps_logged(run_dir: Path) -> int:
         return 0
 
 
-MAX_STEPS = 12
+# Enough steps that scontrol's requeue, sent once run #0's second attempt has saved a checkpoint, reaches it
+# with steps still to run on a loaded machine (at 12 CI's second attempt once finished first).
+MAX_STEPS = 24
 WAIT_S = 600  # the longest wait for one event of a sweep's jobs
 COLLECTIVE_TIMEOUT_S = 20
 # A killed node ends its run once SLURM marks the node down and requeues the job (NODE_FAIL): local_cluster.sh's
@@ -235,7 +237,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     name = f"dpo-2node-{uuid.uuid4().hex[:8]}"
     sweep_dir, log = tmp_path / "sweep", tmp_path / "sweep.log"
     preempted, lost, reference, lost_first = (sweep_dir / str(n) for n in range(4))
-    # Four identical runs (keep_last above the 4 checkpoints of 12 steps changes nothing but the point's name).
+    # Four identical runs (keep_last above the 8 checkpoints of 24 steps changes nothing but the point's name).
     command = [sys.executable, "-m", "dpo_sweeps", "-m", *ON_SLURM, f"hydra.launcher.name={name}", *FAST,
                *TWO_NODES, "fsdp=full_shard", "precision=fp32", f"train.max_steps={MAX_STEPS}",
                "checkpoint.every_steps=3", "checkpoint.keep_when_completed=true", "checkpoint.keep_last=10,11,12,13",
@@ -301,7 +303,7 @@ def test_two_node_preemption_resumes_and_a_lost_node_fails_only_its_run(slurm2, 
     # The preempted run resumed twice and ends where the uninterrupted one does.
     done, ref = summary_json(preempted), summary_json(reference)
     assert done["status"] == "completed" and ref["status"] == "completed", output[-3000:]
-    assert done["resumed_from_step"] >= second_ckpt > first_stop
+    assert done["resumed_from_step"] >= second_ckpt > first_stop, (first_stop, second_ckpt, done)
     assert done["layout"]["nodes"] == ref["layout"]["nodes"] == ["dpo-n1", "dpo-n2"]
     assert _losses(preempted) == _losses(reference)
     same = [k for k in ref["metrics"] if k.startswith(("train/", "eval/"))] + ["steps", "world_size"]
