@@ -8,6 +8,7 @@
     python bench/dpo_vs_trl.py --model smollm2_135m --peft lora --frameworks ours,trl,trl_precompute
         # LoRA r=16 (alpha 32) on every linear layer of the blocks, ours (peft=lora) against TRL's
         # DPOTrainer with the same peft_config, at its defaults and with precomputed reference log-probs
+    python bench/dpo_vs_trl.py --allocator tcmalloc   # every framework's process with gperftools' tcmalloc
 
 The workload (the issue's): a GPT-2-style model, 4 layers x 256 wide, with the 4,096-token BPE
 dpo-sweeps trains on the run's data (conf/model/bench_gpt2.yaml); 256 HH harmless pairs
@@ -25,7 +26,8 @@ tokenized pairs; the tokenizer is saved to a folder TRL loads.
   step. No Trainer, no FSDP, no Hydra, no logging.
 
 Each run is its own process, with oneDNN's primitive cache bounded as dpo-sweeps bounds its own
-(runtime/startup.py); the frameworks alternate within each round (ours, TRL, bare, ours, ...)
+(runtime/startup.py) and the same malloc (`--allocator`: glibc's, or tcmalloc preloaded into every
+framework's process, ours told so by resources.cpu_allocator so that it trains in that process); the frameworks alternate within each round (ours, TRL, bare, ours, ...)
 because other work on a shared machine makes timings drift. Measured the same way for all:
 - steady pairs/s: pairs of the steps after `--warmup` steps over the wall time from the end of the
   last warm-up step to the end of the last step (everything each framework does between steps
@@ -51,6 +53,7 @@ from pathlib import Path
 
 from dpo_vs_trl_runs import FULL, HH, REPO, SMOKE, SMOLLM2, prepare, run_bare, run_ours, run_trl
 
+from dpo_sweeps.parallel.allocator import missing_allocator, preloaded
 from dpo_sweeps.runtime.startup import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
 
 
@@ -74,7 +77,8 @@ def measure(result: dict, w: dict, peak_rss_kb: int) -> dict:
     }
 
 
-def spawn(kind: str, workdir: Path, out: Path, log: Path, extra: list[str], cache: Path) -> tuple[dict, int]:
+def spawn(kind: str, workdir: Path, out: Path, log: Path, extra: list[str], cache: Path,
+          allocator: str) -> tuple[dict, int]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--run", kind, "--workdir", str(workdir), "--out", str(out)]
     cmd += [f"--override={o}" for o in extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
@@ -82,6 +86,7 @@ def spawn(kind: str, workdir: Path, out: Path, log: Path, extra: list[str], cach
     # Every framework's process gets the oneDNN cache bound dpo-sweeps' own processes set themselves
     # (runtime/startup.py): the comparison is of the frameworks, not of that environment variable.
     env.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+    preloaded(allocator, env)  # and the same malloc (glibc: as the environment has it)
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
@@ -158,6 +163,8 @@ def main() -> None:
     parser.add_argument("--peft", choices=("none", "lora"), default="none",
                         help="lora: every framework trains LoRA adapters (--lora-r) instead of all weights (no bare run)")
     parser.add_argument("--lora-r", type=int, default=16, help="with --peft lora: the adapters' rank (alpha 2r)")
+    parser.add_argument("--allocator", choices=("glibc", "tcmalloc"), default="glibc",
+                        help="the malloc of every framework's process (ours: resources.cpu_allocator)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
@@ -174,8 +181,10 @@ def main() -> None:
         return
 
     full = SMOLLM2 if args.model == "smollm2_135m" else FULL
+    if problem := missing_allocator(args.allocator):
+        raise SystemExit(f"--allocator {args.allocator}: {problem}")
     w = dict(SMOKE if args.smoke else full, data_path=str(HH), model=args.model,
-             peft_r=args.lora_r if args.peft == "lora" else None)
+             peft_r=args.lora_r if args.peft == "lora" else None, allocator=args.allocator)
     if args.rounds:
         w["rounds"] = args.rounds
     kinds = [k.strip() for k in args.frameworks.split(",") if k.strip()]
@@ -207,7 +216,7 @@ def main() -> None:
             kind = "ours" if name in variants else name
             tag = f"{name}-{r}"
             result, rss = spawn(kind, workdir, workdir / f"{tag}.json", workdir / f"{tag}.log", extra,
-                                fresh_cache(workdir, tag))
+                                fresh_cache(workdir, tag), w["allocator"])
             rows[name].append(measure(result, w, rss))
             print(f"round {r + 1}/{w['rounds']} {name:<14} " + ", ".join(
                 f"{k} {v:.3f}" for k, v in rows[name][-1].items() if isinstance(v, float)), flush=True)

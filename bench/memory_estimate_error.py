@@ -153,7 +153,7 @@ def main() -> None:
                              "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
-    parser.add_argument("--allocator", choices=("glibc", "tcmalloc"), default="glibc",
+    parser.add_argument("--allocator", choices=("auto", "glibc", "tcmalloc"), default="auto",
                         help="resources.cpu_allocator of every probe and of the pre-launch estimate")
     parser.add_argument("--steps", type=int, default=PROBE_STEPS, help="steps of each probe: the heap can grow "
                         f"for longer than {PROBE_STEPS} (bench/README.md)")

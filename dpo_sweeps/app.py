@@ -26,7 +26,7 @@ from dpo_sweeps.checks.unused import Launch, check_settings_used
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
-from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use
+from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use, run_allocator
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
 from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
@@ -211,7 +211,7 @@ def run_config(ctx: RunContext) -> Summary:
     # during the import leaves the directory as Hydra made it (task.py). One that starts local ranks
     # only supervises them, and never imports it.
     # One rank trains in this process, unless it must start with another malloc than this process has.
-    in_process = cfg.world_size == 1 and cfg.resources.cpu_allocator in (GLIBC, allocator_in_use())
+    in_process = cfg.world_size == 1 and run_allocator(cfg.resources) in (GLIBC, allocator_in_use())
     run_rank = training_rank() if rank_env is not None or in_process else None
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock
         return run_rank(ctx, rank_env, claim_run_dir=True)

@@ -312,7 +312,7 @@ class PrecisionConfig(Section):
 
 
 # resources.cpu_allocator: the malloc of the processes that train (dpo_sweeps/parallel/allocator.py).
-CPU_ALLOCATORS = ("glibc", "tcmalloc")
+CPU_ALLOCATORS = ("auto", "glibc", "tcmalloc")
 
 
 @dataclass
@@ -340,8 +340,9 @@ class ResourcesConfig(Section):
     """Bind the CPU ranks dpo-sweeps starts itself each to its own block of the job's cores (torchrun and
     SLURM tasks are bound by their launcher, e.g. srun --cpu-bind; GPU ranks are not bound)."""
     cpu_allocator: str = MISSING
-    """glibc | tcmalloc: the malloc of the processes that train (runtime/allocator.py). tcmalloc (gperftools,
-    preloaded into the ranks dpo-sweeps starts) holds less freed memory than glibc's heap, run after run."""
+    """auto | glibc | tcmalloc: the malloc of the processes that train (parallel/allocator.py). tcmalloc
+    (gperftools, preloaded into the ranks dpo-sweeps starts) holds less freed memory than glibc's heap, run
+    after run. auto: tcmalloc for ranks that train on CPU where its library is found, else glibc."""
 
     @property
     def world_size(self) -> int:

@@ -11,8 +11,13 @@ preloads it for the same reasons.
 An allocator is chosen when a process starts (LD_PRELOAD): dpo-sweeps puts it in the environment of the
 rank processes it starts (runtime/local_ranks.py; a one-rank run then trains in a process of its own),
 and of the tasks of a SLURM job (launchers/slurm/launcher.py). A rank someone else started (torchrun)
-must have been started with it, or the run fails before it trains (train/lifecycle.py). The
-memory estimate counts the allocator the rank runs with (`allocator_in_use`), parallel/memory_estimate.py.
+must have been started with an allocator named outright, or the run fails before it trains
+(train/lifecycle.py). The memory estimate counts the allocator the rank runs with (`allocator_in_use`),
+before launch the one `chosen_allocator` picks on the machine that launches, parallel/memory_estimate.py.
+
+`auto`, the default, picks tcmalloc for ranks that train on CPU where its library is installed: that is
+where the allocator decides a rank's peak (a GPU's memory is the caching allocator's), and a machine
+without the library still runs, with glibc.
 
 Imports no torch: the sweep's process checks the library before launch (checks/validate.py).
 """
@@ -20,32 +25,51 @@ Imports no torch: the sweep's process checks the library before launch (checks/v
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import os
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 
 from dpo_sweeps.config.schema import CPU_ALLOCATORS
 from dpo_sweeps.errors import InvalidConfig
+from dpo_sweeps.parallel.gpu_driver import wants_cuda
 
-GLIBC, TCMALLOC = CPU_ALLOCATORS
+AUTO, GLIBC, TCMALLOC = CPU_ALLOCATORS
 # The shared libraries that provide an allocator, by the names ctypes.util.find_library takes, in order of
 # preference: gperftools' minimal build (no heap profiler: Debian and Ubuntu's libtcmalloc-minimal4) first.
 LIBRARIES = {TCMALLOC: ("tcmalloc_minimal", "tcmalloc")}
 INSTALL = {TCMALLOC: "gperftools' tcmalloc (Debian/Ubuntu: apt install libtcmalloc-minimal4; conda: gperftools)"}
 
 
+# find_library runs ldconfig: once per library and process, not once per point of a large grid
+_find_library = functools.cache(ctypes.util.find_library)
+
+
 def allocator_library(name: str) -> str | None:
     """The shared library that provides allocator `name` on this machine (a name the dynamic loader
     finds, e.g. libtcmalloc_minimal.so.4); None for glibc, which every process has, or when none is found."""
     for library in LIBRARIES.get(name, ()):
-        if found := ctypes.util.find_library(library):
+        if found := _find_library(library):
             return found
     return None
 
 
+def chosen_allocator(requested: str, on_gpu: bool) -> str:
+    """The allocator ranks start with for `resources.cpu_allocator=requested`: the one named, or for auto
+    tcmalloc where they train on CPU (not `on_gpu`) and its library is found on this machine, else glibc."""
+    if requested != AUTO:
+        return requested
+    return TCMALLOC if not on_gpu and allocator_library(TCMALLOC) else GLIBC
+
+
+def run_allocator(resources) -> str:
+    """chosen_allocator for a run's `resources` section, its device decided on this machine (gpu_driver.py)."""
+    return chosen_allocator(resources.cpu_allocator, wants_cuda(resources.device))
+
+
 def missing_allocator(name: str) -> str | None:
-    """Why allocator `name` cannot run here (one clause), or None when it can."""
-    if name == GLIBC or allocator_library(name):
+    """Why allocator `name` cannot run here (one clause), or None when it can (auto always can)."""
+    if name in (AUTO, GLIBC) or allocator_library(name):
         return None
     names = " or ".join(f"lib{library}" for library in LIBRARIES[name])
     return f"no {names} on this machine; install {INSTALL[name]}"
@@ -63,11 +87,12 @@ def allocator_in_use() -> str:
 
 
 def check_allocator_in_use(name: str) -> None:
-    """Refuse to train with another malloc than `name` (a rank torchrun or srun started without it)."""
-    if name != GLIBC and (in_use := allocator_in_use()) != name:
+    """Refuse to train with another malloc than `name` (a rank torchrun or srun started without it); auto
+    takes the one the rank has, and summary.json says which."""
+    if name not in (AUTO, GLIBC) and (in_use := allocator_in_use()) != name:
         raise InvalidConfig("resources.cpu_allocator", f"{name}, but this rank runs with {in_use}'s malloc "
                             "(a rank torchrun or srun starts is not started by dpo-sweeps)",
-                            f"glibc, or LD_PRELOAD={allocator_library(name)} in the rank's environment")
+                            f"auto, glibc, or LD_PRELOAD={allocator_library(name)} in the rank's environment")
 
 
 def preloaded(name: str, env: MutableMapping[str, str]) -> None:

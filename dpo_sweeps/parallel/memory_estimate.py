@@ -23,7 +23,7 @@ On a CPU the peak is the process's resident set, so the process's own resident m
 model exists (Python, libraries, the model's code, data) is added, plus what a torch CPU process gains
 once it trains beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers:
 CPU_RUNTIME, measured on the bench and quickstart runs), plus the freed memory the rank's malloc keeps
-(`heap_kept`: glibc's heap by default, tcmalloc's with resources.cpu_allocator=tcmalloc).
+(`heap_kept`: tcmalloc's or glibc's heap, by resources.cpu_allocator and parallel/allocator.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import uses_reference
+from dpo_sweeps.parallel.allocator import run_allocator
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan
 
 GIB = 1024**3
@@ -306,7 +307,7 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
     """The RunShape of a resolved dpo-sweeps config and its parallel plan (plan.resolve_plan): of the rows a run
     saw (`seq_len`, the longest, and the share of response tokens), or before it runs of pairs as long as
     truncation leaves them (data/rows.py, as the cost prediction takes them). `allocator`: the one the rank
-    runs with (allocator.allocator_in_use), else the config's."""
+    runs with (allocator.allocator_in_use), else the one the config picks on this machine."""
     train = cfg.train
     if seq_len is None:
         longest = longest_rows_of(cfg)
@@ -324,5 +325,5 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
         response_fraction=response_fraction, adapters=plan.adapters is not None,
-        allocator=allocator or cfg.resources.cpu_allocator,
+        allocator=allocator or run_allocator(cfg.resources),
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import Failure, FailureKind
-from dpo_sweeps.parallel.allocator import starting_processes_with
+from dpo_sweeps.parallel.allocator import run_allocator, starting_processes_with
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port
 from dpo_sweeps.rundir.rank_failures import first_failure
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary
@@ -66,7 +66,7 @@ def spawn_local_ranks(ctx: RunContext, cfg: Config, start_rank: Callable[[bytes]
     # SIGTERM and the preemption signal go on to the ranks, which checkpoint and stop together; so do
     # Ctrl-C and SIGHUP, as a SIGTERM: the ranks start ignoring the terminal's signals.
     with forwarding_stop_signals(procs) as watch:
-        with terminal_signals_ignored(), starting_processes_with(cfg.resources.cpu_allocator):
+        with terminal_signals_ignored(), starting_processes_with(run_allocator(cfg.resources)):
             for rank in range(world_size):
                 env = RankEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
                               master_addr="127.0.0.1", master_port=port)

@@ -44,7 +44,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
-from dpo_sweeps.parallel.allocator import allocator_library
+from dpo_sweeps.parallel.allocator import allocator_library, chosen_allocator
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary, write_summary
 from dpo_sweeps.runtime.context import new_attempt
 
@@ -153,7 +153,9 @@ class SlurmLauncher(SweepLauncher):
 
     def _shape(self, job: SweepJob) -> tuple[int, int, int, str]:
         resources = job.section("resources")
-        return resources.nodes, resources.nproc_per_node, self._gpus_per_node(job), resources.cpu_allocator
+        gpus = self._gpus_per_node(job)
+        # auto is decided here, on the machine that submits: the nodes are taken to have its libraries
+        return resources.nodes, resources.nproc_per_node, gpus, chosen_allocator(resources.cpu_allocator, gpus > 0)
 
     def executor_parameters(self, shape: tuple[int, int, int, str]) -> dict[str, Any]:
         """submitit parameters for jobs of one shape (nodes, tasks per node, GPUs per node, malloc)."""

@@ -1,6 +1,7 @@
-"""`resources.cpu_allocator`: the ranks dpo-sweeps starts run with the malloc the config names, a rank
-started by someone else without it is refused before it trains, and a library this machine lacks is
-refused before anything runs (dpo_sweeps/parallel/allocator.py). Real runs: tiny models, real processes.
+"""`resources.cpu_allocator`: the ranks dpo-sweeps starts run with the malloc the config names (auto, the
+default: tcmalloc on CPU where it is installed), a rank started by someone else without the one named is
+refused before it trains, and a library this machine lacks is refused before anything runs
+(dpo_sweeps/parallel/allocator.py). Real runs: tiny models, real processes.
 
 tcmalloc comes from tests/install_system_deps.sh (Debian's libtcmalloc-minimal4); without it the tests that
 need it skip, except under CI, where they fail (support.require_tcmalloc).
@@ -43,10 +44,25 @@ def test_the_ranks_dpo_sweeps_starts_run_with_tcmalloc(tmp_path, tcmalloc, ranks
     assert predicted_peak_gib(config, ranks) <= predicted_peak_gib(glibc, ranks)
 
 
-def test_the_default_malloc_is_glibc_and_recorded(tmp_path):
-    run = run_cli(tmp_path / "run", *SHORT)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.summary["layout"]["cpu_allocator"] == "glibc"
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_default_is_tcmalloc_where_installed_and_glibc_when_named(tmp_path, tcmalloc, ranks):
+    chosen = run_cli(tmp_path / "auto", *SHORT, f"resources.nproc_per_node={ranks}")
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    assert chosen.summary["config"]["resources"]["cpu_allocator"] == "auto"
+    assert chosen.summary["layout"]["cpu_allocator"] == "tcmalloc"
+    named = run_cli(tmp_path / "glibc", *SHORT, f"resources.nproc_per_node={ranks}", "resources.cpu_allocator=glibc")
+    assert named.returncode == 0, named.stderr[-3000:]
+    assert named.summary["layout"]["cpu_allocator"] == "glibc"
+
+
+def test_auto_picks_glibc_on_a_gpu_or_without_the_library_and_takes_the_malloc_a_rank_has(monkeypatch):
+    assert allocator.chosen_allocator("auto", on_gpu=True) == "glibc"
+    assert allocator.chosen_allocator("glibc", on_gpu=False) == "glibc"
+    assert allocator.chosen_allocator("tcmalloc", on_gpu=True) == "tcmalloc"  # named outright, it is used
+    monkeypatch.setitem(allocator.LIBRARIES, "tcmalloc", ("dpo_sweeps_no_such_malloc",))
+    assert allocator.chosen_allocator("auto", on_gpu=False) == "glibc"
+    assert allocator.missing_allocator("auto") is None
+    allocator.check_allocator_in_use("auto")  # a rank torchrun started, with whichever malloc: not refused
 
 
 def _torchrun_with_tcmalloc_asked(run_dir, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -91,12 +107,14 @@ def test_an_allocator_this_machine_lacks_or_does_not_know_is_refused_in_one_line
         validate_config(cfg, REPO)
     assert str(refused.value) == ("resources.cpu_allocator: tcmalloc: no libdpo_sweeps_no_such_malloc on this "
                                   "machine; install gperftools' tcmalloc (Debian/Ubuntu: apt install "
-                                  "libtcmalloc-minimal4; conda: gperftools) (accepted: glibc (the default))")
+                                  "libtcmalloc-minimal4; conda: gperftools) (accepted: auto (the default: tcmalloc "
+                                  "where it is installed) or glibc)")
 
     run = run_cli(tmp_path / "run", *SHORT, "resources.cpu_allocator=jemalloc")
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1].startswith(
-        "error: run failed (invalid_config): resources.cpu_allocator: got 'jemalloc' (accepted: glibc, tcmalloc)")
+        "error: run failed (invalid_config): resources.cpu_allocator: got 'jemalloc' (accepted: auto, glibc, "
+        "tcmalloc)")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

@@ -47,13 +47,14 @@ def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_slurm_jobs_tasks_run_with_the_malloc_its_run_asks_for(slurm_env, tmp_path):
-    """srun starts the tasks, not dpo-sweeps: the job's batch script exports tcmalloc for the runs that ask."""
+    """srun starts the tasks, not dpo-sweeps: the job's batch script exports tcmalloc for the runs that ask,
+    and for auto's (CPU jobs, the library installed where the sweep submits)."""
     require_tcmalloc()
     sweep_dir = tmp_path / "sweep"
-    result = run_sweep(sweep_dir, *ON_SLURM, "resources.cpu_allocator=glibc,tcmalloc", "resources.nproc_per_node=2",
-                       "train.max_steps=2", env=slurm_env)
+    result = run_sweep(sweep_dir, *ON_SLURM, "resources.cpu_allocator=auto,glibc,tcmalloc",
+                       "resources.nproc_per_node=2", "train.max_steps=2", env=slurm_env)
     assert result.returncode == 0, result.output[-3000:]
-    for n, allocator in enumerate(("glibc", "tcmalloc")):
+    for n, allocator in enumerate(("tcmalloc", "glibc", "tcmalloc")):
         summary = result.summary(n)
         assert summary["status"] == "completed" and summary["metrics"]["world_size"] == 2
         assert summary["layout"]["cpu_allocator"] == allocator
