@@ -62,7 +62,8 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     _check_trackers(cfg)
     _check_peft(cfg)
     if problem := missing_allocator(cfg.resources.cpu_allocator):
-        refuse("resources.cpu_allocator", f"{cfg.resources.cpu_allocator}: {problem}", "auto (the default: tcmalloc where it is installed) or glibc")
+        refuse("resources.cpu_allocator", f"{cfg.resources.cpu_allocator}: {problem}",
+               "auto (the default: tcmalloc where it is installed) or glibc")
 
 
 def _check_batch_split(cfg: Config) -> None:
