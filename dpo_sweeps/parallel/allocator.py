@@ -15,9 +15,11 @@ must have been started with an allocator named outright, or the run fails before
 (train/lifecycle.py). The memory estimate counts the allocator the rank runs with (`allocator_in_use`),
 before launch the one `chosen_allocator` picks on the machine that launches, parallel/memory_estimate.py.
 
-`auto`, the default, picks tcmalloc for ranks that train on CPU where its library is installed: that is
-where the allocator decides a rank's peak (a GPU's memory is the caching allocator's), and a machine
-without the library still runs, with glibc.
+`auto`, the default, picks tcmalloc for runs of several ranks that train on CPU where its library is
+installed: that is where the allocator decides a rank's peak (a GPU's memory is the caching allocator's),
+and those ranks are processes started for the run anyway. A one-rank run trains in the process it was
+started in, with that process's malloc (no second process to start), and a machine without the library
+still runs, with glibc.
 
 Imports no torch: the sweep's process checks the library before launch (checks/validate.py).
 """
@@ -54,17 +56,18 @@ def allocator_library(name: str) -> str | None:
     return None
 
 
-def chosen_allocator(requested: str, on_gpu: bool) -> str:
+def chosen_allocator(requested: str, on_gpu: bool, world_size: int) -> str:
     """The allocator ranks start with for `resources.cpu_allocator=requested`: the one named, or for auto
-    tcmalloc where they train on CPU (not `on_gpu`) and its library is found on this machine, else glibc."""
+    tcmalloc where several ranks train on CPU (not `on_gpu`) and its library is found on this machine,
+    else glibc."""
     if requested != AUTO:
         return requested
-    return TCMALLOC if not on_gpu and allocator_library(TCMALLOC) else GLIBC
+    return TCMALLOC if world_size > 1 and not on_gpu and allocator_library(TCMALLOC) else GLIBC
 
 
 def run_allocator(resources) -> str:
     """chosen_allocator for a run's `resources` section, its device decided on this machine (gpu_driver.py)."""
-    return chosen_allocator(resources.cpu_allocator, wants_cuda(resources.device))
+    return chosen_allocator(resources.cpu_allocator, wants_cuda(resources.device), resources.world_size)
 
 
 def missing_allocator(name: str) -> str | None:

@@ -155,7 +155,8 @@ class SlurmLauncher(SweepLauncher):
         resources = job.section("resources")
         gpus = self._gpus_per_node(job)
         # auto is decided here, on the machine that submits: the nodes are taken to have its libraries
-        return resources.nodes, resources.nproc_per_node, gpus, chosen_allocator(resources.cpu_allocator, gpus > 0)
+        allocator = chosen_allocator(resources.cpu_allocator, gpus > 0, resources.world_size)
+        return resources.nodes, resources.nproc_per_node, gpus, allocator
 
     def executor_parameters(self, shape: tuple[int, int, int, str]) -> dict[str, Any]:
         """submitit parameters for jobs of one shape (nodes, tasks per node, GPUs per node, malloc)."""

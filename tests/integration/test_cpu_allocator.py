@@ -1,5 +1,5 @@
 """`resources.cpu_allocator`: the ranks dpo-sweeps starts run with the malloc the config names (auto, the
-default: tcmalloc on CPU where it is installed), a rank started by someone else without the one named is
+default: tcmalloc for several CPU ranks where it is installed), a rank started by someone else without the one named is
 refused before it trains, and a library this machine lacks is refused before anything runs
 (dpo_sweeps/parallel/allocator.py). Real runs: tiny models, real processes.
 
@@ -44,23 +44,29 @@ def test_the_ranks_dpo_sweeps_starts_run_with_tcmalloc(tmp_path, tcmalloc, ranks
     assert predicted_peak_gib(config, ranks) <= predicted_peak_gib(glibc, ranks)
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_the_default_is_tcmalloc_where_installed_and_glibc_when_named(tmp_path, tcmalloc, ranks):
-    chosen = run_cli(tmp_path / "auto", *SHORT, f"resources.nproc_per_node={ranks}")
+def test_the_default_is_tcmalloc_for_several_ranks_where_installed_and_glibc_when_named(tmp_path, tcmalloc):
+    chosen = run_cli(tmp_path / "auto", *SHORT, "resources.nproc_per_node=2")
     assert chosen.returncode == 0, chosen.stderr[-3000:]
     assert chosen.summary["config"]["resources"]["cpu_allocator"] == "auto"
     assert chosen.summary["layout"]["cpu_allocator"] == "tcmalloc"
-    named = run_cli(tmp_path / "glibc", *SHORT, f"resources.nproc_per_node={ranks}", "resources.cpu_allocator=glibc")
+    named = run_cli(tmp_path / "glibc", *SHORT, "resources.nproc_per_node=2", "resources.cpu_allocator=glibc")
     assert named.returncode == 0, named.stderr[-3000:]
     assert named.summary["layout"]["cpu_allocator"] == "glibc"
+    # One rank trains in the process it was started in (the CLI's, without LD_PRELOAD): glibc.
+    one = run_cli(tmp_path / "one", *SHORT)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.summary["layout"]["cpu_allocator"] == "glibc"
 
 
-def test_auto_picks_glibc_on_a_gpu_or_without_the_library_and_takes_the_malloc_a_rank_has(monkeypatch):
-    assert allocator.chosen_allocator("auto", on_gpu=True) == "glibc"
-    assert allocator.chosen_allocator("glibc", on_gpu=False) == "glibc"
-    assert allocator.chosen_allocator("tcmalloc", on_gpu=True) == "tcmalloc"  # named outright, it is used
+def test_auto_picks_glibc_for_one_rank_on_a_gpu_or_without_the_library_and_takes_a_ranks_malloc(monkeypatch):
+    assert allocator.chosen_allocator("auto", on_gpu=True, world_size=2) == "glibc"
+    assert allocator.chosen_allocator("auto", on_gpu=False, world_size=1) == "glibc"
+    assert allocator.chosen_allocator("glibc", on_gpu=False, world_size=2) == "glibc"
+    assert allocator.chosen_allocator("tcmalloc", on_gpu=True, world_size=1) == "tcmalloc"  # named outright
+    if allocator.allocator_library("tcmalloc"):
+        assert allocator.chosen_allocator("auto", on_gpu=False, world_size=2) == "tcmalloc"
     monkeypatch.setitem(allocator.LIBRARIES, "tcmalloc", ("dpo_sweeps_no_such_malloc",))
-    assert allocator.chosen_allocator("auto", on_gpu=False) == "glibc"
+    assert allocator.chosen_allocator("auto", on_gpu=False, world_size=2) == "glibc"
     assert allocator.missing_allocator("auto") is None
     allocator.check_allocator_in_use("auto")  # a rank torchrun started, with whichever malloc: not refused
 

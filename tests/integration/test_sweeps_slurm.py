@@ -48,7 +48,7 @@ def test_four_job_sweep_runs_as_slurm_jobs_of_two_tasks(slurm_env, tmp_path):
 @pytest.mark.slurm
 def test_a_slurm_jobs_tasks_run_with_the_malloc_its_run_asks_for(slurm_env, tmp_path):
     """srun starts the tasks, not dpo-sweeps: the job's batch script exports tcmalloc for the runs that ask,
-    and for auto's (CPU jobs, the library installed where the sweep submits)."""
+    and for auto's (CPU jobs of several tasks, the library installed where the sweep submits)."""
     require_tcmalloc()
     sweep_dir = tmp_path / "sweep"
     result = run_sweep(sweep_dir, *ON_SLURM, "resources.cpu_allocator=auto,glibc,tcmalloc",
