@@ -47,6 +47,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
 from dpo_sweeps.launchers.progress import progress_line
+from dpo_sweeps.parallel.allocator import chosen_allocator, preload_line
 from dpo_sweeps.rundir.summary import read_summary
 from dpo_sweeps.runtime.context import new_attempt
 from dpo_sweeps.runtime.watchdog import STALE_S, hang_verdict
@@ -247,9 +248,12 @@ class LocalLauncher(SweepLauncher):
                 full.add((job.world_size, use_gpus))
                 continue
             pending.remove(unit)
+            # the job's ranks are its tasks: they start with the run's malloc (resources.cpu_allocator)
+            allocator = chosen_allocator(job.section("resources").cpu_allocator, use_gpus, job.world_size)
+            preload = [line] if (line := preload_line(allocator)) else []
             executor.update_parameters(tasks_per_node=job.world_size, nodes=1, gpus_per_node=0,
                                        timeout_min=self.timeout_min, stderr_to_stdout=self.stderr_to_stdout,
-                                       local_setup=[IGNORE_TERMINAL_SIGNALS])
+                                       local_setup=[IGNORE_TERMINAL_SIGNALS, *preload])
             members = [jobs[i] for i in unit]
             for member in members:
                 member.run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ preloads it for the same reasons.
 
 An allocator is chosen when a process starts (LD_PRELOAD): dpo-sweeps puts it in the environment of the
 rank processes it starts (runtime/local_ranks.py; a one-rank run then trains in a process of its own),
-and of the tasks of a SLURM job (launchers/slurm/launcher.py). A rank someone else started (torchrun)
+and of the tasks of a SLURM job or a local launcher's job (launchers/slurm/launcher.py, launchers/local.py). A rank someone else started (torchrun)
 must have been started with an allocator named outright, or the run fails before it trains
 (train/lifecycle.py). The memory estimate counts the allocator the rank runs with (`allocator_in_use`),
 before launch the one `chosen_allocator` picks on the machine that launches, parallel/memory_estimate.py.
@@ -105,6 +105,13 @@ def preloaded(name: str, env: MutableMapping[str, str]) -> None:
         return
     kept = [entry for entry in env.get("LD_PRELOAD", "").split(":") if entry and entry != library]
     env["LD_PRELOAD"] = ":".join([library, *kept])
+
+
+def preload_line(name: str) -> str | None:
+    """The shell line a job script runs before it starts its tasks so that they start with allocator
+    `name` (what they preload already kept after it); None for glibc. The SLURM and local launchers'."""
+    library = allocator_library(name)
+    return None if library is None else f"export LD_PRELOAD={library}${{LD_PRELOAD:+:$LD_PRELOAD}}"
 
 
 @contextmanager

@@ -44,7 +44,7 @@ from dpo_sweeps.launchers.collect import collect_unit, runs_written
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
-from dpo_sweeps.parallel.allocator import allocator_library, chosen_allocator
+from dpo_sweeps.parallel.allocator import chosen_allocator, preload_line
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary, write_summary
 from dpo_sweeps.runtime.context import new_attempt
 
@@ -167,9 +167,8 @@ class SlurmLauncher(SweepLauncher):
         params.update(nodes=nodes, tasks_per_node=tasks, slurm_array_parallelism=self.array_parallelism)
         if gpus:
             params["gpus_per_node"] = gpus
-        if library := allocator_library(allocator):  # srun starts the tasks with the batch script's environment
-            params["slurm_setup"] = [*params.get("slurm_setup", []),
-                                     f"export LD_PRELOAD={library}${{LD_PRELOAD:+:$LD_PRELOAD}}"]
+        if line := preload_line(allocator):  # srun starts the tasks with the batch script's environment
+            params["slurm_setup"] = [*params.get("slurm_setup", []), line]
         return params
 
     def describe(self) -> str:

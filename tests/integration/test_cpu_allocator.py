@@ -71,6 +71,19 @@ def test_auto_picks_glibc_for_one_rank_on_a_gpu_or_without_the_library_and_takes
     allocator.check_allocator_in_use("auto")  # a rank torchrun started, with whichever malloc: not refused
 
 
+def test_a_local_sweeps_jobs_run_with_the_malloc_each_run_asks_for(tmp_path, tcmalloc):
+    """hydra/launcher=local (the default of -m) starts each job's ranks as submitit tasks, not dpo-sweeps."""
+    from support.sweeps import run_sweep
+
+    result = run_sweep(tmp_path / "sweep", *SHORT, "resources.cpu_allocator=auto,glibc,tcmalloc",
+                       "resources.nproc_per_node=1,2")
+    assert result.returncode == 0, result.output[-3000:]
+    layouts = {tuple(result.summary(n)["config"]["resources"][k] for k in ("cpu_allocator", "nproc_per_node")):
+               result.summary(n)["layout"]["cpu_allocator"] for n in range(6)}
+    assert layouts == {("auto", 1): "glibc", ("glibc", 1): "glibc", ("tcmalloc", 1): "tcmalloc",
+                       ("auto", 2): "tcmalloc", ("glibc", 2): "glibc", ("tcmalloc", 2): "tcmalloc"}
+
+
 def _torchrun_with_tcmalloc_asked(run_dir, env: dict[str, str]) -> subprocess.CompletedProcess:
     """One rank under torchrun, its config asking for tcmalloc, its environment as given."""
     exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
