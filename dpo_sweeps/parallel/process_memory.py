@@ -19,11 +19,15 @@ def resident_bytes(field: str = "VmRSS") -> int:
 
 
 def release_freed_heap() -> None:
-    """Hand the memory glibc's heap holds free back to the system (malloc_trim(3)), so that the
+    """Hand the memory the process's malloc holds free back to the system (tcmalloc's
+    MallocExtension_ReleaseFreeMemory when it is preloaded, glibc's malloc_trim(3)), so that the
     process's resident memory counts only what it holds: read before a model is built, it is the
     baseline the memory estimate's `heap_kept` assumes, also in a process that trained before (a
-    probe batch). No-op without glibc."""
+    probe batch). No-op where neither is found."""
     try:
+        process = ctypes.CDLL(None)  # the symbols the process has loaded, a preloaded malloc's among them
+        if (release := getattr(process, "MallocExtension_ReleaseFreeMemory", None)) is not None:
+            release()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
