@@ -342,7 +342,8 @@ class ResourcesConfig(Section):
     cpu_allocator: str = MISSING
     """auto | glibc | tcmalloc: the malloc of the processes that train (parallel/allocator.py). tcmalloc
     (gperftools, preloaded into the ranks dpo-sweeps starts) holds less freed memory than glibc's heap, run
-    after run. auto: tcmalloc for ranks that train on CPU where its library is found, else glibc."""
+    after run. auto: tcmalloc for runs of several CPU ranks where its library is found, else glibc (one
+    rank trains in the process it was started in, with its malloc)."""
 
     @property
     def world_size(self) -> int:

@@ -10,8 +10,9 @@ preloads it for the same reasons.
 
 An allocator is chosen when a process starts (LD_PRELOAD): dpo-sweeps puts it in the environment of the
 rank processes it starts (runtime/local_ranks.py; a one-rank run then trains in a process of its own),
-and of the tasks of a SLURM job or a local launcher's job (launchers/slurm/launcher.py, launchers/local.py). A rank someone else started (torchrun)
-must have been started with an allocator named outright, or the run fails before it trains
+and of the tasks of a SLURM job or a local launcher's job (launchers/slurm/launcher.py,
+launchers/local.py). A rank someone else started (torchrun) must have been started with an allocator
+named outright, or the run fails before it trains
 (train/lifecycle.py). The memory estimate counts the allocator the rank runs with (`allocator_in_use`),
 before launch the one `chosen_allocator` picks on the machine that launches, parallel/memory_estimate.py.
 
