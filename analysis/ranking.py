@@ -4,6 +4,10 @@ A config is a set of runs that differ only by seed (`Run.config_key`). Its numbe
 the mean, the sample standard deviation and the count over its completed runs; failed
 runs stay with their config as results of their own (an OOM says the config does not fit).
 Both criteria, speed per memory and final preference accuracy, are better when higher.
+
+Accuracy is compared with ties (analysis/ties.py): on the held-out pairs configs share where runs
+wrote per-pair records, and the Pareto front drops a config only where another is significantly
+better on accuracy and no slower per GiB.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from dpo_sweeps.analysis.eval_pairs import EvalPairsUnreadable, config_records, read_final_eval
 from dpo_sweeps.analysis.runs import (
     FINISHED_STATUSES,
     PREFERENCE_ACCURACY,
@@ -24,6 +29,7 @@ from dpo_sweeps.analysis.runs import (
     Run,
     count_probes,
 )
+from dpo_sweeps.analysis.ties import ConfigEval, QualityRanking, VersusBest, compare_with_best
 
 CRITERIA = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY)
 
@@ -57,6 +63,8 @@ class ConfigResult:
     # Metric -> 1-based rank (equal means share a rank); absent where the config has no value.
     ranks: dict[str, int] = field(default_factory=dict)
     pareto: bool = False
+    # Against the best on accuracy (tied_with_best, rank_with_ties, ...); None without any accuracy to rank.
+    versus_best: VersusBest | None = None
 
     @property
     def overrides(self) -> tuple[str, ...]:
@@ -123,6 +131,14 @@ class Ranking:
     axes: dict[str, list[Any]]
     # How many completed runs are probes (probe.steps: speed and memory only).
     probes: int = 0
+    # The accuracy comparisons behind the ties (None when no config trained to an eval).
+    quality: QualityRanking | None = None
+    # The configs in quality's order (its indices point here).
+    quality_configs: list[ConfigResult] = field(default_factory=list)
+
+    def tied_with_best(self) -> list[ConfigResult]:
+        """The configs tied with the best on accuracy, best first."""
+        return [c for c in self.by[PREFERENCE_ACCURACY] if c.versus_best and c.versus_best.tied_with_best]
 
     def labels(self) -> dict[str, str]:
         """Run name -> the label of its config, for the completed and failed runs."""
@@ -201,12 +217,65 @@ def dominates(a: tuple[float, ...], b: tuple[float, ...], signs: tuple[int, ...]
     return at_least and any(s * p > s * q for p, q, s in zip(a, b, signs))
 
 
-def pareto_front(configs: list[ConfigResult], x: str, y: str) -> list[ConfigResult]:
-    """Configs that no other config dominates on (`x`, `y`), higher being better on both."""
+def pareto_front(configs: list[ConfigResult], x: str, y: str,
+                 quality: tuple[QualityRanking, list[ConfigResult]] | None = None) -> list[ConfigResult]:
+    """Configs that no other config dominates on (`x`, `y`), higher being better on both.
+
+    With `quality` (the accuracy comparisons on `y` and the configs they index), `y` is compared with
+    ties: a config is dominated only by one significantly better on `y` and at least as high on `x`;
+    pairs it could not test (no records, no pair count) are compared by their means as before.
+    """
     points = {id(c): (c.mean(x), c.mean(y)) for c in configs if x in c.stats and y in c.stats}
+    position = {id(c): i for i, c in enumerate(quality[1])} if quality else {}
+
+    def dominated_by(a: ConfigResult, b: ConfigResult) -> bool:
+        i, j = position.get(id(a)), position.get(id(b))
+        if quality and i is not None and j is not None and quality[0].tested is not None and quality[0].tested[j, i]:
+            return bool(quality[0].better[j, i]) and b.mean(x) >= a.mean(x)
+        return dominates(points[id(b)], points[id(a)])
+
     front = [c for c in configs if id(c) in points
-             and not any(dominates(other, points[id(c)]) for other in points.values())]
+             and not any(dominated_by(c, other) for other in configs if id(other) in points and other is not c)]
     return sorted(front, key=lambda c: (-c.mean(x), -c.mean(y)))
+
+
+def config_eval(config: ConfigResult) -> ConfigEval | None:
+    """What the accuracy comparison reads of a config: its runs' per-pair records, or their pair counts;
+    None for configs with no trained eval (failed, probes)."""
+    trained = [r for r in config.completed if not r.is_probe]
+    if not trained:
+        return None
+    accuracy = config.mean(PREFERENCE_ACCURACY)
+    if not math.isfinite(accuracy):
+        reason = f"every eval of its {len(trained)} completed run(s) is NaN"
+        return ConfigEval(config.label, math.nan, nan_reason=reason)
+    scored = [r for r in trained if math.isfinite(r.metric(PREFERENCE_ACCURACY))]
+    evals = []
+    for run in scored:
+        try:
+            final = read_final_eval(run.path)
+        except EvalPairsUnreadable as problem:
+            run.problems.append(str(problem) + "; compared without it")
+            final = None
+        if final is None or not len(final):
+            evals = []
+            break
+        evals.append(final)
+    counts = [r.eval_pairs for r in scored]
+    eval_pairs = min(counts) if counts and all(counts) else None
+    return ConfigEval(config.label, accuracy, config_records(evals), eval_pairs, len(scored))
+
+
+def compare_accuracy(configs: list[ConfigResult]) -> tuple[QualityRanking, list[ConfigResult]] | None:
+    """Tie every config that trained against the best (writes `versus_best`); None when none did."""
+    entries = [(c, e) for c in configs if (e := config_eval(c)) is not None]
+    if not entries:
+        return None
+    compared = [c for c, _ in entries]
+    quality = compare_with_best([e for _, e in entries])
+    for config, versus in zip(compared, quality.versus):
+        config.versus_best = versus
+    return quality, compared
 
 
 def compare_top_two(ranked: list[ConfigResult], metric: str) -> Comparison | None:
@@ -234,9 +303,11 @@ def rank_sweep(runs: list[Run]) -> Ranking:
     if configs:
         label_configs(configs)
     by = {metric: rank_by(configs, metric) for metric in CRITERIA}
-    front = pareto_front(configs, *CRITERIA)
+    quality = compare_accuracy(configs)
+    front = pareto_front(configs, *CRITERIA, quality=quality)
     for config in front:
         config.pareto = True
     comparisons = {m: c for m in CRITERIA if (c := compare_top_two(by[m], m))}
     unranked = [c for c in configs if SPEED_PER_MEMORY not in c.stats]
-    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, count_probes(runs))
+    return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, count_probes(runs),
+                   quality[0] if quality else None, quality[1] if quality else [])

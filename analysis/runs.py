@@ -74,6 +74,8 @@ class Run:
     problems: list[str] = field(default_factory=list)
     # The parallel plan as the run resolved it (summary.json's `plan`), else as its config resolves.
     plan: dict[str, Any] | None = None
+    # How many held-out pairs its evals scored (summary.json's data.eval_pairs); None when not written.
+    eval_pairs: int | None = None
 
     def metric(self, name: str) -> float:
         """A summary metric as a float; NaN where it is missing or null."""
@@ -264,6 +266,9 @@ def read_run(path: Path, name: str, sweep: Path) -> Run:
     if isinstance(summary.plan, dict):
         run.plan = summary.plan
     run.metrics = dict(summary.metrics)
+    eval_pairs = (summary.data or {}).get("eval_pairs")
+    if isinstance(eval_pairs, int) and not isinstance(eval_pairs, bool) and eval_pairs > 0:
+        run.eval_pairs = eval_pairs
     run.config_hash = summary.config_hash
     if isinstance(summary.device_seconds, (int, float)):
         run.device_seconds = float(summary.device_seconds)
