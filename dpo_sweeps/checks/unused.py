@@ -211,7 +211,7 @@ RULES = (
 ALWAYS_READ = (
     "train.batch_size", "train.micro_batch_size", "train.max_steps", "train.lr", "train.optimizer",
     "train.weight_decay", "train.warmup_steps", "train.lr_schedule", "train.max_grad_norm", "train.eval_every",
-    "train.eval_max_pairs",
+    "train.eval_max_pairs", "train.eval_micro_batch_size",
     "train.log_every", "train.seed", "train.progress_bar", "train.save_model", "train.time_limit_min",
     "train.logps_chunk_size", "train.share_prompt", "train.zero_shot_eval",
     "model.name_or_path", "model.block_name", "model.init_from",

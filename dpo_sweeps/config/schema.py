@@ -84,6 +84,11 @@ class TrainConfig(Section):
     """Evaluate on the held-out pairs every N optimizer steps and at the end (>= 0; 0: only at the end)."""
     eval_max_pairs: int | None = MISSING
     """Cap on held-out pairs evaluated (>= 1); null: all."""
+    eval_micro_batch_size: int | None = None
+    """Held-out pairs per rank per eval forward pass, at most (>= 1). null: as many as fit in the memory a
+    training micro-batch's forward and backward take (a no-grad forward saves nothing for a backward, so it
+    holds several times the pairs); either way pairs of similar length pass together (parallel/memory_estimate.py
+    eval_batching). A set value the training peak does not cover is added to the memory estimate."""
     log_every: int = MISSING
     """Write a metrics.jsonl row every N optimizer steps (>= 1)."""
     seed: int = MISSING
@@ -135,6 +140,9 @@ class TrainConfig(Section):
         at_least(self.eval_every, 0, "train.eval_every", "an integer >= 0 (0: only at the end)")
         if self.eval_max_pairs is not None:
             at_least(self.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
+        if self.eval_micro_batch_size is not None:
+            at_least(self.eval_micro_batch_size, 1, "train.eval_micro_batch_size",
+                     "an integer >= 1, or null for as many as fit in a training micro-batch's memory")
         at_least(self.log_every, 1, "train.log_every")
         at_least(self.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
         self.reference_sync.check()

@@ -198,12 +198,45 @@ def rank_micro_batch_indices(global_indices: list[int], rank: int, world_size: i
     return [mine[s : s + micro_batch_size] for s in range(0, per_rank, micro_batch_size)]
 
 
-def eval_micro_batch_indices(num_pairs: int, rank: int, world_size: int, micro_batch_size: int) -> list[list[int]]:
-    """Rank `rank`'s held-out micro-batches: pairs dealt round-robin, the total padded up to a whole number
-    of micro-batches on every rank; an index >= num_pairs is padding (it stands for pair index % num_pairs)."""
-    padded = -(-num_pairs // (world_size * micro_batch_size)) * world_size * micro_batch_size
-    mine = list(range(rank, padded, world_size))
-    return [mine[s : s + micro_batch_size] for s in range(0, len(mine), micro_batch_size)]
+@dataclass(frozen=True)
+class EvalBatching:
+    """How each rank's held-out pairs are cut into no-grad forward passes (train.eval_micro_batch_size):
+    at most `max_pairs` pairs a pass (None: no cap), and at most `max_tokens` tokens of padded rows a pass
+    (None: no budget)."""
+
+    max_pairs: int | None
+    max_tokens: int | None = None
+
+
+def pair_tokens(pair: EncodedPair, share_prompt: bool) -> int:
+    """The tokens a pair's rows take in a batch before padding: one prefix-shared row, or two rows
+    (chosen and rejected) as long as the longer."""
+    if share_prompt:
+        return len(pair.prompt) + len(pair.chosen) + len(pair.rejected)
+    return 2 * pair.length
+
+
+def eval_micro_batch_indices(pair_sizes: list[int], rank: int, world_size: int,
+                             batching: EvalBatching) -> list[list[int]]:
+    """Rank `rank`'s held-out micro-batches. Pairs go longest first (`pair_sizes`: pair_tokens), dealt
+    round-robin a round of `world_size` pairs at a time; a micro-batch is consecutive rounds, as many as
+    `batching` allows at its first (longest) pair's size, so that pairs of similar length pass together,
+    shorter ones more to a pass, and every rank makes the same passes. Only the last round is padded: an
+    index >= num_pairs is padding (it stands for pair index % num_pairs)."""
+    n = len(pair_sizes)
+    order = sorted(range(n), key=lambda i: -pair_sizes[i])
+    rounds = -(-n // world_size)
+    batches, start = [], 0
+    while start < rounds:
+        widest = max(1, pair_sizes[order[start * world_size]])
+        take = 1
+        while (start + take < rounds and (batching.max_pairs is None or take < batching.max_pairs)
+               and (batching.max_tokens is None or (take + 1) * widest <= batching.max_tokens)):
+            take += 1
+        positions = [r * world_size + rank for r in range(start, start + take)]
+        batches.append([order[p] if p < n else n + order[p % n] for p in positions])
+        start += take
+    return batches
 
 
 class GlobalBatchSampler:

@@ -5,7 +5,7 @@ and freeing the model takes the reference forward out of every step and the refe
 memory (the same idea as TRL's `precompute_ref_log_probs`).
 
 Each pair is scored in the very micro-batch (same partners, same padding, same rank) in which the
-run first trains on it, and each held-out pair in its evaluation micro-batch. The numbers are then
+run first trains on it, and each held-out pair in its evaluation micro-batch (eval_micro_batch_indices). The numbers are then
 bit for bit the ones the per-step reference pass would have produced, so precomputing changes speed
 and memory, never the loss: at step 0 the policy equals the reference and the DPO loss is exactly ln 2.
 Only the pairs the run will reach (within `train.max_steps`) are scored.
@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, eval_micro_batch_indices, rank_micro_batch_indices
+from dpo_sweeps.data.encoding import EncodedPair, EvalBatching, GlobalBatchSampler, rank_micro_batch_indices
 from dpo_sweeps.rundir.paths import cache_root
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when the way pairs are scored changes
+FORMAT = 3  # bump when the way pairs are scored changes (3: held-out passes longest first, eval_batching)
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class BatchLayout:
     micro_batch_size: int
     world_size: int
     max_steps: int
+    eval_batching: EvalBatching  # how the held-out pairs are cut into passes (with world_size and the pairs)
 
 
 @dataclass
@@ -84,8 +85,9 @@ def first_use_plan(sampler: GlobalBatchSampler,
 
 def compute(score: Callable[[list[EncodedPair]], torch.Tensor], train_pairs: list[EncodedPair],
             eval_pairs: list[EncodedPair], sampler: GlobalBatchSampler, layout: BatchLayout, rank: int,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score every pair the run reaches, each in its first training (or evaluation) micro-batch.
+            device: torch.device, eval_batches: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score every pair the run reaches, each in its first training (or evaluation) micro-batch;
+    `eval_batches`: this rank's held-out micro-batches, as the evaluation makes them.
 
     `score(pairs)` returns the reference's summed log-probs [2B] (chosen then rejected). Every rank
     runs the same number of `score` calls (FSDP forwards are collective); the results are summed
@@ -102,7 +104,7 @@ def compute(score: Callable[[list[EncodedPair]], torch.Tensor], train_pairs: lis
         if owned:
             k, i = (torch.tensor(c, device=logps.device) for c in zip(*owned))
             values[i.to(device)] = torch.stack([logps[k], logps[len(mine) + k]], 1).to(device)
-    for idx in eval_micro_batch_indices(len(eval_pairs), rank, layout.world_size, layout.micro_batch_size):
+    for idx in eval_batches:
         logps = score([eval_pairs[i % len(eval_pairs)] for i in idx]).double()
         real = [(k, i) for k, i in enumerate(idx) if i < len(eval_pairs)]
         if real:
@@ -185,7 +187,7 @@ def _save(path: Path, key: dict, train: torch.Tensor, eval_: torch.Tensor) -> No
 
 def load_or_compute(score: Callable[[list[EncodedPair]], torch.Tensor], key: dict, train_pairs: list[EncodedPair],
                     eval_pairs: list[EncodedPair], sampler: GlobalBatchSampler, layout: BatchLayout, rank: int,
-                    device: torch.device, use_cache: bool = True) -> ReferenceLogps:
+                    device: torch.device, eval_batches: list[list[int]], use_cache: bool = True) -> ReferenceLogps:
     """Rank 0 reads the cache and every rank follows its decision; a miss is computed by all ranks."""
     start = time.perf_counter()
     path = cache_path(key) if use_cache else None
@@ -205,7 +207,7 @@ def load_or_compute(score: Callable[[list[EncodedPair]], torch.Tensor], key: dic
             found = (both[: len(train_pairs)].cpu(), both[len(train_pairs):].cpu())
         train, eval_ = found
         return ReferenceLogps(train, eval_, time.perf_counter() - start, "cache", path)
-    train, eval_ = compute(score, train_pairs, eval_pairs, sampler, layout, rank, device)
+    train, eval_ = compute(score, train_pairs, eval_pairs, sampler, layout, rank, device, eval_batches)
     if path is not None and rank == 0:
         _save(path, key, train, eval_)
     return ReferenceLogps(train, eval_, time.perf_counter() - start, "computed", path)

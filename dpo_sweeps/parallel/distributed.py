@@ -66,6 +66,16 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
     return t.tolist()
 
 
+def gather_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's `rows` (a CPU tensor of the same shape on every rank), concatenated in rank order: a
+    collective; over gloo also beside NCCL, the tensors being CPU ones."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return rows
+    every = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, rows.contiguous())
+    return torch.cat(every)
+
+
 # Bytes of a host name in `rank_layout`'s gather (host names are at most 64 bytes on Linux).
 _HOSTNAME_BYTES = 64
 

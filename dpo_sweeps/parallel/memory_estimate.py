@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from dpo_sweeps.data.encoding import EvalBatching
 from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.allocator import run_allocator
@@ -118,6 +119,7 @@ class RunShape:
     fully_sharded: bool = True  # the trained model is wrapped by fully_shard (fsdp.needs_fully_shard)
     adapters: bool = False  # peft: the reference is the policy with its adapters off (models/adapters.py)
     allocator: str = "glibc"  # CPU: the malloc the rank runs with (resources.cpu_allocator, parallel/allocator.py)
+    eval_micro_batch_size: int | None = None  # held-out pairs a no-grad pass; None: as many as fit (eval_batching)
 
 
 @dataclass
@@ -130,6 +132,7 @@ class MemoryEstimate:
     baseline: int  # CPU: the process's resident memory before the model existed, plus CPU_RUNTIME
     total: int
     heap_kept: int = 0  # CPU: freed step buffers glibc's heap keeps resident (heap_kept)
+    eval_excess: int = 0  # what an eval pass of train.eval_micro_batch_size holds beyond a training micro-batch
 
 
 def model_states(model: ModelShape, run: RunShape) -> int:
@@ -201,6 +204,51 @@ def logits(model: ModelShape, run: RunShape) -> int:
 def _rows(run: RunShape) -> int:
     """Rows of a micro-batch: chosen and rejected each, or one prefix-shared row per pair."""
     return run.micro_batch_size * (1 if run.share_prompt else 2)
+
+
+def training_pass(model: ModelShape, run: RunShape) -> int:
+    """What a training micro-batch's forward and backward hold beyond the model: activations and logits."""
+    return activations(model, run) + logits(model, run)
+
+
+def eval_pass(model: ModelShape, run: RunShape, tokens: int) -> int:
+    """What a no-grad forward over `tokens` tokens of padded rows holds at its peak. Nothing is saved for a
+    backward, so only one block's working tensors exist at a time (queries, keys, values, the attention
+    output and the residual stream: about 6 h; the MLP's input, gate and activation: about 3 i), the hidden
+    states entering and leaving it, the padding mask, and the LM head's output without its gradient."""
+    pb = DTYPES[run.param_dtype].bytes
+    block = tokens * (6 * model.hidden + 3 * model.intermediate) * pb + 2 * tokens * model.hidden * pb
+    mask = tokens * run.seq_len * (1 if run.share_prompt else 4)  # [rows, 1, L, L]: bool shared, else fp32
+    if run.logps_chunk_size:
+        scored = int(tokens * run.response_fraction)
+        head = scored * model.hidden * pb + 2 * min(run.logps_chunk_size, scored) * model.vocab * 4
+    else:
+        head = tokens * model.vocab * (pb + 4 + (4 if pb != 4 else 0))
+    return block + mask + head
+
+
+def eval_batching(model: ModelShape, run: RunShape) -> EvalBatching:
+    """How held-out pairs are batched for eval (data/encoding.py eval_micro_batch_indices). A set
+    train.eval_micro_batch_size is a cap on pairs a pass. Left null, a pass takes as many tokens as fit in
+    what a training micro-batch holds for its backward (`training_pass`): a no-grad forward saves nothing,
+    so several times the pairs fit in the memory training already peaks at, and the estimate's peak holds."""
+    if run.eval_micro_batch_size is not None:
+        return EvalBatching(max_pairs=run.eval_micro_batch_size)
+    limit, low = training_pass(model, run), _rows(run) * run.seq_len  # a training micro-batch's rows fit
+    high = 1024 * low
+    while low < high:  # eval_pass grows with the tokens: the most that stay within the limit
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if eval_pass(model, run, middle) <= limit else (low, middle - 1)
+    return EvalBatching(max_pairs=None, max_tokens=low)
+
+
+def eval_excess(model: ModelShape, run: RunShape) -> int:
+    """What a held-out pass of train.eval_micro_batch_size pairs (at the longest row) holds beyond a training
+    micro-batch's forward and backward: the peak then rises by it. 0 for the derived size (eval_batching)."""
+    if run.eval_micro_batch_size is None:
+        return 0
+    tokens = _rows(dataclasses.replace(run, micro_batch_size=run.eval_micro_batch_size)) * run.seq_len
+    return max(0, eval_pass(model, run, tokens) - training_pass(model, run))
 
 
 def heap_kept(model: ModelShape, run: RunShape) -> int:
@@ -299,7 +347,8 @@ def estimate_peak_memory(model: ModelShape, run: RunShape, baseline_bytes: int =
     # A process that trained before (a probe batch's later runs) holds its runtime in the baseline already.
     baseline = baseline_bytes + (0 if runtime_resident else CPU_RUNTIME) if baseline_bytes else 0
     kept = heap_kept(model, run) if baseline_bytes else 0
-    return MemoryEstimate(*terms, baseline, sum(terms) + baseline + kept, kept)
+    excess = eval_excess(model, run)
+    return MemoryEstimate(*terms, baseline, sum(terms) + baseline + kept + excess, kept, excess)
 
 
 def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_fraction: float = 0.5,
@@ -326,4 +375,5 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
         response_fraction=response_fraction, adapters=plan.adapters is not None,
         allocator=allocator or run_allocator(cfg.resources),
+        eval_micro_batch_size=train.eval_micro_batch_size,
     )

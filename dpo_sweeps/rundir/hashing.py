@@ -25,7 +25,7 @@ NON_DEFINING_KEYS = (
 # value, so that the runs' sweep directories still resume.
 ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto", "train.zero_shot_eval": False,
               "train.sample_prompts": 0, "train.sample_max_new_tokens": 64, "probe.max_seconds": None,
-              "train.lr_schedule": "constant"}
+              "train.lr_schedule": "constant", "train.eval_micro_batch_size": None}
 
 
 def _drop_key(tree: dict, dotted: str) -> None:

@@ -34,6 +34,9 @@ def probe_config(cfg: Config, world_size: int) -> Config:
     and more than perf.warmup_steps when set)."""
     if not is_probe(cfg):
         return cfg
+    # One held-out pass per rank, of the size the full run's passes take at most when it is set (its memory
+    # may pass training's); the derived size fits in a training micro-batch's memory (memory_estimate.py).
+    eval_pairs = cfg.train.eval_micro_batch_size or cfg.train.micro_batch_size
     train = replace(cfg.train, max_steps=cfg.probe.steps, eval_every=0, save_model=False,
-                    eval_max_pairs=cfg.train.micro_batch_size * world_size)
+                    eval_max_pairs=eval_pairs * world_size)
     return replace(cfg, train=train, checkpoint=replace(cfg.checkpoint, every_steps=0))

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.data.encoding import EncodedPair
+from dpo_sweeps.data.encoding import EncodedPair, EvalBatching
 from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.models.quantize import quantization_settings
@@ -26,12 +26,14 @@ log = logging.getLogger(__name__)
 
 
 def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Config, env: RankEnv,
-                               device: torch.device, probing: bool, stop_watch: StopWatch) -> float:
+                               device: torch.device, probing: bool, stop_watch: StopWatch,
+                               eval_batching: EvalBatching, eval_batches: list[list[int]]) -> float:
     """Score every pair under the reference once and attach the numbers to `data`'s pairs (a
-    train/setup.py TrainingData); returns the seconds it took. The caller then frees the reference."""
+    train/setup.py TrainingData), the held-out ones in this rank's eval passes (`eval_batches`, cut as
+    `eval_batching` says); returns the seconds it took. The caller then frees the reference."""
     share_prompt = cfg.train.share_prompt
     layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
-                                         cfg.train.max_steps)
+                                         cfg.train.max_steps, eval_batching)
     key = reference_logps.cache_key(
         reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
         scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": share_prompt,
@@ -45,7 +47,7 @@ def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Confi
             return reference_batch_logps(reference, pairs, data.tokenizer, cfg, device, stop_watch, env.world_size)
 
         found = reference_logps.load_or_compute(score, key, data.train_pairs, data.eval_pairs, data.sampler,
-                                                layout, env.rank, device)
+                                                layout, env.rank, device, eval_batches)
     data.train_pairs = reference_logps.attach(data.train_pairs, found.train)
     data.eval_pairs = reference_logps.attach(data.eval_pairs, found.eval)
     if env.is_main:

@@ -19,7 +19,15 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from dpo_sweeps.config.schema import Config, TrainConfig
-from dpo_sweeps.data.encoding import EncodedPair, GlobalBatchSampler, chat_format, encode_pairs, render_pair
+from dpo_sweeps.data.encoding import (
+    EncodedPair,
+    GlobalBatchSampler,
+    chat_format,
+    encode_pairs,
+    eval_micro_batch_indices,
+    pair_tokens,
+    render_pair,
+)
 from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo.adapter_reference import AdapterReference
@@ -31,7 +39,7 @@ from dpo_sweeps.models.quantize import quantizable_params, quantize_base
 from dpo_sweeps.parallel.allocator import allocator_in_use
 from dpo_sweeps.parallel.distributed import rank_layout
 from dpo_sweeps.parallel.fsdp import build_mesh, check_fsdp_config, shard_model
-from dpo_sweeps.parallel.memory_estimate import ModelShape
+from dpo_sweeps.parallel.memory_estimate import ModelShape, eval_batching, run_shape_of
 from dpo_sweeps.parallel.mfu import ModelFlops
 from dpo_sweeps.parallel.plan import ParallelPlan, torch_dtype
 from dpo_sweeps.parallel.precision import DynamicLossScaler, loss_scaler, mixed_precision_policy, slow_on_this_cpu
@@ -249,6 +257,9 @@ class TrainingSetup:
     end_of_turn: str | None  # the chat template's end-of-turn token, when pairs were rendered with one
     train_pairs: list[EncodedPair]  # with the reference's log-probs attached, when they were precomputed
     eval_pairs: list[EncodedPair]
+    # This rank's held-out micro-batches (indices into eval_pairs; >= len(eval_pairs): padding), cut by
+    # train.eval_micro_batch_size or, null, by the memory a training micro-batch takes.
+    eval_batches: list[list[int]]
     sampler: GlobalBatchSampler
     policy: torch.nn.Module
     reference: torch.nn.Module | None  # None when the loss needs none, or once its log-probs are precomputed
@@ -288,14 +299,24 @@ def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan
     # Built before any forward: a reference pass through the policy (adapters off) with
     # reshard_after_forward=false leaves parameters() yielding unsharded tensors that never get a grad.
     optimizer = build_optimizer(cfg.train, policy)
+    # Held-out passes without grad: as many pairs a pass as fit where training peaks (memory_estimate.py).
+    batching = eval_batching(shape, run_shape_of(cfg, plan, seq_len=data.longest_row,
+                                                 response_fraction=data.response_fraction,
+                                                 allocator=allocator_in_use()))
+    eval_batches = eval_micro_batch_indices([pair_tokens(p, cfg.train.share_prompt) for p in data.eval_pairs],
+                                            env.rank, env.world_size, batching)
+    if env.is_main:
+        log.info("eval: %d held-out pairs in %d passes per rank, up to %d pairs a pass (train.eval_micro_batch_size=%s)",
+                 len(data.eval_pairs), len(eval_batches), max(map(len, eval_batches)), cfg.train.eval_micro_batch_size)
     precompute_s = None
     if reference is not None and cfg.train.precompute_reference_logps:
-        precompute_s = precompute_reference_logps(data, reference, cfg, env, device, probing, stop_watch)
+        precompute_s = precompute_reference_logps(data, reference, cfg, env, device, probing, stop_watch,
+                                                  batching, eval_batches)
         reference = None
         free_reference(device)
     return TrainingSetup(
         tokenizer=data.tokenizer, end_of_turn=data.end_of_turn, train_pairs=data.train_pairs,
-        eval_pairs=data.eval_pairs, sampler=data.sampler, policy=policy, reference=reference,
+        eval_pairs=data.eval_pairs, eval_batches=eval_batches, sampler=data.sampler, policy=policy, reference=reference,
         num_params=num_params, model_flops=model_flops, shape=shape, optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.train), scaler=loss_scaler(plan),
         reference_precompute_s=precompute_s, longest_row=data.longest_row,

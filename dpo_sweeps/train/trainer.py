@@ -21,15 +21,16 @@ import torch
 from tqdm import tqdm
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.data.encoding import EncodedPair, eval_micro_batch_indices, rank_micro_batch_indices
+from dpo_sweeps.data.encoding import EncodedPair, rank_micro_batch_indices
 from dpo_sweeps.dpo.losses import metric_names, uses_reference
 from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model
-from dpo_sweeps.parallel.distributed import all_reduce
+from dpo_sweeps.parallel.distributed import all_reduce, gather_rows
 from dpo_sweeps.parallel.mfu import BatchPositions
 from dpo_sweeps.parallel.plan import resolve_plan
 from dpo_sweeps.parallel.rank_env import RankEnv
+from dpo_sweeps.rundir.eval_pairs import GATHERED, EvalPairsLog, pair_ids
 from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.rundir.summary import Summary
 from dpo_sweeps.runtime.context import RunContext
@@ -69,6 +70,7 @@ class Trainer:
         self.plan = resolve_plan(cfg, world_size=env.world_size)
         self.stop_watch = stop_watch or StopWatch()
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
+        self.eval_pairs_log: EvalPairsLog | None = None  # rank 0's eval_pairs.parquet, once the pairs are known
         self.perf = PerfMeter(device, cfg.perf.warmup_steps)
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
         self.checkpointer = Checkpointer(ctx.run_dir, cfg.checkpoint, rank=env.rank, world_size=env.world_size,
@@ -92,6 +94,9 @@ class Trainer:
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name, group=self.ctx.group,
                                sweep_dir=self.ctx.sweep_dir, config=self.ctx.config, enabled=env.is_main,
                                plan_label=self.plan.label)
+        if env.is_main and not self.probing:  # a probe's eval scores nothing worth keeping (probe.py)
+            self.eval_pairs_log = EvalPairsLog(self.ctx.run_dir,
+                                               pair_ids((p.prompt, p.chosen, p.rejected) for p in self.built.eval_pairs))
         self._resume_from_checkpoint()
         if self.trial_link is not None and env.is_main:
             self.trial_reporter = TrialReporter(self.trial_link, self.ctx.run_dir)
@@ -128,6 +133,8 @@ class Trainer:
             "logps/rejected": pairs.rejected.detach(),
             **pref.metrics,
         }
+        if pairs.ref_chosen is not None:  # for the held-out pairs' records (eval_pairs.parquet)
+            stats.update({"reference/logps/chosen": pairs.ref_chosen, "reference/logps/rejected": pairs.ref_rejected})
         return pref.losses, stats
 
     # ------------------------------------------------------------------ step
@@ -201,40 +208,49 @@ class Trainer:
 
     # ------------------------------------------------------------------ eval
     def evaluate(self) -> dict[str, Any]:
-        """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes)."""
+        """Mean statistics over all held-out pairs, split across ranks (each rank runs as many passes); rank 0
+        also records every pair's scores (eval_pairs.parquet)."""
         def per_pair(stats: dict) -> dict[str, torch.Tensor]:
             kept = {k: stats[k] for k in self.stat_names}
             if self.cfg.train.zero_shot_eval:  # the baseline's own measure, now of the trained policy
                 kept.update({f"policy/{k}": v for k, v in zero_shot_stats(stats).items()})
             return kept
 
-        means = self._held_out_means(per_pair)
+        means, scores = self._held_out_means(per_pair)
+        if not self.probing:
+            every_rank = gather_rows(scores)  # collective: rank 0 writes every rank's pairs
+            if self.eval_pairs_log is not None:
+                self.eval_pairs_log.write(self.state.step, every_rank.numpy())
         return {f"eval/{k}": v for k, v in means.items()}
 
     def zero_shot_eval(self) -> dict[str, Any]:
         """The policy's own preference on the held-out pairs before training (train/zero_shot.py). The
         precomputed reference log-probs are the starting policy's own, scored alike: no second pass."""
         found = zero_shot_from_reference(self.built.eval_pairs)
-        return found or zero_shot_record(self._held_out_means(zero_shot_stats), len(self.built.eval_pairs))
+        return found or zero_shot_record(self._held_out_means(zero_shot_stats)[0], len(self.built.eval_pairs))
 
     @torch.no_grad()
-    def _held_out_means(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]) -> dict[str, float]:
-        """The means over all held-out pairs of `per_pair`'s statistics (of _pair_losses' ones)."""
-        env, pairs, policy = self.env, self.built.eval_pairs, self.built.policy
+    def _held_out_means(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]) -> tuple[dict[str, float], torch.Tensor]:
+        """The means over all held-out pairs of `per_pair`'s statistics (of _pair_losses' ones), and this
+        rank's scores of each pair it ran (a float64 row of eval_pairs.py's GATHERED columns each, padding
+        included). The passes are the ones the reference's eval log-probs were precomputed in (setup.py)."""
+        pairs, policy = self.built.eval_pairs, self.built.policy
         n = len(pairs)
-        names, sums, count = None, None, 0
+        names, sums, count, scores = None, None, 0, []
         policy.eval()
-        for idx in eval_micro_batch_indices(n, env.rank, env.world_size, self.cfg.train.micro_batch_size):
+        for idx in self.built.eval_batches:
             self.heartbeat(self.state.step, "eval")
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
-            stats = per_pair(self._pair_losses(self._collate([pairs[i % n] for i in idx]))[1])
+            all_stats = self._pair_losses(self._collate([pairs[i % n] for i in idx]))[1]
+            stats = per_pair(all_stats)
             names = names or list(stats)
             batch_sums = torch.stack([(stats[k].double().cpu() * real).sum() for k in names])
             sums = batch_sums if sums is None else sums + batch_sums
             count += int(real.sum())
+            scores.append(_pair_scores(idx, all_stats))
         policy.train()
         totals = all_reduce(sums.tolist() + [count])
-        return {k: v / totals[-1] for k, v in zip(names, totals)}
+        return {k: v / totals[-1] for k, v in zip(names, totals)}, torch.cat(scores)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -320,6 +336,8 @@ class Trainer:
                 log.info("resumed from %s at step %d of %d", info.path, info.step, self.cfg.train.max_steps)
         if self.metrics_log is not None:
             self.metrics_log.truncate_after(self.state.step)
+        if self.eval_pairs_log is not None:
+            self.eval_pairs_log.truncate_after(self.state.step)
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the training state after the current step (collective)."""
@@ -381,3 +399,17 @@ class Trainer:
         tracker, self.tracker = self.tracker, None
         return tracker.finish(summary) if tracker is not None else summary
 
+
+
+def _pair_scores(idx: list[int], stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One pass's per-pair scores for eval_pairs.parquet, a float64 row per pair in GATHERED's order; NaN for
+    the reference of a loss without one. `correct` is the very value eval/rewards/accuracies averages."""
+    nan = torch.full((len(idx),), math.nan, dtype=torch.float64)
+    columns = {
+        "pair_index": torch.tensor(idx, dtype=torch.float64),
+        "policy_chosen_logps": stats["logps/chosen"], "policy_rejected_logps": stats["logps/rejected"],
+        "reference_chosen_logps": stats.get("reference/logps/chosen", nan),
+        "reference_rejected_logps": stats.get("reference/logps/rejected", nan),
+        "correct": stats["rewards/accuracies"],
+    }
+    return torch.stack([columns[name].detach().double().cpu() for name in GATHERED], 1)
