@@ -28,6 +28,7 @@ from dpo_sweeps.analysis.tables import (
     format_number,
     format_stat,
     missing_text,
+    quality_lines,
     run_columns,
     run_rows,
     status_line,
@@ -66,6 +67,7 @@ thead th[aria-sort=ascending]::after { content:" \\25B2"; font-size:10px; }
 thead th[aria-sort=descending]::after { content:" \\25BC"; font-size:10px; }
 tbody tr:nth-child(even) { background:#fafbfc; }
 tr.pareto td.config { font-weight:600; }
+tr.tied td.config { text-decoration:underline dotted; }
 tr.failed { background:#fdecec !important; }
 tr.failed td.status { color:#b3261e; font-weight:600; }
 tr.pruned { background:#f3f0e6 !important; }
@@ -194,21 +196,36 @@ def _cards(ranking: Ranking) -> str:
     return f'<section class="cards">{"".join(cards)}</section>'
 
 
+def _difference(row: dict[str, Any]) -> str:
+    """diff_vs_best in points with its 95% interval: '-2.1 [-4.0, -0.2]'."""
+    diff, low, high = row["diff_vs_best"], row["diff_vs_best_ci95_low"], row["diff_vs_best_ci95_high"]
+    if not isinstance(diff, float) or not math.isfinite(diff):
+        return ""
+    interval = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if math.isfinite(low) and math.isfinite(high) else ""
+    return f"{100 * diff:+.1f}{interval}"
+
+
 def _configs_table(ranking: Ranking) -> str:
-    header = ["config", *[f"rank({m})" for m in CRITERIA], "pareto", "status", "n", "failures", *ranking.axes,
+    header = ["config", *[f"rank({m})" for m in CRITERIA], "pareto", "tied_with_best", "rank_with_ties",
+              "diff_vs_best (points, 95%)", "p_vs_best_adjusted", "status", "n", "failures", *ranking.axes,
               *SUMMARY_METRICS, "runs"]
     rows = []
     for config, row in zip(ranking.configs, config_rows(ranking)):
         cells = [_cell(row["config"], css="config")]
         cells += [_cell(row[f"rank({m})"]) for m in CRITERIA]
         cells.append(f'<td data-value="{int(row["pareto"])}">{"★" if row["pareto"] else ""}</td>')
+        tied = row["tied_with_best"]
+        cells.append(f'<td data-value="{int(bool(tied))}">{"=" if tied else ""}</td>' if tied is not None else "<td></td>")
+        cells += [_cell(row["rank_with_ties"]), _cell(row["diff_vs_best"], _escape(_difference(row))),
+                  _cell(row["p_vs_best_adjusted"])]
         cells += [_cell(row["status"], css="text status"), _cell(row["n"]), _cell(row["failures"])]
         # Settings read as typed in the overrides (0.1, not 0.1000).
         cells += [_cell(row[axis], _escape(row[axis])) for axis in ranking.axes]
         # Sorted by the mean (data-value), shown as mean ± std.
         cells += [_cell(row[m], _escape(format_stat(config.stats.get(m)))) for m in SUMMARY_METRICS]
         cells.append(_cell(row["runs"]))
-        css = " ".join(filter(None, ["pareto" if config.pareto else "", "failed" if not config.completed else ""]))
+        css = " ".join(filter(None, ["pareto" if config.pareto else "", "tied" if row["tied_with_best"] else "",
+                                     "failed" if not config.completed else ""]))
         rows.append((css, cells))
     return _table("configs-table", header, rows, "Filter configs (e.g. bf16, oom)", "ranking.csv")
 
@@ -278,6 +295,12 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
                    f'failure kind: {_escape("; ".join(f"{c.label}: {format_failures(c.failures)}" for c in failed))}</p>'
                    if failed else "")
     pareto_why = PROBES_NO_ACCURACY if ranking.probes else "nothing to plot yet"
+    ties = "".join(f'<p class="{"note" if i == 0 else "muted"}">{_escape(line.strip())}</p>'
+                   for i, line in enumerate(quality_lines(ranking)))
+    ties_section = (f'<section id="ties"><h2>Accuracy with ties</h2>{ties}<p class="muted">Tied: not significantly '
+                    'worse than the best (Holm-adjusted p >= 0.05); rank_with_ties = 1 + the configs significantly '
+                    'better; the Pareto figure\'s accuracy bars are 95% intervals and its rings mark the tied set '
+                    '(docs/report.md).</p></section>') if ties else ""
     studies_html = "".join(_study_section(s, figures.get(f"optuna-{i}"), i, figures.get(f"optuna-{i}-intermediate"),
                                           (figures.get(f"optuna-{i}-history"), figures.get(f"optuna-{i}-importances")))
                            for i, s in enumerate(studies))
@@ -286,10 +309,10 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
 <title>DPO sweep report</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body><header><h1>DPO sweep report</h1><p>{_escape(" · ".join(sources))}</p>
 <p id="status-line">{_escape(status_line(runs, not_started))}</p><p id="cost">{_escape(cost_text(runs))}</p><p>Generated {_escape(generated)}</p></header>
-<main>{"".join(recommendation_html(r, _escape) for r in recommendations or [])}{_cards(ranking)}{notes}
+<main>{"".join(recommendation_html(r, _escape) for r in recommendations or [])}{_cards(ranking)}{notes}{ties_section}
 <section id="pareto"><h2>Pareto front: speed per memory vs preference accuracy</h2>{_image(figures.get("pareto"), "Pareto scatter", pareto_why)}</section>
 <section id="configs"><h2>Configs ({len(ranking.configs)})</h2><p class="muted">Click a column to sort; values are
-mean ± std over a config's completed seeds (n); ★ marks the Pareto set.</p>{failed_note}{_configs_table(ranking)}</section>
+mean ± std over a config's completed seeds (n); ★ marks the Pareto set, = the configs tied with the best accuracy.</p>{failed_note}{_configs_table(ranking)}</section>
 <section id="effects"><h2>Effects of the swept settings</h2>{_image(figures.get("heatmap"), "Sharding × precision heatmap")}
 {_image(figures.get("effects"), "Effects per setting")}</section>
 {_loss_metrics_section(ranking)}{studies_html}{samples_section}

@@ -28,6 +28,7 @@ POINT_COLOR = "#5b6f95"
 LOSS_COLOR = "#2e6fba"
 ACCURACY_COLOR = "#e07b18"
 FAILED_COLOR = "#b3261e"
+TIED_COLOR = "#2a9d8f"
 MAX_CURVE_PANELS = 48
 TOP_CURVE_CONFIGS = 12
 # Past this many configs the Pareto figure names only the front's (the rest are unlabelled points).
@@ -50,8 +51,20 @@ def _std_or_none(stat) -> float | None:
     return stat.std if stat.n > 1 else None
 
 
+def _accuracy_bar(config, stat) -> tuple[list[list[float]] | None, bool]:
+    """The accuracy's 95% interval as an error bar (below, above the mean), else its std; whether tied."""
+    versus = config.versus_best
+    if versus is None:
+        return _std_or_none(stat), False
+    low, high = versus.accuracy_ci95
+    if math.isfinite(low) and math.isfinite(high):
+        return [[max(0.0, stat.mean - low)], [max(0.0, high - stat.mean)]], versus.tied_with_best
+    return _std_or_none(stat), versus.tied_with_best
+
+
 def pareto_figure(ranking: Ranking) -> Figure | None:
-    """Configs by speed per memory and accuracy (mean ± std); the Pareto front joined up."""
+    """Configs by speed per memory (mean ± std) and accuracy (mean and its 95% interval, else ± std); the
+    Pareto front joined up, the configs tied with the best accuracy ringed."""
     x_metric, y_metric = CRITERIA
     points = [c for c in ranking.configs if x_metric in c.stats and y_metric in c.stats]
     if not points:
@@ -66,11 +79,17 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
         axes.scatter([c.mean(x_metric) for c in rest], [c.mean(y_metric) for c in rest], s=9, color=POINT_COLOR,
                      alpha=0.5, zorder=2, label=f"other configs ({len(rest)})")
         points = [c for c in points if c.pareto]
+    tied_labelled = False
     for index, config in enumerate(sorted(points, key=lambda c: c.mean(x_metric))):
         x, y = config.stats[x_metric], config.stats[y_metric]
         color = PARETO_COLOR if config.pareto else POINT_COLOR
-        axes.errorbar(x.mean, y.mean, xerr=_std_or_none(x), yerr=_std_or_none(y), fmt="o", color=color,
+        accuracy_bar, tied = _accuracy_bar(config, y)
+        axes.errorbar(x.mean, y.mean, xerr=_std_or_none(x), yerr=accuracy_bar, fmt="o", color=color,
                       markersize=8 if config.pareto else 6, capsize=3, zorder=3)
+        if tied:  # a ring around the configs tied with the best accuracy
+            axes.scatter([x.mean], [y.mean], s=260, facecolors="none", edgecolors=TIED_COLOR, linewidths=1.5,
+                         zorder=3, label=None if tied_labelled else "tied with the best accuracy")
+            tied_labelled = True
         # Labels point inwards, alternately above and below, so they overlap less and stay inside.
         right_half = x.mean > middle
         offset = (-7 if right_half else 7, 6 if index % 2 == 0 else -6)
@@ -87,7 +106,9 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
         axes.text(0.01, 0.01, text, transform=axes.transAxes, fontsize=7, color=FAILED_COLOR, va="bottom")
     axes.set_xlabel(AXIS_TITLES[x_metric])
     axes.set_ylabel(AXIS_TITLES[y_metric])
-    axes.set_title("Speed per memory vs preference accuracy (higher is better on both)")
+    intervals = any(c.versus_best and math.isfinite(c.versus_best.accuracy_ci95[0]) for c in points)
+    axes.set_title("Speed per memory vs preference accuracy (higher is better on both"
+                   + ("; accuracy bars: 95% intervals)" if intervals else ")"))
     axes.grid(alpha=0.3)
     axes.legend(loc="upper right", fontsize=8)
     axes.margins(x=0.15, y=0.12)

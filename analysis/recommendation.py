@@ -1,6 +1,8 @@
 """The staged search's answer (`<sweep>/find_best.json`, written by launchers/find_best.py), for the
 report to open with: the recommended run, its figures, the command that trains it, the stages, and
-where the sweep trained both, full fine-tuning against adapters side by side (the best run of each)."""
+where the sweep trained both, full fine-tuning against adapters side by side (the best run of each);
+and the report's own pick over any sweep (`recommend_tied`): the fastest per GiB of the configs tied
+with the best accuracy."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpo_sweeps.analysis.ranking import ConfigResult, Ranking
+from dpo_sweeps.analysis.runs import PREFERENCE_ACCURACY, SPEED_PER_MEMORY
 from dpo_sweeps.rundir.cost import device_time_text
 from dpo_sweeps.rundir.paths import FIND_BEST
 
@@ -113,3 +117,26 @@ def recommendation_html(rec: Recommendation, escape) -> str:
                 f"<pre id='recommended-command'>{escape(c['command'])}</pre>"
                 f"<p class='muted'>{escape(stages_text(rec))}</p>" + peft_html(rec, escape))
     return f'<section id="recommendation"><h2>Recommendation</h2>{body}</section>'
+
+
+# The report's rule, in one line (it replaces the one-standard-error rule of find_best.json's older picks).
+TIED_RULE = ("the fastest per GiB of the configs tied with the best accuracy (not significantly worse on the "
+             "held-out pairs; it replaces the one-standard-error rule)")
+
+
+def recommend_tied(ranking: Ranking) -> ConfigResult | None:
+    """The fastest per GiB of the configs tied with the best accuracy (by accuracy where none has a speed)."""
+    tied = ranking.tied_with_best()
+    if not tied:
+        return None
+    timed = [c for c in tied if SPEED_PER_MEMORY in c.stats]
+    if not timed:
+        return tied[0]
+    return max(timed, key=lambda c: (c.mean(SPEED_PER_MEMORY), c.mean(PREFERENCE_ACCURACY)))
+
+
+def tied_recommendation_line(ranking: Ranking) -> str | None:
+    pick = recommend_tied(ranking)
+    if pick is None:
+        return None
+    return f"Recommended: '{pick.label}', {TIED_RULE}; {len(ranking.tied_with_best())} config(s) tied"

@@ -21,8 +21,10 @@ import argparse
 import os
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     # Run as a script (`python analysis/report.py`): import `analysis` from the repository
@@ -92,8 +94,24 @@ def send_to_trackers(args: argparse.Namespace, written: list[Path]) -> list[str]
     return lines
 
 
+@dataclass
+class ReportResult:
+    """What a report wrote and found: the terminal text, the files (report.html last) and one record per
+    config, ranking.csv's row (tied_with_best, diff_vs_best, p_vs_best_adjusted, rank_with_ties, ...)."""
+
+    text: str
+    files: list[Path]
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+
 def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, list[Path]]:
     """Read, rank and write everything; returns the terminal text and the files written."""
+    result = build_report(sources, out)
+    return result.text, result.files
+
+
+def build_report(sources: list[Path], out: Path | None = None) -> ReportResult:
+    """Read, rank and write everything (as `write_report`), and return each config's row too."""
     runs, sweep_dirs = load_runs(sources)
     not_started = plan.not_started(sweep_dirs, Counter(run.sweep for run in runs))
     ranking = rank_sweep(runs)
@@ -140,7 +158,7 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
     text = tables.terminal_report(sources, runs, ranking, studies, not_started, recommendations)
     extra = [block for block in ("\n".join(samples_lines(samples)) if samples else "", "\n".join(terminal_lines(steps)))
              if block]
-    return "\n\n".join([text, *extra]), written
+    return ReportResult("\n\n".join([text, *extra]), written, tables.config_rows(ranking))
 
 
 def main(argv: list[str] | None = None) -> int:

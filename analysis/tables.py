@@ -15,7 +15,7 @@ from typing import Any
 from dpo_sweeps.analysis.loss_metrics import LossMetric, loss_metric_rows
 from dpo_sweeps.analysis.optuna_study import Study
 from dpo_sweeps.analysis.ranking import CRITERIA, Comparison, ConfigResult, Ranking, Stat
-from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_lines
+from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_lines, tied_recommendation_line
 from dpo_sweeps.analysis.runs import (
     PREFERENCE_ACCURACY,
     SEED_KEYS,
@@ -24,6 +24,7 @@ from dpo_sweeps.analysis.runs import (
     Run,
     count_probes,
 )
+from dpo_sweeps.analysis.ties import MEANS, PAIRED, UNPAIRED
 from dpo_sweeps.rundir.cost import device_time_text
 
 # The metrics the terminal table shows, besides the two criteria.
@@ -105,10 +106,39 @@ def best_text(ranking: Ranking, metric: str) -> str:
     return f"'{ranked[0].label}' {format_stat(stat)} (n={stat.n}{tie})"
 
 
+# Each config against the best on accuracy (analysis/ties.py); ranking.csv's and the API's names.
+VERSUS_BEST_COLUMNS = ["tied_with_best", "diff_vs_best", "diff_vs_best_ci95_low", "diff_vs_best_ci95_high",
+                       "p_vs_best_adjusted", "rank_with_ties"]
+# How it was compared, the config's own accuracy interval and the same comparison on the per-pair margin.
+COMPARISON_COLUMNS = ["compared_by", "compared_on_pairs", "p_vs_best", "accuracy_ci95_low", "accuracy_ci95_high",
+                      "accuracy_interval", "margin", "margin_diff_vs_best", "margin_diff_vs_best_ci95_low",
+                      "margin_diff_vs_best_ci95_high", "margin_p_vs_best", "unranked_reason"]
+
+
 def config_columns(ranking: Ranking) -> list[str]:
     metric_columns = [c for m in SUMMARY_METRICS for c in (m, f"std({m})")]
     return ([f"rank({m})" for m in CRITERIA] + ["pareto", "config", "status", "n", "failures"]
-            + list(ranking.axes) + metric_columns + ["runs"])
+            + VERSUS_BEST_COLUMNS + list(ranking.axes) + metric_columns + COMPARISON_COLUMNS + ["runs"])
+
+
+def versus_best_cells(config: ConfigResult) -> dict[str, Any]:
+    """The config's comparison with the best as ranking.csv's cells (all None without one)."""
+    versus = config.versus_best
+    if versus is None:
+        return dict.fromkeys(VERSUS_BEST_COLUMNS + COMPARISON_COLUMNS)
+    return {
+        "tied_with_best": versus.tied_with_best if versus.note is None else False,
+        "diff_vs_best": versus.diff_vs_best, "diff_vs_best_ci95_low": versus.diff_vs_best_ci95_low,
+        "diff_vs_best_ci95_high": versus.diff_vs_best_ci95_high, "p_vs_best_adjusted": versus.p_vs_best_adjusted,
+        "rank_with_ties": versus.rank_with_ties, "compared_by": versus.method,
+        "compared_on_pairs": versus.compared_on_pairs, "p_vs_best": versus.p_vs_best,
+        "accuracy_ci95_low": versus.accuracy_ci95[0], "accuracy_ci95_high": versus.accuracy_ci95[1],
+        "accuracy_interval": versus.accuracy_interval, "margin": versus.score_name,
+        "margin_diff_vs_best": versus.score_diff_vs_best,
+        "margin_diff_vs_best_ci95_low": versus.score_diff_vs_best_ci95_low,
+        "margin_diff_vs_best_ci95_high": versus.score_diff_vs_best_ci95_high,
+        "margin_p_vs_best": versus.score_p_vs_best, "unranked_reason": versus.note,
+    }
 
 
 def config_rows(ranking: Ranking) -> list[dict[str, Any]]:
@@ -118,6 +148,7 @@ def config_rows(ranking: Ranking) -> list[dict[str, Any]]:
         row: dict[str, Any] = {f"rank({m})": config.ranks.get(m) for m in CRITERIA}
         row.update(pareto=config.pareto, config=config.label, status=config.status, n=len(config.completed),
                    failures=format_failures(config.failures))
+        row.update(versus_best_cells(config))
         row.update({axis: config.settings.get(axis) for axis in ranking.axes})
         for metric in SUMMARY_METRICS:
             stat = config.stats.get(metric)
@@ -202,7 +233,7 @@ def file_problem_lines(runs: list[Run]) -> list[str]:
     for run in runs:
         for problem in run.problems:
             file, _, rest = problem.partition(" ")
-            named = file.endswith((".json", ".jsonl", ".yaml")) and rest
+            named = file.endswith((".json", ".jsonl", ".yaml", ".parquet")) and rest
             lines.append(f"  unreadable: {run.path / file}: {rest}" if named else f"  unreadable: {run.path}: {problem}")
     return lines
 
@@ -274,6 +305,71 @@ def loss_metric_csv_rows(rows: list[LossMetric]) -> list[dict[str, Any]]:
              "std": r.stat.std if r.stat.n > 1 else None, "n": r.stat.n} for r in rows]
 
 
+def points(value: float) -> str:
+    """An accuracy difference in percentage points: -0.0213 -> '-2.1 points'."""
+    return f"{100 * value:+.1f} points" if math.isfinite(value) else "?"
+
+
+def _interval(low: float, high: float) -> str:
+    return f"[{100 * low:+.1f}, {100 * high:+.1f}]" if math.isfinite(low) and math.isfinite(high) else ""
+
+
+# How each kind of comparison was made, for the report's lines.
+METHOD_TEXT = {
+    PAIRED: "paired on the held-out pairs they share (McNemar's exact test; a t-test of per-pair seed means "
+            "with several seeds)",
+    UNPAIRED: "unpaired, without per-pair records (score test; Newcombe's interval from Wilson's)",
+    MEANS: "by their means alone (no per-pair records and no held-out pair count to test with)",
+}
+
+
+def quality_lines(ranking: Ranking) -> list[str]:
+    """What the accuracy comparison found: the tied set, how configs were compared, what the held-out set
+    can resolve, the pick; empty when no config trained to an eval."""
+    quality = ranking.quality
+    if quality is None or quality.best is None:
+        return []
+    configs = ranking.quality_configs
+    best = configs[quality.best]
+    tied = ranking.tied_with_best()
+    ranked = [c for c in configs if c.versus_best and c.versus_best.note is None]
+    methods = sorted({c.versus_best.method for c in ranked if c.versus_best.method})
+    described = "; ".join(
+        f"'{c.label}'" + ("" if c is best else f" {points(c.versus_best.diff_vs_best)} "
+                                               f"{_interval(c.versus_best.diff_vs_best_ci95_low, c.versus_best.diff_vs_best_ci95_high)}".rstrip())
+        for c in tied)
+    if not quality.tests:
+        return ["Accuracy compared by the means alone: the runs wrote no per-pair records (eval_pairs.parquet) and "
+                "no held-out pair count, so nothing can be tested; ties are equal means"]
+    lines = [f"Tied with the best accuracy ({len(tied)} of {len(ranked)}; Holm over {quality.tests} comparison(s), "
+             f"alpha 0.05): {described}"]
+    for method in methods:
+        lines.append(f"  compared {METHOD_TEXT[method]}")
+    if quality.unpaired and any(c.versus_best.method == PAIRED for c in ranked):
+        lines.append(f"  without per-pair records (unpaired Wilson intervals): {', '.join(repr(x) for x in quality.unpaired)}")
+    for a, b, shared, most in quality.partial_overlaps[:5]:
+        lines.append(f"  held-out pairs differ: '{a}' and '{b}' compared on the {shared} pair(s) they share (of {most})")
+    if len(quality.partial_overlaps) > 5:
+        lines.append(f"  ... and {len(quality.partial_overlaps) - 5} more comparisons on partly shared pairs")
+    for config in configs:
+        if config.versus_best and config.versus_best.note:
+            lines.append(f"  ranked last ({config.versus_best.rank_with_ties}), no accuracy: '{config.label}' "
+                         f"({config.versus_best.note})")
+    resolution = quality.resolution
+    if math.isfinite(resolution.minimum_detectable_difference):
+        lines.append(f"What the held-out set can resolve: {100 * resolution.minimum_detectable_difference:.1f} points of "
+                     f"accuracy with {resolution.pairs} pairs ({resolution.method}; 80% power at alpha "
+                     f"{resolution.alpha:.2g}, Holm's strictest step, at the observed agreement between configs)")
+    if resolution.mostly_tied and resolution.gap_config:
+        more = (f"about {resolution.pairs_to_resolve:,} held-out pairs would resolve it" if resolution.pairs_to_resolve
+                else "no pair count would resolve it")
+        lines.append(f"Most configs are tied ({resolution.tied} of {resolution.ranked}): the largest gap within the tied "
+                     f"set is {100 * resolution.gap:.1f} points ('{resolution.gap_config}'); {more} at 80% power")
+    if pick := tied_recommendation_line(ranking):
+        lines.append(pick)
+    return lines
+
+
 def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, studies: list[Study],
                     not_started: int | None = None, recommendations: list[Recommendation] | None = None) -> str:
     """The compact summary printed by `report.py`."""
@@ -287,6 +383,7 @@ def terminal_report(sources: list[Path], runs: list[Run], ranking: Ranking, stud
     pareto = "; ".join(f"'{c.label}'" for c in ranking.pareto) or nobody
     lines.append(f"Pareto set ({len(ranking.pareto)}): {pareto}")
     lines += [f"Note: {comparison_text(c)}" for c in ranking.comparisons.values()]
+    lines += quality_lines(ranking)
     if ranking.configs:
         lines += ["", *terminal_table(ranking)]
     if own := loss_metric_lines(loss_metric_rows(ranking)):
