@@ -104,6 +104,7 @@ def test_each_data_source_has_its_own_keys():
     ("loss.lr=1", "loss.lr", "is not a hyperparameter of loss=dpo (accepted: its keys: beta, label_smoothing"),
     ("loss.beta=high", "loss.beta", "(accepted: a number)"),
     ("probe.max_seconds=soon", "probe.max_seconds", "(accepted: a number, or null)"),
+    ("train.eval_micro_batch_size=big", "train.eval_micro_batch_size", "(accepted: an integer, or null)"),
 ])
 def test_a_wrong_type_or_unknown_key_is_refused_naming_the_key(override, setting, text):
     refusal = _refusal(override)
@@ -141,6 +142,8 @@ def test_a_hyperparameter_of_another_loss_is_refused_by_the_loss_check():
     ("probe.max_seconds=0", "probe.max_seconds: got 0 (accepted: null (no limit) or a number of seconds > 0)"),
     ("probe.max_seconds=-30", "probe.max_seconds: got -30"),
     ("data.length_group_window=0", "data.length_group_window: got 0"),
+    ("train.eval_micro_batch_size=0", "train.eval_micro_batch_size: got 0 (accepted: an integer >= 1, or null for "
+                                      "as many as fit in a training micro-batch's memory)"),
     ("train.lr_schedule=warmup_cosine", "train.lr_schedule: unknown schedule 'warmup_cosine' "
                                         "(accepted: constant, linear, cosine)"),
     ("model.tokenizer.kind=bpe", "model.tokenizer.vocab_size: got None (accepted: an integer >= 259 for kind=bpe)"),
