@@ -12,6 +12,7 @@ the clustered bootstrap (pairs, then seeds within each pair) is written here, si
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -160,15 +161,21 @@ def null_sd(a: np.ndarray, b: np.ndarray) -> float:
     return float(math.sqrt(np.mean(d * d))) if len(d) else math.nan
 
 
+@functools.lru_cache(maxsize=256)
+def _detectable_effect(n: int, alpha: float, power: float) -> float:
+    # Cached: TTestPower solves by root finding, and a report (or bench/ranking_power.py's thousands of
+    # sweeps) asks again for the same n and alpha.
+    from statsmodels.stats.power import TTestPower
+
+    return float(TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided"))
+
+
 def minimum_detectable_difference(n: int, sd: float, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest mean paired difference a two-sided paired test detects with `power` over n pairs whose
     per-pair difference has standard deviation `sd` (statsmodels TTestPower, solved for the effect size)."""
-    from statsmodels.stats.power import TTestPower
-
     if n < 2 or not math.isfinite(sd) or sd <= 0:
         return math.nan
-    effect = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
-    return float(effect) * sd
+    return _detectable_effect(int(n), float(alpha), float(power)) * sd
 
 
 def unpaired_minimum_detectable_difference(n: int, accuracy: float, alpha: float = ALPHA,
@@ -184,14 +191,11 @@ def unpaired_minimum_detectable_difference(n: int, accuracy: float, alpha: float
 
 
 def pairs_to_resolve(gap: float, sd: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
-    """How many held-out pairs a paired test needs to detect `gap` with `power` (TTestPower, solved for n)."""
-    from statsmodels.stats.power import TTestPower
+    """How many held-out pairs a two-sided paired test needs to detect `gap` with `power`, per-pair differences
+    having standard deviation `sd` (statsmodels' normal sample size, closed form: no root finding)."""
+    from statsmodels.stats.power import normal_sample_size_one_tail
 
     if not (math.isfinite(gap) and math.isfinite(sd)) or gap == 0 or sd <= 0:
         return None
-    try:
-        n = TTestPower().solve_power(effect_size=abs(gap) / sd, nobs=None, alpha=alpha, power=power,
-                                     alternative="two-sided")
-    except (ValueError, RuntimeError):
-        return None
-    return math.ceil(float(np.ravel(n)[0])) if math.isfinite(float(np.ravel(n)[0])) else None
+    # Two-sided at alpha: one tail at alpha / 2 (the other tail's share of the power is negligible).
+    return math.ceil(float(normal_sample_size_one_tail(abs(gap), power, alpha / 2, std_null=sd)))

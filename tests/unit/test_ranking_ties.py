@@ -1,71 +1,24 @@
-"""Ties with the best on accuracy, from real run directories: eval_pairs.parquet written as the trainer
-writes it (pyarrow, the agreed columns), summary.json by support.reports. Expected values come from
-scipy and statsmodels called here."""
+"""Ties with the best on accuracy, from real run directories (support.eval_records: eval_pairs.parquet as
+the trainer writes it, summary.json by support.reports). Expected values come from scipy and statsmodels
+called here."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import io
-import json
-import math
-from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binomtest
 from statsmodels.stats.proportion import proportion_confint
-from support.reports import resolved_config, write_run
+from support.eval_records import write_config_run, write_eval_pairs
 
-from dpo_sweeps.analysis.eval_pairs import EVAL_PAIRS, read_final_eval
+from dpo_sweeps.analysis.eval_pairs import read_final_eval
 from dpo_sweeps.analysis.ranking import rank_sweep
 from dpo_sweeps.analysis.report import build_report
 from dpo_sweeps.analysis.runs import load_runs
 from dpo_sweeps.analysis.ties import ConfigEval, compare_with_best
-
-
-def write_eval_pairs(run_dir: Path, correct: np.ndarray, ids: list[str] | None = None, step: int = 30,
-                     reference_free: bool = False, earlier_step: bool = True) -> None:
-    """eval_pairs.parquet with one row per pair at `step` (and a worse eval at an earlier step, which the
-    report must not read). Log-probs are made up so that `correct` is what they rank."""
-    correct = np.asarray(correct, dtype=bool)
-    ids = ids or [f"{i:016x}" for i in range(len(correct))]
-    margin = np.where(correct, 1.5, -0.5)
-    rows = {"step": [], "pair_id": [], "policy_chosen_logps": [], "policy_rejected_logps": [],
-            "reference_chosen_logps": [], "reference_rejected_logps": [], "correct": []}
-    for at, right, score in ([(step // 2, ~correct, -margin)] if earlier_step else []) + [(step, correct, margin)]:
-        rows["step"] += [at] * len(ids)
-        rows["pair_id"] += ids
-        rows["policy_chosen_logps"] += list(-40.0 + score)
-        rows["policy_rejected_logps"] += [-40.0] * len(ids)
-        rows["reference_chosen_logps"] += [math.nan if reference_free else -41.0] * len(ids)
-        rows["reference_rejected_logps"] += [math.nan if reference_free else -41.0] * len(ids)
-        rows["correct"] += list(right)
-    schema = pa.schema([("step", pa.int64()), ("pair_id", pa.string()),
-                        *((c, pa.float64()) for c in list(rows)[2:6]), ("correct", pa.bool_())])
-    pq.write_table(pa.table(rows, schema=schema), run_dir / EVAL_PAIRS)
-
-
-def write_config_run(sweep: Path, job: int, sharding: str, correct: np.ndarray | None, *, speed: float,
-                     accuracy: float | None = None, seed: int = 0, eval_pairs: int | None = None,
-                     ids: list[str] | None = None) -> Path:
-    """A completed run of fsdp=`sharding` (train.seed=`seed`) whose final eval ranked `correct` right; without
-    `correct`, no per-pair records (a run from before them), its accuracy `accuracy` over `eval_pairs` pairs."""
-    if accuracy is None:
-        accuracy = float(np.mean(correct)) if correct is not None else math.nan
-    metrics = {"perf/speed_per_memory": speed, "eval/rewards/accuracies": None if math.isnan(accuracy) else accuracy,
-               "steps": 30}
-    run_dir = write_run(sweep / str(job), job, [f"fsdp={sharding}", f"train.seed={seed}"],
-                        resolved_config(sharding, "bf16", 0.1, 32, seed), status="completed", metrics=metrics)
-    if eval_pairs is not None:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        summary["data"] = {"train_pairs": 1000, "eval_pairs": eval_pairs}
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-    if correct is not None:
-        write_eval_pairs(run_dir, correct, ids)
-    return run_dir
 
 
 def _by_sharding(ranking) -> dict:
