@@ -338,9 +338,12 @@ def quality_lines(ranking: Ranking) -> list[str]:
         f"'{c.label}'" + ("" if c is best else f" {points(c.versus_best.diff_vs_best)} "
                                                f"{_interval(c.versus_best.diff_vs_best_ci95_low, c.versus_best.diff_vs_best_ci95_high)}".rstrip())
         for c in tied)
+    unranked = [f"  ranked last ({c.versus_best.rank_with_ties}), no accuracy: '{c.label}' ({c.versus_best.note})"
+                for c in configs if c.versus_best and c.versus_best.note]
     if not quality.tests:
-        return ["Accuracy compared by the means alone: the runs wrote no per-pair records (eval_pairs.parquet) and "
-                "no held-out pair count, so nothing can be tested; ties are equal means"]
+        means = ["Accuracy compared by the means alone: the runs wrote no per-pair records (eval_pairs.parquet) and "
+                 "no held-out pair count, so nothing can be tested; ties are equal means"]
+        return (means if len(ranked) > 1 else []) + unranked
     lines = [f"Tied with the best accuracy ({len(tied)} of {len(ranked)}; Holm over {quality.tests} comparison(s), "
              f"alpha 0.05): {described}"]
     for method in methods:
@@ -351,10 +354,7 @@ def quality_lines(ranking: Ranking) -> list[str]:
         lines.append(f"  held-out pairs differ: '{a}' and '{b}' compared on the {shared} pair(s) they share (of {most})")
     if len(quality.partial_overlaps) > 5:
         lines.append(f"  ... and {len(quality.partial_overlaps) - 5} more comparisons on partly shared pairs")
-    for config in configs:
-        if config.versus_best and config.versus_best.note:
-            lines.append(f"  ranked last ({config.versus_best.rank_with_ties}), no accuracy: '{config.label}' "
-                         f"({config.versus_best.note})")
+    lines += unranked
     resolution = quality.resolution
     if math.isfinite(resolution.minimum_detectable_difference):
         lines.append(f"What the held-out set can resolve: {100 * resolution.minimum_detectable_difference:.1f} points of "
