@@ -273,8 +273,9 @@ class Trainer:
                     self._log(record)
                 eval_due = cfg.train.eval_every and step % cfg.train.eval_every == 0
                 if eval_due or step == max_steps:
+                    eval_started = time.perf_counter()
                     self.state.last_eval = {"step": step, **self.evaluate()}
-                    self._log(self.state.last_eval)
+                    self._log({**self.state.last_eval, "perf/eval_time_s": time.perf_counter() - eval_started})
                     if step < max_steps:
                         self._report_to_trial(step)
                 bar.update(1)

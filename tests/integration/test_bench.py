@@ -1,6 +1,6 @@
 """The benchmarks run: a seconds-long smoke of bench/dpo_vs_trl.py (ours and the bare loop; TRL is an
 optional extra CI does not install), bench/gpu_check.sh at its CPU size (bench/gpu_dpo.py --tiny
-among its checks), bench/find_best_vs_grid.py --smoke and bench/steadiness.py; the probe bench's ranking and pair-test helpers on known
+among its checks), bench/find_best_vs_grid.py --smoke, bench/eval_throughput.py --smoke and bench/steadiness.py; the probe bench's ranking and pair-test helpers on known
 numbers. No timing is asserted."""
 
 from __future__ import annotations
@@ -35,6 +35,15 @@ def test_dpo_vs_trl_smoke_measures_ours_and_the_bare_loop(tmp_path):
     summary = json.loads((tmp_path / "ours-0" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["metrics"]["steps"] == results["workload"]["steps"]
     assert summary["metrics"]["perf/reference_precompute_s"] > 0
+
+
+@pytest.mark.slow
+def test_eval_throughput_smoke_times_training_and_evaluation_of_both_eval_batchings():
+    proc = run_script("bench/eval_throughput.py", "--smoke", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = proc.stdout.split("eval/train\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in table] == ["derived", "train_micro_batch"]
+    assert all(float(v) > 0 for line in table for v in line.split()[1:])
 
 
 @pytest.mark.slow
