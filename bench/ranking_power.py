@@ -2,6 +2,7 @@
 
     python bench/ranking_power.py                    # 1,000 simulated sweeps per cell, a few minutes on 2 cores
     python bench/ranking_power.py --sweeps 200       # a quicker look
+    python bench/ranking_power.py --pairs 2000 --seeds 2 --sweeps 5000 --seed 1   # one cell, closer
 
 A simulation with known truth, run through the report's own comparison (analysis/ties.py's
 `compare_with_best`, the function rank_sweep calls), not a copy of it. Each simulated sweep has K configs
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweeps", type=int, default=1000, help="simulated sweeps per cell (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pairs", type=int, nargs="+", default=list(PAIRS), help="held-out pairs per cell")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per config per cell")
     args = parser.parse_args(argv)
     # One sweep first, so that the libraries it imports are in the heap gc.freeze() sets aside.
     run_cell("equal", PAIRS[0], 1, 1, args.seed)
@@ -89,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| pairs | seeds | true best in the tied set | 5 points worse outside it | "
           "any 'significantly better' (all equal) | resolvable difference (median) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for n in PAIRS:
-        for seeds in SEEDS:
+    for n in args.pairs:
+        for seeds in args.seeds:
             spread = run_cell("spread", n, seeds, args.sweeps, args.seed)
             equal = run_cell("equal", n, seeds, args.sweeps, args.seed)
             print(f"| {n} | {seeds} | {100 * spread['best_tied']:.1f}% | {100 * spread['worse_out']:.1f}% | "
