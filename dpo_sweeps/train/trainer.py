@@ -216,7 +216,7 @@ class Trainer:
                 kept.update({f"policy/{k}": v for k, v in zero_shot_stats(stats).items()})
             return kept
 
-        means, scores = self._held_out_means(per_pair)
+        means, scores = self._score_held_out_pairs(per_pair)
         if not self.probing:
             every_rank = gather_rows(scores)  # collective: rank 0 writes every rank's pairs
             if self.eval_pairs_log is not None:
@@ -227,10 +227,11 @@ class Trainer:
         """The policy's own preference on the held-out pairs before training (train/zero_shot.py). The
         precomputed reference log-probs are the starting policy's own, scored alike: no second pass."""
         found = zero_shot_from_reference(self.built.eval_pairs)
-        return found or zero_shot_record(self._held_out_means(zero_shot_stats)[0], len(self.built.eval_pairs))
+        return found or zero_shot_record(self._score_held_out_pairs(zero_shot_stats)[0], len(self.built.eval_pairs))
 
     @torch.no_grad()
-    def _held_out_means(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]) -> tuple[dict[str, float], torch.Tensor]:
+    def _score_held_out_pairs(self, per_pair: Callable[[dict], dict[str, torch.Tensor]]
+                              ) -> tuple[dict[str, float], torch.Tensor]:
         """The means over all held-out pairs of `per_pair`'s statistics (of _pair_losses' ones), and this
         rank's scores of each pair it ran (a float64 row of eval_pairs.py's GATHERED columns each, padding
         included). The passes are the ones the reference's eval log-probs were precomputed in (setup.py)."""
