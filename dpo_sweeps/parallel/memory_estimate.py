@@ -24,6 +24,8 @@ model exists (Python, libraries, the model's code, data) is added, plus what a t
 once it trains beyond the tensors counted here (thread pools, oneDNN primitive caches, gloo buffers:
 CPU_RUNTIME, measured on the bench and quickstart runs), plus the freed memory the rank's malloc keeps
 (`heap_kept`: tcmalloc's or glibc's heap, by resources.cpu_allocator and parallel/allocator.py).
+Evaluation runs no backward, so its passes are sized to fit in what a training micro-batch holds
+(`eval_batching`); a set train.eval_micro_batch_size that needs more adds the difference (`eval_excess`).
 """
 
 from __future__ import annotations
