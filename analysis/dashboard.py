@@ -18,7 +18,7 @@ from dpo_sweeps.analysis.loss_metrics import loss_metric_rows
 from dpo_sweeps.analysis.optuna_study import Study
 from dpo_sweeps.analysis.ranking import CRITERIA, Ranking
 from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_html
-from dpo_sweeps.analysis.runs import SUMMARY_METRICS, Run
+from dpo_sweeps.analysis.runs import PREFERENCE_ACCURACY, SUMMARY_METRICS, Run
 from dpo_sweeps.analysis.tables import (
     PROBES_NO_ACCURACY,
     comparison_text,
@@ -183,6 +183,8 @@ def _cards(ranking: Ranking) -> str:
         if ranked:
             best, comparison = ranked[0], ranking.comparisons.get(metric)
             tie = f" · tied with {comparison.tied - 1} other(s)" if comparison and comparison.tied > 1 else ""
+            if metric == PREFERENCE_ACCURACY and len(ranking.tied_with_best()) > 1 and ranking.quality.tests:
+                tie = f" · tied with {len(ranking.tied_with_best()) - 1} other(s) (paired tests)"
             body = (f'<div class="config">{_escape(best.label)}</div><div class="value">'
                     f'{_escape(format_stat(best.stats[metric]))}</div>'
                     f'<div class="muted">n={best.stats[metric].n}{tie}</div>')

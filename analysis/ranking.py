@@ -308,6 +308,8 @@ def rank_sweep(runs: list[Run]) -> Ranking:
     for config in front:
         config.pareto = True
     comparisons = {m: c for m in CRITERIA if (c := compare_top_two(by[m], m))}
+    if quality and quality[0].tests:  # the paired tests say who is tied on accuracy, not the seeds' spread
+        comparisons.pop(PREFERENCE_ACCURACY, None)
     unranked = [c for c in configs if SPEED_PER_MEMORY not in c.stats]
     return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, count_probes(runs),
                    quality[0] if quality else None, quality[1] if quality else [])

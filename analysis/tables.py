@@ -103,6 +103,8 @@ def best_text(ranking: Ranking, metric: str) -> str:
     stat = ranked[0].stats[metric]
     comparison = ranking.comparisons.get(metric)
     tie = f", tied with {comparison.tied - 1} other(s)" if comparison and comparison.tied > 1 else ""
+    if metric == PREFERENCE_ACCURACY and ranking.quality and ranking.quality.tests:
+        tie = f", tied with {len(ranking.tied_with_best()) - 1} other(s)" if len(ranking.tied_with_best()) > 1 else ""
     return f"'{ranked[0].label}' {format_stat(stat)} (n={stat.n}{tie})"
 
 
