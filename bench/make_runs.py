@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dpo_sweeps.redaction import scrub_secrets  # noqa: E402
 from dpo_sweeps.rundir.hashing import config_hash
-from dpo_sweeps.rundir.secrets import scrub_secrets  # noqa: E402
 
 BETAS = [0.05, 0.1, 0.2, 0.3, 0.5]
 LRS = [1e-3, 3e-3, 1e-2]

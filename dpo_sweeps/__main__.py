@@ -12,6 +12,7 @@ from hydra.errors import CompactHydraException
 from dpo_sweeps.checks.schema_errors import group_refusal, one_line_message, removed_group_refusal, schema_refusal
 from dpo_sweeps.config import config_dir
 from dpo_sweeps.errors import RunFailure, say
+from dpo_sweeps.redaction import redact_output
 from dpo_sweeps.rundir.paths import failed_path, is_path_error, unwritable_path
 from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c
 from dpo_sweeps.task import run
@@ -30,6 +31,7 @@ def main() -> None:
     A user who sets HYDRA_FULL_ERROR=1 gets Hydra's full report as before.
     """
     python_handles_ctrl_c()  # the imports are done: a Ctrl-C is caught below as KeyboardInterrupt
+    redact_output()  # Hydra's own lines list the overrides, which may hold a password
     removed = removed_group_refusal(sys.argv[1:])
     if removed is not None:  # before Hydra makes a run or sweep directory
         say(f"error: {removed}")

@@ -28,11 +28,11 @@ from dpo_sweeps.config.schema import Config
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
 from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use, run_allocator
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
+from dpo_sweeps.redaction import scrub_secrets, secret_values
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
-from dpo_sweeps.rundir.hydra_record import render_hydra_record, write_hydra_record
+from dpo_sweeps.rundir.hydra_record import redact_files, render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
 from dpo_sweeps.rundir.paths import is_path_error, remove_empty_run_dir, unwritable_path
-from dpo_sweeps.rundir.secrets import redact_files, scrub_secrets, secret_values
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 from dpo_sweeps.runtime.context import RunContext, attempt_id
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks

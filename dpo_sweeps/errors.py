@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from dpo_sweeps.redaction import redact_text
+
 # How rank 0's failure message starts when it only saw a peer go away (the cause is another rank's).
 PEER_STOPPED = "a peer rank stopped"
 
@@ -119,11 +121,12 @@ def interrupted_before_training(signal_words: str = "SIGINT (Ctrl-C)") -> Failur
 
 
 def say(line: str) -> None:
-    """One line on stderr; a terminal that closed (SIGHUP) is no reason for a traceback."""
+    """One line on stderr, secrets redacted (an error may quote the value at fault); a terminal that closed
+    (SIGHUP) is no reason for a traceback."""
     import sys
 
     try:
-        print(line, file=sys.stderr, flush=True)
+        print(redact_text(line), file=sys.stderr, flush=True)
     except OSError:
         pass
 

@@ -35,7 +35,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from dpo_sweeps.rundir.secrets import scrub_secrets
+from dpo_sweeps.redaction import scrub_secrets
 
 # The interpolations a sweep's run directory (hydra.sweep.dir, hydra.sweep.subdir) may use for the
 # fast road: the job's number and override dirname (set per point), its name and `now` (the same for

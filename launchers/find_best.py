@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.launchers.jobs import SweepJob, override_key
+from dpo_sweeps.launchers.jobs import SweepJob, override_key, write_multirun_yaml
 from dpo_sweeps.launchers.outcome import Outcome, sweep_cost, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
     compose_and_check,
     refusal_message,
 )
-from dpo_sweeps.rundir.atomic import write_json_atomic, write_text_atomic
+from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.cost import device_time_text
 from dpo_sweeps.rundir.paths import FIND_BEST
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary
@@ -135,9 +135,7 @@ class FindBest:
                   f"{self._variants_text(probes)} into {self.sweep_dir}/train (none was started)")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        from omegaconf import OmegaConf
-
-        write_text_atomic(self.sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.sweeper.config))
+        write_multirun_yaml(self.sweep_dir, self.sweeper.config)
 
         probe_outcomes = self._run_stage(probes)
         best_plans = self._best_plans(probe_outcomes)

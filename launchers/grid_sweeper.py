@@ -28,10 +28,9 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
-from omegaconf import OmegaConf
 
 from dpo_sweeps.launchers.cost_screen import predict_jobs, total_line
-from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered, writes_in_sweep_dir
+from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered, write_multirun_yaml, writes_in_sweep_dir
 from dpo_sweeps.launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
@@ -42,7 +41,6 @@ from dpo_sweeps.launchers.preflight import (
     refusal_message,
 )
 from dpo_sweeps.launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
-from dpo_sweeps.rundir.atomic import write_text_atomic
 
 log = logging.getLogger("launchers")
 
@@ -104,7 +102,7 @@ class GridSweeper(BasicSweeper):
             print(total_line(predictions), flush=True)
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
+        write_multirun_yaml(sweep_dir, self.config)
         if plan.skipped:
             log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
         try:

@@ -17,6 +17,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
 from dpo_sweeps.launchers.placement import Placement
+from dpo_sweeps.redaction import redact_output
 from dpo_sweeps.runtime.context import ATTEMPT_ENV
 
 
@@ -26,6 +27,7 @@ def run_in_task(hydra_context: HydraContext, task_function: TaskFunction, runs: 
     gave it); one JobReturn per run it got to."""
     import submitit
 
+    redact_output()  # the task's output is submitit's log file in the sweep directory
     Singleton.set_state(singleton_state)
     setup_globals()
     env = submitit.JobEnvironment()

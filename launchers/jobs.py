@@ -28,6 +28,8 @@ from omegaconf import DictConfig, open_dict, read_write
 from dpo_sweeps.checks.schema_errors import group_refusal, schema_refusal
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.launchers.compose import PointRecipe, SweepComposer, run_dir_of
+from dpo_sweeps.redaction import environment_secrets, redact_text
+from dpo_sweeps.rundir.atomic import write_text_atomic
 from dpo_sweeps.rundir.hashing import config_hash
 from dpo_sweeps.rundir.paths import writing
 
@@ -140,6 +142,13 @@ def writes_in_sweep_dir(sweep: Callable[..., Any]) -> Callable[..., Any]:
             return sweep(self, arguments)
 
     return wrapped
+
+
+def write_multirun_yaml(sweep_dir: Path, config: DictConfig) -> None:
+    """The sweep's multirun.yaml (its config as Hydra's sweepers write it), every secret redacted."""
+    from omegaconf import OmegaConf
+
+    write_text_atomic(Path(sweep_dir) / "multirun.yaml", redact_text(OmegaConf.to_yaml(config), environment_secrets()))
 
 
 def override_key(override: str) -> str:

@@ -10,13 +10,18 @@ batch size against the pairs loaded (train/setup.py), columns and splits of the 
 (data/sources.py), the model's LM head and attention (`check_chunked_logps_support(model)`,
 dpo/response_logps.py), the tokenizer a pretrained model brings (models/build.py), and
 `check_fsdp_config` again with the device the node has.
+A credential inside a setting (dpo_sweeps/redaction.py's rule 2) is refused first: every file of the run
+would carry it, and no setting needs one (the services' clients read theirs from the environment).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from dpo_sweeps.config.data_schema import DataConfig, chat_template_setting
 from dpo_sweeps.config.schema import Config, ModelConfig
@@ -27,6 +32,7 @@ from dpo_sweeps.errors import DataError, InvalidConfig
 from dpo_sweeps.models.gguf import resolve_gguf_file
 from dpo_sweeps.parallel.allocator import missing_allocator
 from dpo_sweeps.parallel.plan import check_fsdp_config, resolve_plan
+from dpo_sweeps.redaction import secrets_in_text
 from dpo_sweeps.tracking.mlflow_uri import MLFLOW_URI_ACCEPTED, mlflow_uri_problem
 
 # Settings no check reads (any value is valid): a sweep's points that differ only in them are checked once.
@@ -47,6 +53,7 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     """Raise InvalidConfig / DataError for the first setting that cannot work, or that leaves nothing to
     learn: each section's own checks, then those between sections. (A run's command line, and a grid
     sweep's, is also checked for settings no config would read: unused.py.)"""
+    _check_no_credentials(cfg)
     cfg.check()
     _check_cluster_size(cfg)  # before the batch split: more ranks than the cluster has is the first fault
     _check_batch_split(cfg)
@@ -64,6 +71,35 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     if problem := missing_allocator(cfg.resources.cpu_allocator):
         refuse("resources.cpu_allocator", f"{cfg.resources.cpu_allocator}: {problem}",
                "auto (the default: tcmalloc where it is installed) or glibc")
+
+
+def _check_no_credentials(cfg: Config) -> None:
+    """No setting's value holds a password, token or key (the refusal names the setting, never the value)."""
+    for setting, value in _string_settings(cfg, ""):
+        if secrets_in_text(value):
+            mlflow = setting.startswith("tracking.mlflow.")
+            refuse(setting, (mlflow_uri_problem(value) if mlflow else None) or "holds a credential (a URI's "
+                   "password, a token or key parameter, an Authorization value), which the run's files and "
+                   "trackers would carry", MLFLOW_URI_ACCEPTED if mlflow else
+                   "the value without it; credentials are read from the environment variables of the service "
+                   "that needs them (WANDB_API_KEY, HF_TOKEN, MLFLOW_TRACKING_PASSWORD, ...)")
+
+
+def _string_settings(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(dotted setting, value) for every string in a typed config, lists and mappings included."""
+    if dataclasses.is_dataclass(node):
+        items = ((f.name, getattr(node, f.name)) for f in dataclasses.fields(node))
+    elif isinstance(node, Mapping):
+        items = node.items()
+    elif isinstance(node, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(node))
+    else:
+        if isinstance(node, str):
+            yield prefix, node
+        return
+    for name, value in items:
+        yield from _string_settings(value, f"{prefix}{name}" if str(name).startswith("[") or not prefix
+                                    else f"{prefix}.{name}")
 
 
 def _check_batch_split(cfg: Config) -> None:

@@ -16,24 +16,35 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from dpo_sweeps.redaction import redact_text
 from dpo_sweeps.rundir.atomic import temporary_beside
 from dpo_sweeps.rundir.paths import writing
-from dpo_sweeps.rundir.secrets import REDACTED
 
 RECORD_DIR = ".hydra"
 
 
 def render_hydra_record(cfg: DictConfig, secrets: set[str]) -> dict[str, str]:
-    """The three files as Hydra writes them, each secret replaced by REDACTED."""
+    """The three files as Hydra writes them, every secret (dpo_sweeps/redaction.py) redacted."""
     hydra_cfg = HydraConfig.instance().cfg
     files = {
         "config.yaml": OmegaConf.to_yaml(cfg),
         "hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
         "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task),
     }
-    for secret in secrets:
-        files = {name: text.replace(secret, REDACTED) for name, text in files.items()}
-    return files
+    return {name: redact_text(text, secrets) for name, text in files.items()}
+
+
+def redact_files(paths: list[Path], secrets: set[str]) -> None:
+    """Redact every secret in these text files in place (a copy of .hydra/*.yaml Hydra wrote itself)."""
+    for path in paths:
+        if not path.exists():
+            continue
+        text = path.read_text()
+        redacted = redact_text(text, secrets)
+        if redacted != text:
+            tmp = temporary_beside(path)
+            tmp.write_text(redacted)
+            os.replace(tmp, path)
 
 
 def write_hydra_record(run_dir: Path, files: dict[str, str]) -> None:

@@ -14,12 +14,17 @@ import logging
 import os
 
 from dpo_sweeps.errors import say
+from dpo_sweeps.redaction import environment_secrets, redact_text
 
 
 class RunLogFile(logging.FileHandler):
-    """logging.FileHandler that stops, with one warning, at the first write its file system refuses."""
+    """logging.FileHandler that stops, with one warning, at the first write its file system refuses, and
+    writes no secret (dpo_sweeps/redaction.py)."""
 
     stopped = False
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record), environment_secrets())
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.stopped:

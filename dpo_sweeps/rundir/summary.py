@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.errors import Failure
+from dpo_sweeps.redaction import scrub_overrides, scrub_secrets
 from dpo_sweeps.rundir.atomic import finite_or_none, write_json_atomic
 from dpo_sweeps.rundir.hashing import config_hash
-from dpo_sweeps.rundir.secrets import scrub_overrides, scrub_secrets
 
 SCHEMA = 1
 
@@ -170,7 +170,7 @@ def write_summary(run_dir: Path, summary: Summary) -> Summary:
     metrics.update(summary.metrics)
     summary = dataclasses.replace(summary, config=config, overrides=scrub_overrides(list(summary.overrides)),
                                   config_hash=summary.config_hash or config_hash(config), metrics=metrics)
-    record = finite_or_none(summary.to_json())
+    record = scrub_secrets(finite_or_none(summary.to_json()))  # a failure's message may quote a value
     reserve = Path(run_dir) / SUMMARY_RESERVE
     try:
         write_json_atomic(Path(run_dir) / SUMMARY, record)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.redaction import redact_text, scrub_secrets
 from dpo_sweeps.rundir.paths import TRIAL_FILE  # the Optuna sweeper writes it into every trial's run
-from dpo_sweeps.rundir.secrets import scrub_secrets
 
 # Hydra's default sweep directory, multirun/DATE/TIME: the time alone does not name the sweep.
 _DATE, _TIME = re.compile(r"\d{4}-\d{2}-\d{2}"), re.compile(r"\d{2}-\d{2}-\d{2}")
@@ -91,7 +91,7 @@ class RunInfo:
             tags["trial"] = str(self.trial_number)
         if self.plan_label:
             tags["plan"] = self.plan_label
-        return tags
+        return {key: redact_text(value) for key, value in tags.items()}
 
     @classmethod
     def of(cls, cfg: Config, *, run_dir: Path, name: str, group: str, sweep_dir: Path | None, config: dict,

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from dpo_sweeps.errors import DiskFull, InvalidConfig, is_disk_full
 from dpo_sweeps.models.adapters import REFERENCE_ADAPTER
+from dpo_sweeps.redaction import scrub_secrets
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.checkpoints import (
     BROKEN_SUFFIX,
@@ -141,8 +142,8 @@ class Checkpointer:
         self.resume = checkpoint_cfg.resume
         self.keep_when_completed = checkpoint_cfg.keep_when_completed
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.config = config
-        self.config_hash = config_hash(config)
+        self.config = scrub_secrets(config)  # the marker records it; hashed as summary.json hashes it
+        self.config_hash = config_hash(self.config)
         self.last_saved_step: int | None = None
         self.broken: list[str] = []  # checkpoints found broken at resume, "step_N: why"
 

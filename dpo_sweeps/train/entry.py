@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dpo_sweeps.redaction import redact_output
 from dpo_sweeps.runtime.startup import bound_onednn_primitive_cache, importing_the_training_stack
 
 
@@ -26,6 +27,7 @@ def start_rank(payload: bytes) -> None:
     the rank imports the training stack first (`training_rank`), and then unpickles them."""
     import pickle
 
+    redact_output()
     run_rank = training_rank()
     from dpo_sweeps.runtime.local_ranks import rank_process
 

@@ -8,6 +8,12 @@ Two kinds of storage, both shared by every process that names them:
 
 An RDB written by an older Optuna (2.10's schema, say) is refused in one line: Optuna's own upgrade
 rewrites it for good, so it is the user's call, not ours.
+
+A URL with a password (`postgresql://alice:PASSWORD@db/optuna`) works, and no file holds the password:
+the sweeper writes the URL redacted wherever it writes it (multirun.yaml, the jobs' files, trial.json)
+and puts the whole URL in its own environment (STORAGE_ENV), which every job it launches inherits (a
+local process, or an sbatch job: sbatch passes the submitting environment on); `open_storage` of the
+redacted URL takes the password from there.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dpo_sweeps.redaction import REDACTED, redact_text
+
 JOURNAL = "journal:"
 # The trial user attribute the Optuna sweeper records for the fit check: estimated peak memory minus the
 # device's memory, in GiB (> 0: predicted not to fit, so the trial was skipped and is infeasible).
 MEMORY_CONSTRAINT = "constraint/peak_memory_over_limit_gib"
 SQLITE = "sqlite:///"
+STORAGE_ENV = "DPO_SWEEPS_STUDY_STORAGE"
 
 
 class StorageRefused(Exception):
@@ -43,11 +52,32 @@ def storage_file(storage: str) -> str | None:
     return None
 
 
+def share_storage(storage: str) -> str:
+    """The storage as files may hold it (its secrets redacted); when that is not the storage itself, the
+    whole URL is put in this process's environment for the jobs it launches."""
+    shared = redact_text(storage)
+    if shared != storage:
+        os.environ[STORAGE_ENV] = storage
+    return shared
+
+
+def with_password(storage: str, setting: str) -> str:
+    """A storage redacted by `share_storage`, whole again from the environment."""
+    if REDACTED not in storage:
+        return storage
+    whole = os.environ.get(STORAGE_ENV)
+    if whole and redact_text(whole) == storage:
+        return whole
+    raise StorageRefused(f"{setting}: {storage} has its credential redacted and {STORAGE_ENV} does not hold it "
+                         f"(accepted: {STORAGE_ENV}=<the URL with its password> in the environment, as the sweep "
+                         "sets it for its own jobs)")
+
+
 def open_storage(storage: str, setting: str = "hydra.sweeper.storage") -> Any:
     """The Optuna storage object for `storage` (see the module docstring); raises StorageRefused."""
     import optuna
 
-    spec = storage_spec(storage)
+    spec = storage_spec(with_password(storage, setting))
     if spec.startswith(JOURNAL):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 

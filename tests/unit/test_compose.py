@@ -18,8 +18,8 @@ from omegaconf import OmegaConf, open_dict, read_write
 from support import REPO
 
 from dpo_sweeps.launchers.jobs import JobCompositionError, compose_job
+from dpo_sweeps.redaction import scrub_secrets
 from dpo_sweeps.rundir.hashing import config_hash
-from dpo_sweeps.rundir.secrets import scrub_secrets
 from dpo_sweeps.runtime.launch_time import register_resolver
 
 # A grid mixing every kind of override a point can carry: config group choices, plain values,
