@@ -347,7 +347,7 @@ def quality_lines(ranking: Ranking) -> list[str]:
                  "no held-out pair count, so nothing can be tested; ties are equal means"]
         return (means if len(ranked) > 1 else []) + unranked
     lines = [f"Tied with the best accuracy ({len(tied)} of {len(ranked)}; Holm over {quality.tests} comparison(s), "
-             f"alpha 0.05): {described}"]
+             f"alpha 0.05; differences with their 95% interval, each on its own, not adjusted): {described}"]
     for method in methods:
         lines.append(f"  compared {METHOD_TEXT[method]}")
     if quality.unpaired and any(c.versus_best.method == PAIRED for c in ranked):

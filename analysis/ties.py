@@ -187,8 +187,10 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
             test = tests[key]
             sign = 1.0 if key[0] == index else -1.0  # tests hold first - second; we want config - best
             result.method, result.p_vs_best, result.p_vs_best_adjusted = test.method, test.p, adjusted[key]
-            result.diff_vs_best, result.diff_vs_best_se, result.compared_on_pairs = sign * test.diff, test.se, test.pairs
-            low, high = sorted((sign * test.low, sign * test.high))
+            # + 0.0: a config as good as the best differs by 0.0, not -0.0
+            result.diff_vs_best, result.diff_vs_best_se = sign * test.diff + 0.0, test.se
+            result.compared_on_pairs = test.pairs
+            low, high = sorted((sign * test.low + 0.0, sign * test.high + 0.0))
             result.diff_vs_best_ci95_low, result.diff_vs_best_ci95_high = low, high
             if test.method == PAIRED:
                 _paired_details(result, config, configs[best], resamples, seed)
