@@ -97,8 +97,13 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
                       fontsize=7.5, color="#222" if config.pareto else "#555", zorder=4,
                       ha="right" if right_half else "left", va="bottom" if index % 2 == 0 else "top")
     front = sorted(ranking.pareto, key=lambda c: c.mean(x_metric))
-    axes.plot([c.mean(x_metric) for c in front], [c.mean(y_metric) for c in front], "--", color=PARETO_COLOR,
-              alpha=0.6, zorder=2, label=f"Pareto front ({len(front)} configs)")
+    if ranking.quality and ranking.quality.tests:
+        # With ties the front is every config nothing significantly better and faster beats: not a staircase
+        # to join up, so its points are marked in red only.
+        axes.plot([], [], "o", color=PARETO_COLOR, label=f"Pareto front with ties ({len(front)} configs)")
+    else:
+        axes.plot([c.mean(x_metric) for c in front], [c.mean(y_metric) for c in front], "--", color=PARETO_COLOR,
+                  alpha=0.6, zorder=2, label=f"Pareto front ({len(front)} configs)")
     failed = [c for c in ranking.configs if not c.completed]
     if failed:
         text = "not plotted (every run failed):\n" + "\n".join(
