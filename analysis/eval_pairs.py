@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-# Beside metrics.jsonl in a run directory; the trainer's writer uses the same name.
-EVAL_PAIRS = "eval_pairs.parquet"
-LOGP_COLUMNS = ("policy_chosen_logps", "policy_rejected_logps", "reference_chosen_logps", "reference_rejected_logps")
+# The file's name and columns are its writer's (rundir/eval_pairs.py), read here as written there.
+from dpo_sweeps.rundir.eval_pairs import EVAL_PAIRS
+from dpo_sweeps.rundir.eval_pairs import VALUE_COLUMNS as LOGP_COLUMNS
+
 COLUMNS = ("step", "pair_id", *LOGP_COLUMNS, "correct")
 
 LOG_RATIO_MARGIN = "log-ratio margin"
@@ -55,7 +56,7 @@ def read_final_eval(run_dir: Path) -> FinalEval | None:
     path = Path(run_dir) / EVAL_PAIRS
     if not path.is_file():
         return None
-    import pyarrow.parquet as pq  # pyarrow is a dependency already; imported only where a file exists
+    import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path, columns=list(COLUMNS))
