@@ -10,6 +10,7 @@ import sys
 import numpy as np
 from support import REPO
 from support.eval_records import write_config_run
+from support.sweeps import run_sweep
 
 
 def test_the_script_ranks_with_ties_on_the_pairs_every_run_scored(tmp_path):
@@ -34,3 +35,23 @@ def test_the_script_ranks_with_ties_on_the_pairs_every_run_scored(tmp_path):
             assert float(row["diff_vs_best_ci95_low"]) <= float(row["diff_vs_best"]) <= float(row["diff_vs_best_ci95_high"])
     assert "Tied with the best accuracy" in done.stdout and "What the held-out set can resolve" in done.stdout
     assert "Recommended: '" in done.stdout
+
+
+def test_a_real_sweep_is_ranked_pair_by_pair_on_the_held_out_pairs_its_runs_wrote(tmp_path):
+    """Two real one-rank runs (beta 0.1 and 0.5) write eval_pairs.parquet; the report pairs them on every
+    held-out pair and says which is tied."""
+    sweep_dir = tmp_path / "sweep"
+    result = run_sweep(sweep_dir, "loss.beta=0.1,0.5", "train.max_steps=4", "train.eval_every=4",
+                       "resources.nproc_per_node=1", timeout=600)
+    assert result.returncode == 0, result.output[-3000:]
+    held_out = {result.summary(n)["data"]["eval_pairs"] for n in range(2)}
+    assert len(held_out) == 1
+    assert all((sweep_dir / str(n) / "eval_pairs.parquet").is_file() for n in range(2))
+    done = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader((sweep_dir / "report" / "ranking.csv").open()))
+    other = next(r for r in rows if r["diff_vs_best"] and float(r["diff_vs_best"]) <= 0 and r["compared_by"])
+    assert other["compared_by"] == "paired" and int(other["compared_on_pairs"]) == held_out.pop()
+    assert other["margin"] == "log-ratio margin" and other["p_vs_best_adjusted"]
+    assert "Tied with the best accuracy" in done.stdout
