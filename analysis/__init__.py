@@ -5,8 +5,9 @@
 
 Installed as `dpo_sweeps.analysis` (this folder, linked into the package as dpo_sweeps/analysis).
 
-`runs` reads run directories, `eval_pairs` their per-pair eval records, `plan` what a sweep set out
-to run, `optuna_study` an Optuna sweep's study; `ranking` aggregates seeds and ranks configs, `ties`
-compares their accuracy pair by pair (the statistics in `paired`) into ranks with ties; `tables`,
-`figures` and `dashboard` write the outputs; `report` is the command line that ties them together.
+`runs` reads run directories, `plan` what a sweep set out to run, `optuna_study` an Optuna sweep's
+study; `ranking` aggregates seeds and ranks configs, comparing their accuracy pair by pair into ranks
+with ties through dpo_sweeps/ranking (per-pair eval records, the paired statistics, the ties: shared
+with find_best's recommendation); `tables`, `figures` and `dashboard` write the outputs; `report` is
+the command line that ties them together.
 """

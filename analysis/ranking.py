@@ -5,7 +5,7 @@ the mean, the sample standard deviation and the count over its completed runs; f
 runs stay with their config as results of their own (an OOM says the config does not fit).
 Both criteria, speed per memory and final preference accuracy, are better when higher.
 
-Accuracy is compared with ties (analysis/ties.py): on the held-out pairs configs share where runs
+Accuracy is compared with ties (dpo_sweeps/ranking/ties.py): on the held-out pairs configs share where runs
 wrote per-pair records, and the Pareto front drops a config only where another is significantly
 better on accuracy and no slower per GiB.
 """
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from dpo_sweeps.analysis.eval_pairs import EvalPairsUnreadable, config_records, read_final_eval
 from dpo_sweeps.analysis.runs import (
     FINISHED_STATUSES,
     PREFERENCE_ACCURACY,
@@ -29,7 +28,8 @@ from dpo_sweeps.analysis.runs import (
     Run,
     count_probes,
 )
-from dpo_sweeps.analysis.ties import ConfigEval, QualityRanking, VersusBest, compare_with_best
+from dpo_sweeps.ranking.ties import ConfigEval, QualityRanking, SeedRun, VersusBest, compare_with_best
+from dpo_sweeps.ranking.ties import config_eval as seeds_eval
 
 CRITERIA = (SPEED_PER_MEMORY, PREFERENCE_ACCURACY)
 
@@ -245,25 +245,12 @@ def config_eval(config: ConfigResult) -> ConfigEval | None:
     trained = [r for r in config.completed if not r.is_probe]
     if not trained:
         return None
-    accuracy = config.mean(PREFERENCE_ACCURACY)
-    if not math.isfinite(accuracy):
-        reason = f"every eval of its {len(trained)} completed run(s) is NaN"
-        return ConfigEval(config.label, math.nan, nan_reason=reason)
-    scored = [r for r in trained if math.isfinite(r.metric(PREFERENCE_ACCURACY))]
-    evals = []
-    for run in scored:
-        try:
-            final = read_final_eval(run.path)
-        except EvalPairsUnreadable as problem:
-            run.problems.append(str(problem) + "; compared without it")
-            final = None
-        if final is None or not len(final):
-            evals = []
-            break
-        evals.append(final)
-    counts = [r.eval_pairs for r in scored]
-    eval_pairs = min(counts) if counts and all(counts) else None
-    return ConfigEval(config.label, accuracy, config_records(evals), eval_pairs, len(scored))
+
+    def unreadable(index: int, message: str) -> None:
+        trained[index].problems.append(message + "; compared without it")
+
+    return seeds_eval(config.label, [SeedRun(r.path, r.metric(PREFERENCE_ACCURACY), r.eval_pairs) for r in trained],
+                      unreadable)
 
 
 def compare_accuracy(configs: list[ConfigResult]) -> tuple[QualityRanking, list[ConfigResult]] | None:

@@ -24,7 +24,7 @@ from dpo_sweeps.analysis.runs import (
     Run,
     count_probes,
 )
-from dpo_sweeps.analysis.ties import MEANS, PAIRED, UNPAIRED
+from dpo_sweeps.ranking.ties import MEANS, PAIRED, UNPAIRED
 from dpo_sweeps.rundir.cost import device_time_text
 
 # The metrics the terminal table shows, besides the two criteria.
@@ -108,7 +108,7 @@ def best_text(ranking: Ranking, metric: str) -> str:
     return f"'{ranked[0].label}' {format_stat(stat)} (n={stat.n}{tie})"
 
 
-# Each config against the best on accuracy (analysis/ties.py); ranking.csv's and the API's names.
+# Each config against the best on accuracy (dpo_sweeps/ranking/ties.py); ranking.csv's and the API's names.
 VERSUS_BEST_COLUMNS = ["tied_with_best", "diff_vs_best", "diff_vs_best_ci95_low", "diff_vs_best_ci95_high",
                        "p_vs_best_adjusted", "rank_with_ties"]
 # How it was compared, the config's own accuracy interval and the same comparison on the per-pair margin.

@@ -4,7 +4,7 @@
     python bench/ranking_power.py --sweeps 200       # a quicker look
     python bench/ranking_power.py --pairs 2000 --seeds 2 --sweeps 5000 --seed 1   # one cell, closer
 
-A simulation with known truth, run through the report's own comparison (analysis/ties.py's
+A simulation with known truth, run through the report's own comparison (dpo_sweeps/ranking/ties.py's
 `compare_with_best`, the function rank_sweep calls), not a copy of it. Each simulated sweep has K configs
 scored on the same n held-out pairs with 1-3 seeds each. Outcomes are correlated between configs as real
 ones are: pair i is ranked right by seed s of config c when
@@ -35,8 +35,8 @@ from scipy.stats import norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dpo_sweeps.analysis.eval_pairs import LOG_RATIO_MARGIN, PairRecords  # noqa: E402
-from dpo_sweeps.analysis.ties import ConfigEval, compare_with_best  # noqa: E402
+from dpo_sweeps.ranking.eval_pairs import LOG_RATIO_MARGIN, PairRecords  # noqa: E402
+from dpo_sweeps.ranking.ties import ConfigEval, compare_with_best  # noqa: E402
 
 TRUTHS = {"spread": (0.70, 0.69, 0.67, 0.65), "equal": (0.70, 0.70, 0.70, 0.70)}
 WORSE_BY_5 = 3  # the index of the config 5 points below the best in `spread`

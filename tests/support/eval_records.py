@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpo_sweeps.analysis.eval_pairs import EVAL_PAIRS
+from dpo_sweeps.ranking.eval_pairs import EVAL_PAIRS
 from support.reports import resolved_config, write_run
 
 

@@ -1,4 +1,4 @@
-"""analysis/paired.py: McNemar, Holm, the paired and clustered bootstrap, power; reference values computed
+"""dpo_sweeps/ranking/paired.py: McNemar, Holm, the paired and clustered bootstrap, power; reference values computed
 here independently (scipy's binomial test, Holm's rule by hand, statsmodels)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from scipy.stats import binomtest
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from dpo_sweeps.analysis import paired
+from dpo_sweeps.ranking import paired
 
 
 def _outcomes(both: int, a_only: int, b_only: int, neither: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,11 +14,11 @@ from scipy.stats import binomtest
 from statsmodels.stats.proportion import proportion_confint
 from support.eval_records import write_config_run, write_eval_pairs
 
-from dpo_sweeps.analysis.eval_pairs import read_final_eval
 from dpo_sweeps.analysis.ranking import rank_sweep
 from dpo_sweeps.analysis.report import build_report
 from dpo_sweeps.analysis.runs import load_runs
-from dpo_sweeps.analysis.ties import ConfigEval, compare_with_best
+from dpo_sweeps.ranking.eval_pairs import read_final_eval
+from dpo_sweeps.ranking.ties import ConfigEval, compare_with_best
 
 
 def _by_sharding(ranking) -> dict:
@@ -191,7 +191,7 @@ def test_the_final_eval_is_the_largest_step_and_a_reference_free_loss_scores_the
 def test_with_every_config_alike_nothing_is_called_better():
     rng = np.random.default_rng(3)
     difficulty = rng.normal(size=(1000, 1))
-    from dpo_sweeps.analysis.eval_pairs import PairRecords
+    from dpo_sweeps.ranking.eval_pairs import PairRecords
 
     ids = np.array([f"{i:08x}" for i in range(1000)])
     configs = []

@@ -16,12 +16,21 @@ the observed maximum with the rest on their own would claim too many differences
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from dpo_sweeps.analysis import paired
-from dpo_sweeps.analysis.eval_pairs import PairRecords, shared_rows
+from dpo_sweeps.ranking import paired
+from dpo_sweeps.ranking.eval_pairs import (
+    EvalPairsUnreadable,
+    PairRecords,
+    config_records,
+    read_final_eval,
+    shared_rows,
+)
 
 # Past this many configs only the comparisons with the best are made (k(k-1)/2 tests grow fast);
 # rank_with_ties then counts the best alone.
@@ -41,6 +50,45 @@ class ConfigEval:
     eval_pairs: int | None = None  # held-out pairs per run (summary.json), for the unpaired fallback
     seeds: int = 1
     nan_reason: str | None = None  # why the config has no accuracy though runs completed
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One completed training run of a config (one seed), as its summary.json has it."""
+
+    run_dir: Path
+    accuracy: float  # its final eval/rewards/accuracies; NaN when missing or NaN
+    eval_pairs: int | None  # summary.json's data.eval_pairs; None when not written
+
+
+def config_eval(label: str, runs: list[SeedRun],
+                unreadable: Callable[[int, str], None] | None = None) -> ConfigEval:
+    """What the comparison reads of a config from its seeds' runs: their per-pair records when every seed
+    with an accuracy wrote them (the pairs all of them scored), else their pair counts.
+
+    `unreadable(i, message)` hears of runs[i]'s eval_pairs.parquet that cannot be read; the config is then
+    compared without records, as a run older than the file is.
+    """
+    scored = [(i, run) for i, run in enumerate(runs) if math.isfinite(run.accuracy)]
+    if not scored:
+        return ConfigEval(label, math.nan, nan_reason=f"every eval of its {len(runs)} completed run(s) is NaN")
+    evals = []
+    for i, run in scored:
+        try:
+            final = read_final_eval(run.run_dir)
+        except EvalPairsUnreadable as problem:
+            if unreadable is not None:
+                unreadable(i, str(problem))
+            final = None
+        if final is None or not len(final):
+            # One seed without records: pairing the others would leave its outcome out of the config's.
+            evals = []
+            break
+        evals.append(final)
+    counts = [run.eval_pairs for _, run in scored]
+    eval_pairs = min(counts) if all(counts) else None
+    accuracy = statistics.fmean(run.accuracy for _, run in scored)
+    return ConfigEval(label, accuracy, config_records(evals), eval_pairs, len(scored))
 
 
 @dataclass
