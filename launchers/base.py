@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpo_sweeps.launchers.job_side import run_in_task
 from dpo_sweeps.launchers.jobs import JobCompositionError, SweepJob, compose_job
 from dpo_sweeps.launchers.placement import Placement
+from dpo_sweeps.redaction import scrub_secrets
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
 log = logging.getLogger("launchers")
@@ -73,6 +74,16 @@ class SweepLauncher(BaseSubmititLauncher):
     def describe_job(self, job: SweepJob) -> str:
         """What one job asks for, in a few words (for dry runs)."""
         return f"{job.world_size} rank{'s' if job.world_size > 1 else ''}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What submitit pickles into the sweep directory for every job: this launcher, less the secrets of
+        its settings (a setup line's password): the job side runs the Hydra job, not the batch script."""
+        state = dict(self.__dict__)
+        for name in ("params", "sbatch_params"):
+            if name in state:
+                state[name] = {k: scrub_secrets(OmegaConf.to_container(v) if OmegaConf.is_config(v) else v)
+                               for k, v in state[name].items()}
+        return state
 
     # ------------------------------------------------------------------ the job side
     def __call__(  # type: ignore[override]

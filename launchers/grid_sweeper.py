@@ -28,9 +28,18 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
 
 from dpo_sweeps.launchers.cost_screen import predict_jobs, total_line
-from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, launch_numbered, write_multirun_yaml, writes_in_sweep_dir
+from dpo_sweeps.launchers.jobs import (
+    PointLabels,
+    SweepJob,
+    launch_numbered,
+    redact_sweep_config,
+    write_multirun_yaml,
+    writes_in_sweep_dir,
+)
 from dpo_sweeps.launchers.outcome import Outcome, outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
@@ -67,6 +76,10 @@ class GridSweeper(BasicSweeper):
         self.skip_predicted_oom = skip_predicted_oom
         self.stages = stages
         self.fit_checks: dict[int, Any] = {}  # the last plan's fit checks by job number (the cost screen's memory)
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        redact_sweep_config(config)  # the launcher has its settings: the jobs' files get no secret
 
     def grid(self, arguments: list[str]) -> list[list[str]]:
         """Every point of the sweep, in Hydra's order: one override list per job."""

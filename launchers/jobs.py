@@ -23,7 +23,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra.types import HydraContext
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, ListConfig, open_dict, read_write
 
 from dpo_sweeps.checks.schema_errors import group_refusal, schema_refusal
 from dpo_sweeps.config.schema import Config
@@ -149,6 +149,39 @@ def write_multirun_yaml(sweep_dir: Path, config: DictConfig) -> None:
     from omegaconf import OmegaConf
 
     write_text_atomic(Path(sweep_dir) / "multirun.yaml", redact_text(OmegaConf.to_yaml(config), environment_secrets()))
+
+
+def redact_sweep_config(config: DictConfig) -> None:
+    """The sweep's `hydra` node with its secrets redacted, in place, once the sweeper and the launcher have
+    taken their settings from it: the jobs are composed from it, and submitit pickles their configs into
+    the sweep directory. What needs a secret gets it through the environment (an Optuna storage's
+    password, study_storage.py; a SLURM setup line's, slurm/launcher.py)."""
+
+    def redact(node: Any) -> None:
+        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node)
+        for key, value in list(items):
+            if node is config.hydra and key == "overrides":  # the task's are the jobs' own settings
+                continue
+            if isinstance(value, (DictConfig, ListConfig)):
+                redact(value)
+            elif isinstance(value, str) and redact_text(value) != value:
+                node[key] = redact_text(value)
+
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.overrides.hydra = [redacted_override(o) for o in config.hydra.overrides.hydra]
+        redact(config.hydra)
+
+
+def redacted_override(override: str) -> str:
+    """An override with its secrets redacted, quoted so that the jobs, composed from it again, can parse
+    it (Hydra's grammar takes no `<` unquoted)."""
+    key, _, value = override.partition("=")
+    if redact_text(value) == value:
+        return override
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    quoted = redact_text(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"{key}='{quoted}'"
 
 
 def override_key(override: str) -> str:

@@ -39,11 +39,17 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.errors import Failure, FailureKind, RunFailure
 from dpo_sweeps.launchers.base import JobNotRun, failed_return, log, task_overrides
-from dpo_sweeps.launchers.jobs import SweepJob, launch_numbered, write_multirun_yaml, writes_in_sweep_dir
+from dpo_sweeps.launchers.jobs import (
+    SweepJob,
+    launch_numbered,
+    redact_sweep_config,
+    write_multirun_yaml,
+    writes_in_sweep_dir,
+)
 from dpo_sweeps.launchers.outcome import outcome_of, raise_if_failed, sweep_screen
 from dpo_sweeps.launchers.preflight import (
     InvalidSweep,
@@ -57,6 +63,7 @@ from dpo_sweeps.redaction import redact_text
 from dpo_sweeps.rundir.paths import writing
 from dpo_sweeps.rundir.summary import Status, Summary, write_summary
 from dpo_sweeps.train.pruning import make_pruner
+from dpo_sweeps.train.study_storage import share_storage
 
 DIRECTIONS = ("maximize", "minimize")
 
@@ -201,11 +208,13 @@ class OptunaSweeper(Sweeper):
         self.skip_predicted_oom = skip_predicted_oom
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self._share_storage(config)
         self.config = config
         self.hydra_context = hydra_context
         launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context, task_function=task_function,
                                                            config=config)
+        if self.storage:  # a password in it: the jobs get the whole URL through their environment
+            share_storage(str(self.storage))
+        redact_sweep_config(config)
         self.trials = TrialLauncher(launcher, hydra_context, config, self.objectives, self.skip_predicted_oom)
 
     def _check(self) -> Any:
@@ -293,17 +302,6 @@ class OptunaSweeper(Sweeper):
         study.save_results(sweep_dir / "optimization_results.yaml")
         raise_if_failed(outcomes)
 
-    def _share_storage(self, config: DictConfig) -> None:
-        """A storage URL with a password: every file the sweep writes, the jobs' included, gets it redacted
-        (the config they are composed from too); its jobs get the password through their environment."""
-        from dpo_sweeps.train.study_storage import share_storage
-
-        if not self.storage or (shared := share_storage(str(self.storage))) == str(self.storage):
-            return
-        with read_write(config), open_dict(config):
-            config.hydra.sweeper.storage = shared
-            config.hydra.overrides.hydra = [redacted_override(o) for o in config.hydra.overrides.hydra]
-
     def _storage_spec(self) -> str | None:
         """What trial processes open (trial.json): the storage, redacted where it holds a password."""
         from dpo_sweeps.train.study_storage import storage_spec
@@ -335,18 +333,6 @@ class OptunaSweeper(Sweeper):
             return contextlib.nullcontext()
         inside = os.path.abspath(file).startswith(os.path.abspath(sweep_dir) + os.sep)
         return writing(file, moved_by="" if inside else "hydra.sweeper.storage")
-
-
-def redacted_override(override: str) -> str:
-    """An override with its secrets redacted, quoted so that the jobs, composed from it again, can parse
-    it (Hydra's grammar takes no `<` unquoted)."""
-    key, _, value = override.partition("=")
-    if redact_text(value) == value:
-        return override
-    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
-        value = value[1:-1]
-    quoted = redact_text(value).replace("\\", "\\\\").replace("'", "\\'")
-    return f"{key}='{quoted}'"
 
 
 def existing_trials(storage: Any, study_name: str) -> int:

@@ -23,6 +23,8 @@ recorded `node_failure`: running the sweep again resumes it. Ctrl-C cancels the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import subprocess
 import time
 from collections import defaultdict
@@ -45,6 +47,7 @@ from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.progress import progress_line
 from dpo_sweeps.launchers.slurm.gpus import query_partition_gpus
 from dpo_sweeps.parallel.allocator import chosen_allocator, preload_line
+from dpo_sweeps.redaction import secrets_in_text
 from dpo_sweeps.rundir.summary import Status, Summary, read_summary, rewrite_summary, write_summary
 from dpo_sweeps.runtime.context import new_attempt
 
@@ -104,6 +107,34 @@ def record_node_failure(run_dir: Any) -> None:
     if summary is None or summary.status != Status.FAILED:
         return
     rewrite_summary(run_dir, summary, failure=dataclasses.replace(summary.failure, kind=FailureKind.NODE_FAILURE))
+
+
+def secrets_by_environment(line: str) -> str:
+    """A setup line (hydra.launcher.setup) with each secret in it (dpo_sweeps/redaction.py) replaced by the
+    expansion of an environment variable set here to hold it: sbatch passes the submitting process's
+    environment on to the batch script, so the job gets the secret, and the script submitit writes into
+    the sweep directory does not. The expansion is written for where it stands: unquoted, inside double
+    quotes or inside single quotes (where the shell expands nothing, so the quotes are closed around it)."""
+    for secret in sorted(secrets_in_text(line), key=len, reverse=True):
+        name = f"DPO_SWEEPS_SETUP_{hashlib.sha256(secret.encode()).hexdigest()[:8].upper()}_SECRET"
+        os.environ[name] = secret
+        out, quote, i = [], None, 0
+        while i < len(line):
+            if line.startswith(secret, i):
+                out.append({None: f'"${{{name}}}"', '"': f"${{{name}}}", "'": f"'\"${{{name}}}\"'"}[quote])
+                i += len(secret)
+                continue
+            char = line[i]
+            if char == "\\" and quote != "'" and i + 1 < len(line):
+                out.append(line[i:i + 2])
+                i += 2
+                continue
+            if char in "'\"" and quote in (None, char):
+                quote = None if quote == char else char
+            out.append(char)
+            i += 1
+        line = "".join(out)
+    return line
 
 
 class SlurmLauncher(SweepLauncher):
@@ -167,8 +198,9 @@ class SlurmLauncher(SweepLauncher):
         params.update(nodes=nodes, tasks_per_node=tasks, slurm_array_parallelism=self.array_parallelism)
         if gpus:
             params["gpus_per_node"] = gpus
+        params["slurm_setup"] = [secrets_by_environment(line) for line in params.get("slurm_setup", [])]
         if line := preload_line(allocator):  # srun starts the tasks with the batch script's environment
-            params["slurm_setup"] = [*params.get("slurm_setup", []), line]
+            params["slurm_setup"] = [*params["slurm_setup"], line]
         return params
 
     def describe(self) -> str:

@@ -136,3 +136,24 @@ def test_sbatch_script_takes_each_runs_shape_and_the_launcher_settings(tmp_path)
     assert "module load cuda/12.4" in script
     assert re.search(r"^srun .* --kill-on-bad-exit=1 --cpu-bind=cores ", script, flags=re.M)
 
+
+SETUP_PASSWORD = "Hunter2-pw-7f3a9c"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_password_in_a_slurm_setup_line_reaches_the_job_and_no_file(slurm_env, tmp_path):
+    """A setup line that exports a service's URL with its password (a SLURM-side service): the batch script
+    submitit writes holds an environment variable's expansion instead, the job sees the password (its
+    second setup line exits the job unless the URL is whole), and no file of the sweep holds it."""
+    url = f"postgresql://alice:{SETUP_PASSWORD}@127.0.0.1:1/db"
+    sweep_dir = tmp_path / "sweep"
+    setup = f"hydra.launcher.setup=['export DPO_TEST_DB={url}','test \"$DPO_TEST_DB\" = {url} || exit 3']"
+    result = run_sweep(sweep_dir, *ON_SLURM, setup,
+                       "resources.nproc_per_node=1", "train.max_steps=2", env=slurm_env)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.summary(0)["status"] == "completed"
+    (script,) = sweep_dir.glob(".submitit/*/*_submission.sh")
+    assert "DPO_SWEEPS_SETUP_" in script.read_text()
+    assert SETUP_PASSWORD not in result.output
+    assert not [p for p in sweep_dir.rglob("*") if p.is_file() and SETUP_PASSWORD.encode() in p.read_bytes()]
