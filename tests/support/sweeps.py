@@ -56,4 +56,4 @@ def run_dir_form(run_dir: Path) -> set[str]:
 # What every completed run of a sweep leaves, whichever launcher ran it (checkpoints are removed
 # when a run completes; save_model is off in FAST).
 COMPLETED_RUN_FORM = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "*.log",
-                      "metrics.jsonl", "summary.json"}
+                      "metrics.jsonl", "eval_pairs.parquet", "summary.json"}
