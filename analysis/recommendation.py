@@ -2,7 +2,10 @@
 report to open with: the recommended run, its figures, the command that trains it, the stages, and
 where the sweep trained both, full fine-tuning against adapters side by side (the best run of each);
 and the report's own pick over any sweep (`recommend_tied`): the fastest per GiB of the configs tied
-with the best accuracy."""
+with the best accuracy.
+
+find_best.json files written before find_best decided with ties (`accuracy_spread`,
+`within_spread_of_best`: the one-standard-error rule) are read too, and shown under their own rule."""
 
 from __future__ import annotations
 
@@ -37,8 +40,26 @@ def load_recommendations(sweep_dirs: list[Path]) -> list[Recommendation]:
     return found
 
 
+def _accuracy(chosen: dict[str, Any]) -> str:
+    """`0.912 [0.884, 0.937]` (a 95% interval), or `0.912 ± 0.017` from an older file (one standard error)."""
+    accuracy = chosen["eval/rewards/accuracies"]
+    if "accuracy_spread" in chosen:
+        return f"{accuracy:.3f} ± {chosen['accuracy_spread']:.3f}"
+    low, high = chosen.get("accuracy_ci95") or (None, None)
+    return f"{accuracy:.3f} [{low:.3f}, {high:.3f}]" if low is not None and high is not None else f"{accuracy:.3f}"
+
+
+def rule_text(chosen: dict[str, Any]) -> str:
+    """How the pick was made: among the configs tied with the best, or (older files) within one standard error."""
+    if "within_spread_of_best" in chosen:
+        return (f"best accuracy, then the fastest per GiB of the {len(chosen['within_spread_of_best'])} run(s) "
+                "within its spread (one standard error)")
+    return (f"the fastest per GiB of the {len(chosen['tied_with_best'])} config(s) tied with the best accuracy "
+            f"(not significantly worse on the held-out pairs), decided by the {chosen['decided_by']}")
+
+
 def _figures(chosen: dict[str, Any]) -> str:
-    parts = [f"preference accuracy {chosen['eval/rewards/accuracies']:.3f} ± {chosen['accuracy_spread']:.3f}"]
+    parts = [f"preference accuracy {_accuracy(chosen)}"]
     for key, label, fmt in (("perf/speed_per_memory", "tokens/s per GiB", "{:,.0f}"),
                             ("perf/tokens_per_s", "tokens/s", "{:,.0f}"), ("perf/peak_memory_gib", "GiB peak", "{:.2f}")):
         if isinstance(chosen.get(key), (int, float)):
@@ -52,7 +73,15 @@ def stages_text(rec: Recommendation) -> str:
             f"predicted out of memory, {probes.get('completed', 0)} probed; {device_time_text(probes.get('device_seconds'))}); "
             f"stage 3: {train.get('runs', 0)} full runs on the best plans "
             f"({'; '.join(train.get('plans') or []) or 'none'}), {train.get('completed', 0)} completed "
-            f"({device_time_text(train.get('device_seconds'))})")
+            f"({device_time_text(train.get('device_seconds'))})" + _replicates_text(rec))
+
+
+def _replicates_text(rec: Recommendation) -> str:
+    replicates = rec.stages.get("replicates")
+    if not replicates:
+        return ""
+    return (f"; stage 4: {replicates.get('runs', 0)} replicate runs ({replicates.get('seeds')} seeds per tied config), "
+            f"{replicates.get('completed', 0)} completed ({device_time_text(replicates.get('device_seconds'))})")
 
 
 def _stage_zero_text(rec: Recommendation) -> str:
@@ -73,7 +102,7 @@ def _peft_row(best: dict[str, Any]) -> list[str]:
     def number(key: str, fmt: str) -> str:
         return fmt.format(best[key]) if isinstance(best.get(key), (int, float)) else "-"
 
-    return [best["adapters"], f"{best['eval/rewards/accuracies']:.3f} ± {best['accuracy_spread']:.3f}",
+    return [best["adapters"], _accuracy(best),
             number("perf/speed_per_memory", "{:,.0f}"), number("perf/tokens_per_s", "{:,.0f}"),
             number("perf/peak_memory_gib", "{:.2f}"), best["run"]]
 
@@ -93,7 +122,7 @@ def recommendation_lines(rec: Recommendation) -> list[str]:
         return [f"Recommendation ({rec.sweep}): none, no training run completed", stages_text(rec)]
     c = rec.chosen
     return [f"Recommendation ({rec.sweep}): {c['run']}", f"  {_figures(c)}",
-            f"  best accuracy, then the fastest per GiB of the {len(c['within_spread_of_best'])} run(s) within its spread",
+            f"  {rule_text(c)}",
             f"  train it: {c['command']}", f"  {stages_text(rec)}", *peft_lines(rec)]
 
 
@@ -103,7 +132,7 @@ def peft_html(rec: Recommendation, escape) -> str:
     head = "".join(f"<th>{escape(c)}</th>" for c in PEFT_COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in _peft_row(b)) + "</tr>" for b in rec.by_peft)
     return (f"<h3 id='full-vs-lora'>{escape(PEFT_TITLE)}</h3><p class='muted'>The best run of each adapter setting "
-            "(best accuracy, then the fastest per GiB within its spread): what adapters cost in accuracy against "
+            "(chosen as the recommendation is, among that setting's runs): what adapters cost in accuracy against "
             f"what they save in memory.</p><table><tr>{head}</tr>{body}</table>")
 
 
@@ -112,8 +141,8 @@ def recommendation_html(rec: Recommendation, escape) -> str:
         body = f"<p>No training run completed, so there is no recommendation.</p><p class='muted'>{escape(stages_text(rec))}</p>"
     else:
         c = rec.chosen
-        body = (f"<p><b>{escape(c['run'])}</b>: {escape(_figures(c))}. The best accuracy, then the fastest per GiB "
-                f"of the {len(c['within_spread_of_best'])} run(s) within its spread (one standard error).</p>"
+        rule = rule_text(c)
+        body = (f"<p><b>{escape(c['run'])}</b>: {escape(_figures(c))}. {escape(rule[:1].upper() + rule[1:])}.</p>"
                 f"<pre id='recommended-command'>{escape(c['command'])}</pre>"
                 f"<p class='muted'>{escape(stages_text(rec))}</p>" + peft_html(rec, escape))
     return f'<section id="recommendation"><h2>Recommendation</h2>{body}</section>'

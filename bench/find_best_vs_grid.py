@@ -13,10 +13,10 @@ parallel plan fsdp {full_shard, shard_grad_op} x precision {fp32, bf16} and the 
 x loss.beta {0.1, 0.5} (SmolLM2: dpo x loss.beta {0.1, 0.5}; ALGORITHMS). The full grid trains all 16
 (SmolLM2: 8) points. The staged search (hydra.sweeper.stages) probes the 4 plans and
 trains the algorithm settings on the best `--top-k` plans. Both recommendations follow the same rule
-(launchers/find_best.py: the best preference accuracy; among the runs within one binomial standard
-error of it, the best speed per memory). Compute is the summed `device_seconds` of every run
+(launchers/find_best.py: of the configs tied with the best preference accuracy on the held-out pairs,
+the best speed per memory). Compute is the summed `device_seconds` of every run
 (ranks x wall time). The staged search's pick counts as equivalent when it is the grid's pick, or
-when its accuracy is within the grid's best accuracy's spread and its plan's speed per memory is within
+when it is tied with the grid's best accuracy and its plan's speed per memory is within
 the spread (mean - std, over the grid's runs of that plan) of the grid pick's plan.
 """
 
@@ -33,8 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dpo_sweeps.launchers.find_best import Candidate, recommend  # noqa: E402
-from dpo_sweeps.rundir.summary import read_summary  # noqa: E402
+from dpo_sweeps.launchers.find_best import Decision, accuracy_text, candidates_of  # noqa: E402
 
 COMMON = ["resources.nproc_per_node=2", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
           "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
@@ -106,7 +105,8 @@ def main() -> None:
 
     grid = summaries(grid_dir)
     staged = summaries(staged_dir)
-    grid_pick = recommend([Candidate.of(d, read_summary(d)) for d, s in grid if s["status"] == "completed"])
+    grid_candidates = candidates_of([(d, None) for d, _ in grid])
+    grid_pick = Decision.of(grid_candidates).recommendation()
     staged_pick = json.loads((staged_dir / "find_best.json").read_text())["recommendation"]
     cost = {name: sum(s.get("device_seconds") or 0.0 for _, s in runs) for name, runs in (("grid", grid), ("staged", staged))}
 
@@ -120,16 +120,19 @@ def main() -> None:
     speeds = by_plan[pick_plan]
     speed_floor = statistics.mean(speeds) - (statistics.stdev(speeds) if len(speeds) > 1 else 0.0)
     same = grid_pick_summary["config_hash"] == staged_summary["config_hash"]
-    accuracy_ok = staged_pick["eval/rewards/accuracies"] >= grid_pick["eval/rewards/accuracies"] - grid_pick["accuracy_spread"]
+    # The staged pick against the grid's configs, by the same test: tied with the grid's best?
+    staged_candidate = candidates_of([(Path(staged_pick["run"]), None)])
+    together = Decision.of(grid_candidates + staged_candidate)
+    accuracy_ok = staged_candidate[0] in together.tied
     speed_ok = statistics.mean(by_plan[staged_plan]) >= speed_floor
 
     print(f"runs in {root}")
     for name, pick, runs in (("full grid", grid_pick, grid), ("find_best", staged_pick, staged)):
         print(f"{name:10} {len(runs):3} runs, {cost['grid' if name == 'full grid' else 'staged']:8.0f} device-seconds; "
-              f"recommends accuracy {pick['eval/rewards/accuracies']:.3f} ± {pick['accuracy_spread']:.3f}, "
+              f"recommends accuracy {accuracy_text(pick)}, "
               f"{pick['perf/speed_per_memory']:,.0f} tok/s/GiB: {pick['command']}")
     print(f"find_best spent {100 * cost['staged'] / cost['grid']:.1f}% of the full grid's compute; its pick is "
-          + ("the grid's own" if same else f"{'within' if accuracy_ok else 'outside'} the grid's accuracy spread and "
+          + ("the grid's own" if same else f"{'tied with' if accuracy_ok else 'worse than'} the grid's best accuracy and "
              f"{'within' if speed_ok else 'outside'} its speed spread"))
 
 

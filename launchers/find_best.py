@@ -10,10 +10,13 @@ So instead of training every combination of both, the grid sweeper, given `hydra
    `<sweep>/train/`. A plan setting under `peft` (full fine-tune or adapters, their rank) changes what
    is learned as well as speed and memory, so it is not chosen on speed alone: the best plan of every
    such variant probed (`peft=none` and `peft=lora`, say) is trained too, beside the `top_k`;
-4. recommends one run: the best final preference accuracy, and among the runs within its spread
-   (one standard error of an accuracy measured on the held-out pairs) the best speed per memory;
-   prints the command that trains it and writes `<sweep>/find_best.json`, which the report opens with,
-   with the best run of each peft variant side by side (`by_peft`).
+4. recommends one config: of the configs tied with the best final preference accuracy (not significantly
+   worse on the held-out pairs they share, dpo_sweeps/ranking/ties.py: the report's own test), the
+   fastest per GiB; prints the command that trains it and writes `<sweep>/find_best.json`, which the
+   report opens with, with the best of each peft variant side by side (`by_peft`);
+5. with `replicates: K` (K >= 2) and more than one config tied after stage 3: trains K-1 more seeds of
+   each tied config into `<sweep>/replicates/`, and decides again on every seed (seeds clustered within
+   each held-out pair). find_best.json's `decided_by` says which stage decided.
 With a cluster named (`cluster=`), a stage 0 comes first: the plans are ranked by predicted speed per
 memory and only those within `predict_keep` of the best, plus the best of each strategy, are probed
 (launchers/predicted_plans.py); find_best.json and the report list the others and why.
@@ -25,8 +28,9 @@ from __future__ import annotations
 import logging
 import math
 import shlex
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,7 @@ from dpo_sweeps.launchers.preflight import (
     compose_and_check,
     refusal_message,
 )
+from dpo_sweeps.ranking.ties import QualityRanking, SeedRun, VersusBest, compare_with_best, config_eval
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.cost import device_time_text
 from dpo_sweeps.rundir.paths import FIND_BEST
@@ -47,6 +52,8 @@ log = logging.getLogger("launchers")
 SPEED = "perf/speed_per_memory"
 ACCURACY = "eval/rewards/accuracies"
 FULL = "full fine-tune"
+SEED = "train.seed"
+TRAINING_STAGE = "training stage"
 
 
 def learns(override: str) -> bool:
@@ -68,14 +75,17 @@ class Stages:
     probe_max_seconds: float | None = None
     # Stage 0 (with cluster=): probe only the plans predicted within this factor of the best speed per memory.
     predict_keep: float = 1.5
+    # Seeds per config tied with the best after stage 3 (K - 1 more are trained); 0 or 1: none.
+    replicates: int = 0
 
     @classmethod
     def of(cls, raw: Any) -> Stages:
         raw = dict(raw)
-        unknown = sorted(set(raw) - {"systems", "algorithm", "probe_steps", "top_k", "probe_max_seconds", "predict_keep"})
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
         if unknown:
             raise InvalidSweep(f"hydra.sweeper.stages.{unknown[0]}: not a setting of the staged search "
-                               "(accepted: systems, algorithm, probe_steps, top_k, probe_max_seconds, predict_keep)")
+                               "(accepted: systems, algorithm, probe_steps, top_k, probe_max_seconds, predict_keep, "
+                               "replicates)")
         keep = raw.get("predict_keep", cls.__dataclass_fields__["predict_keep"].default)
         if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 1:
             raise InvalidSweep(f"hydra.sweeper.stages.predict_keep: got {keep!r} (accepted: a factor >= 1, e.g. 1.5)")
@@ -87,6 +97,10 @@ class Stages:
             value = raw.get(key, cls.__dataclass_fields__[key].default)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidSweep(f"hydra.sweeper.stages.{key}: got {value!r} (accepted: an integer >= 1)")
+        replicates = raw.get("replicates", cls.__dataclass_fields__["replicates"].default)
+        if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 0:
+            raise InvalidSweep(f"hydra.sweeper.stages.replicates: got {replicates!r} (accepted: an integer >= 0, the "
+                               "seeds each config tied with the best trains; 0 or 1: no replicates stage)")
         seconds = raw.get("probe_max_seconds")
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                     or not seconds > 0):
@@ -95,7 +109,7 @@ class Stages:
         return cls(systems={str(k): str(v) for k, v in raw["systems"].items()},
                    algorithm={str(k): str(v) for k, v in raw["algorithm"].items()},
                    probe_steps=raw.get("probe_steps", 10), top_k=raw.get("top_k", 2), probe_max_seconds=seconds,
-                   predict_keep=float(keep))
+                   predict_keep=float(keep), replicates=replicates)
 
     def probe_overrides(self) -> list[str]:
         """What makes a point a probe of its plan."""
@@ -132,7 +146,7 @@ class FindBest:
         if self.sweeper.dry_run:
             print(f"dry run: {len(probes)} probes of the parallel plan into {self.sweep_dir}/probes, then "
                   f"{self._algorithm_points()} algorithm settings on each of the best {self.stages.top_k} plans"
-                  f"{self._variants_text(probes)} into {self.sweep_dir}/train (none was started)")
+                  f"{self._variants_text(probes)} into {self.sweep_dir}/train{self._replicates_text()} (none was started)")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         write_multirun_yaml(self.sweep_dir, self.sweeper.config)
@@ -145,10 +159,28 @@ class FindBest:
             base + plan + _sweep_values(self.stages.algorithm) + [_subdir("train")])]
         train = self._compose("train", train_points, len(probes))
         train_outcomes = self._run_stage(train)
-        result = self._write_result(probe_outcomes, train_outcomes, best_plans)
+        decision = Decision.of(candidates_of(_runs(train_outcomes)))
+        replicate_outcomes: list[Outcome] = []
+        if self.stages.replicates > 1 and len(decision.tied) > 1:
+            replicate_outcomes = self._run_stage(self._replicates(decision.tied, len(probes) + len(train)))
+            decision = Decision.of(candidates_of(_runs(train_outcomes + replicate_outcomes)),
+                                   f"replicates stage, {self.stages.replicates} seeds")
+        result = self._write_result(probe_outcomes, train_outcomes, replicate_outcomes, best_plans, decision)
         print(sweep_screen(self.sweep_dir, self.outcomes, title="find_best sweep"), flush=True)
         print(recommendation_text(result), flush=True)
         return self.outcomes
+
+    def _replicates(self, tied: list[Candidate], first_num: int) -> list[SweepJob]:
+        """Stage 4: K-1 more seeds of every tied config, after its first seed. The points are the same on a
+        rerun (stage 3's runs are reused, so the same configs are tied), so completed replicates are reused."""
+        points = []
+        for candidate in tied:
+            first = candidate.first_seed
+            kept = [o for o in candidate.job.overrides if override_key(o) not in (SEED, "hydra.sweep.subdir")]
+            points += [[*kept, f"{SEED}={first + extra}", _subdir("replicates")]
+                       for extra in range(1, self.stages.replicates)]
+        log.info("stage 4: %d configs tied with the best; %d more seed(s) of each", len(tied), self.stages.replicates - 1)
+        return self._compose("replicates", points, first_num)
 
     def _stage_zero(self, probes: list[SweepJob]) -> list[SweepJob]:
         """With a cluster named: the plans worth probing, by predicted speed per memory (predicted_plans.py)."""
@@ -165,6 +197,12 @@ class FindBest:
         for p, reason in dropped:
             print(f"  not probed {' '.join(self._plan_of(p.job))}: {reason}", flush=True)
         return [p.job for p in kept]
+
+    def _replicates_text(self) -> str:
+        if self.stages.replicates < 2:
+            return ""
+        return (f", then, if more than one config is tied with the best, {self.stages.replicates - 1} more seed(s) of each "
+                f"tied config into {self.sweep_dir}/replicates")
 
     def _variants_text(self, probes: list[SweepJob]) -> str:
         variants = {tuple(o for o in self._plan_of(job) if learns(o)) for job in probes}
@@ -210,12 +248,8 @@ class FindBest:
         return best
 
     # ------------------------------------------------------------------ the answer
-    def _write_result(self, probes: list[Outcome], train: list[Outcome], plans: list[list[str]]) -> dict:
-        candidates = []
-        for o in train:
-            summary = read_summary(o.run_dir)
-            if summary is not None and summary.status == Status.COMPLETED:
-                candidates.append(Candidate.of(o.run_dir, summary))
+    def _write_result(self, probes: list[Outcome], train: list[Outcome], replicates: list[Outcome],
+                      plans: list[list[str]], decision: Decision) -> dict:
         probe_cost, probe_saved = sweep_cost(probes)
         train_cost, _ = sweep_cost(train)
         result = {
@@ -226,85 +260,209 @@ class FindBest:
                 "train": {"runs": len(train), "completed": sum(o.status in ("completed", "reused") for o in train),
                           "plans": [" ".join(p) for p in plans], "device_seconds": train_cost},
             },
-            "recommendation": recommend(candidates),
-            "by_peft": by_peft(candidates),
+            "decided_by": decision.decided_by,
+            "recommendation": decision.recommendation(),
+            "candidates": decision.candidate_records(),
+            "by_peft": by_peft(decision.candidates, decision.decided_by),
         }
+        if self.stages.replicates > 1:
+            result["stages"]["replicates"] = {
+                "seeds": self.stages.replicates, "runs": len(replicates),
+                "completed": sum(o.status in ("completed", "reused") for o in replicates),
+                "device_seconds": sweep_cost(replicates)[0]}
         if self.not_probed:
             result["stages"]["predicted"] = {"predict_keep": self.stages.predict_keep, "not_probed": self.not_probed}
         write_json_atomic(self.sweep_dir / FIND_BEST, result)
         return result
 
 
-@dataclass
-class Candidate:
-    run_dir: Path
-    overrides: list[str]
-    accuracy: float
-    eval_pairs: int
-    speed_per_memory: float | None
-    peak_memory_gib: float | None
-    tokens_per_s: float | None
-    adapters: str  # the plan's adapters (`LoRA r=16`), or FULL
+def _mean(values: list[Any]) -> float | None:
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return statistics.fmean(numbers) if numbers else None
 
-    @classmethod
-    def of(cls, run_dir: Path, summary: Summary) -> Candidate:
-        m = summary.metrics
-        return cls(run_dir, list(summary.overrides), float(m.get(ACCURACY) or 0.0),
-                   int((summary.data or {}).get("eval_pairs") or 0), m.get(SPEED),
-                   m.get("perf/peak_memory_gib"), m.get("perf/tokens_per_s"),
-                   (summary.plan or {}).get("adapters") or FULL)
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no NaN: an untested p or an interval not computed is null."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+@dataclass(eq=False)  # a config is itself: two are never merged by equal figures
+class Candidate:
+    """One config trained in stage 3: its completed runs, one per seed, the training stage's first."""
+
+    runs: list[Path]
+    summaries: list[Summary]
+    job: SweepJob | None = None  # the training stage's point, which its replicates repeat with other seeds
 
     @property
-    def spread(self) -> float:
-        """One standard error of an accuracy measured on `eval_pairs` pairs (binomial)."""
-        n = max(1, self.eval_pairs)
-        return max(math.sqrt(self.accuracy * (1 - self.accuracy) / n), 1 / n)
+    def run_dir(self) -> Path:
+        return self.runs[0]
+
+    @property
+    def overrides(self) -> list[str]:
+        return list(self.summaries[0].overrides)
+
+    @property
+    def first_seed(self) -> int:
+        return int(self.summaries[0].config["train"]["seed"])
+
+    def metric(self, name: str) -> float | None:
+        """A summary metric's mean over the seeds; None where no seed has a number."""
+        return _mean([s.metrics.get(name) for s in self.summaries])
+
+    @property
+    def accuracy(self) -> float:
+        """The mean final accuracy over seeds; NaN when no seed has one."""
+        value = self.metric(ACCURACY)
+        return math.nan if value is None else value
+
+    @property
+    def speed_per_memory(self) -> float | None:
+        return self.metric(SPEED)
+
+    @property
+    def adapters(self) -> str:
+        """The plan's adapters (`LoRA r=16`), or FULL."""
+        return (self.summaries[0].plan or {}).get("adapters") or FULL
+
+    def seed_runs(self) -> list[SeedRun]:
+        """What the ties read of each seed: its accuracy, its pair count and its eval_pairs.parquet."""
+        runs = []
+        for run, summary in zip(self.runs, self.summaries):
+            accuracy = _mean([summary.metrics.get(ACCURACY)])
+            runs.append(SeedRun(run, math.nan if accuracy is None else accuracy,
+                                (summary.data or {}).get("eval_pairs") or None))
+        return runs
 
 
-def recommend(candidates: list[Candidate]) -> dict | None:
-    """The best accuracy; among the runs within its spread, the best speed per memory."""
-    if not candidates:
-        return None
-    best = max(candidates, key=lambda c: c.accuracy)
-    close = [c for c in candidates if c.accuracy >= best.accuracy - best.spread]
-    pick = max(close, key=lambda c: (c.speed_per_memory or 0.0, c.accuracy))
-    return {
-        "run": str(pick.run_dir),
-        "overrides": pick.overrides,
-        "command": "python -m dpo_sweeps " + " ".join(shlex.quote(o) for o in pick.overrides),
-        ACCURACY: pick.accuracy,
-        "accuracy_spread": pick.spread,
-        SPEED: pick.speed_per_memory,
-        "perf/peak_memory_gib": pick.peak_memory_gib,
-        "perf/tokens_per_s": pick.tokens_per_s,
-        "within_spread_of_best": [str(c.run_dir) for c in close],
-        "best_accuracy_run": str(best.run_dir),
-    }
+def _config_key(summary: Summary) -> tuple[str, ...]:
+    """Equal for the seeds of one config: its overrides without the seed."""
+    return tuple(sorted(o for o in summary.overrides if override_key(o) != SEED))
 
 
-def by_peft(candidates: list[Candidate]) -> list[dict]:
-    """The best run of each adapter setting (full fine-tune first), chosen as `recommend` chooses."""
+def candidates_of(runs: Sequence[tuple[Path, SweepJob | None]]) -> list[Candidate]:
+    """The completed ones of (run directory, its sweep point) grouped by config (seeds together), in the
+    order first met."""
+    groups: dict[tuple[str, ...], Candidate] = {}
+    for run_dir, job in runs:
+        summary = read_summary(run_dir)
+        if summary is None or summary.status != Status.COMPLETED:
+            continue
+        candidate = groups.setdefault(_config_key(summary), Candidate([], [], job))
+        candidate.runs.append(run_dir)
+        candidate.summaries.append(summary)
+    return list(groups.values())
+
+
+def _runs(outcomes: Sequence[Outcome]) -> list[tuple[Path, SweepJob]]:
+    return [(o.run_dir, o.job) for o in outcomes]
+
+
+@dataclass
+class Decision:
+    """The configs trained, each against the best on accuracy (the report's test), and the pick."""
+
+    candidates: list[Candidate]
+    decided_by: str = TRAINING_STAGE
+    quality: QualityRanking | None = None
+    tied: list[Candidate] = field(default_factory=list)  # best first
+    pick: Candidate | None = None
+
+    @classmethod
+    def of(cls, candidates: list[Candidate], decided_by: str = TRAINING_STAGE) -> Decision:
+        decision = cls(candidates, decided_by)
+        if not candidates:
+            return decision
+        labels = [" ".join(c.overrides) or "(defaults)" for c in candidates]
+        quality = compare_with_best([config_eval(label, c.seed_runs()) for label, c in zip(labels, candidates)])
+        decision.quality = quality
+        if quality.best is None:  # no config has a finite accuracy: nothing to recommend on
+            return decision
+        tied = [c for c, v in zip(candidates, quality.versus) if v.tied_with_best]
+        decision.tied = sorted(tied, key=lambda c: -c.accuracy)
+        decision.pick = max(decision.tied, key=lambda c: (c.speed_per_memory or 0.0, c.accuracy))
+        return decision
+
+    def versus(self, candidate: Candidate) -> VersusBest | None:
+        return self.quality.versus[self.candidates.index(candidate)] if self.quality else None
+
+    def _record(self, c: Candidate) -> dict:
+        """A config's figures, as find_best.json writes them."""
+        versus = self.versus(c)
+        low, high = versus.accuracy_ci95 if versus else (math.nan, math.nan)
+        return {
+            "run": str(c.run_dir),
+            "runs": [str(r) for r in c.runs],
+            "overrides": c.overrides,
+            "command": "python -m dpo_sweeps " + " ".join(shlex.quote(o) for o in c.overrides),
+            ACCURACY: _finite(c.accuracy),
+            "accuracy_ci95": [_finite(low), _finite(high)],
+            SPEED: c.speed_per_memory,
+            "perf/peak_memory_gib": c.metric("perf/peak_memory_gib"),
+            "perf/tokens_per_s": c.metric("perf/tokens_per_s"),
+        }
+
+    def candidate_records(self) -> list[dict]:
+        """Every config trained, against the best: tied or not, by how much, and how it was compared."""
+        records = []
+        for c in self.candidates:
+            versus = self.versus(c)
+            records.append({**self._record(c), "tied_with_best": bool(versus and versus.tied_with_best),
+                            "rank_with_ties": versus.rank_with_ties if versus else None,
+                            "diff_vs_best": _finite(versus.diff_vs_best) if versus else None,
+                            "p_vs_best_adjusted": _finite(versus.p_vs_best_adjusted) if versus else None,
+                            "compared_by": versus.method if versus else None})
+        return records
+
+    def recommendation(self) -> dict | None:
+        """The fastest per GiB of the configs tied with the best accuracy; None when no config has one."""
+        if self.pick is None:
+            return None
+        best = self.candidates[self.quality.best]
+        return {**self._record(self.pick), "tied_with_best": [str(c.run_dir) for c in self.tied],
+                "best_accuracy_run": str(best.run_dir), "decided_by": self.decided_by}
+
+
+def recommend(candidates: list[Candidate], decided_by: str = TRAINING_STAGE) -> dict | None:
+    """Of the configs tied with the best accuracy, the fastest per GiB (find_best.json's `recommendation`)."""
+    return Decision.of(candidates, decided_by).recommendation()
+
+
+def by_peft(candidates: list[Candidate], decided_by: str = TRAINING_STAGE) -> list[dict]:
+    """The best config of each adapter setting (full fine-tune first), chosen as `recommend` chooses among
+    that setting's configs."""
     kinds = sorted({c.adapters for c in candidates}, key=lambda k: (k != FULL, k))
-    return [{"adapters": kind, **recommend([c for c in candidates if c.adapters == kind])} for kind in kinds]
+    picks = [(kind, recommend([c for c in candidates if c.adapters == kind], decided_by)) for kind in kinds]
+    return [{"adapters": kind, **pick} for kind, pick in picks if pick is not None]
+
+
+def accuracy_text(rec: dict) -> str:
+    """`0.912 [0.884, 0.937]`: the accuracy and its 95% interval, where there is one."""
+    low, high = rec.get("accuracy_ci95") or (None, None)
+    interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+    return f"{rec[ACCURACY]:.3f}{interval}"
 
 
 def recommendation_text(result: dict) -> str:
     stages = result.get("stages") or {}
-    cost = ", ".join(f"{name} {device_time_text(stage.get('device_seconds'))}" for name, stage in stages.items())
+    cost = ", ".join(f"{name} {device_time_text(stage.get('device_seconds'))}" for name, stage in stages.items()
+                     if "device_seconds" in stage)
     rec = result.get("recommendation")
     if rec is None:
-        return "find_best: no training run completed, so there is no recommendation (see the failed runs above)."
+        return ("find_best: no training run completed with a finite preference accuracy, so there is no "
+                "recommendation (see the runs above).")
     speed = rec.get(SPEED)
+    seeds = len(rec["runs"])
     lines = [
         "===== recommendation =====",
-        f"accuracy {rec[ACCURACY]:.3f} ± {rec['accuracy_spread']:.3f}"
+        f"accuracy {accuracy_text(rec)}" + (f" over {seeds} seeds" if seeds > 1 else "")
         + (f", {speed:,.0f} tokens/s per GiB" if isinstance(speed, (int, float)) else "")
-        + f"  ({len(rec['within_spread_of_best'])} run(s) within the best accuracy's spread; fastest per GiB chosen)",
+        + f"  (the fastest per GiB of {len(rec['tied_with_best'])} config(s) tied with the best accuracy; "
+        + f"decided by the {rec['decided_by']})",
         f"run      {rec['run']}",
         f"train it {rec['command']}",
         f"cost     {cost}",
     ]
     if len(result.get("by_peft") or []) > 1:
-        lines.append("best of each: " + "; ".join(
-            f"{b['adapters']} {b[ACCURACY]:.3f} ± {b['accuracy_spread']:.3f}" for b in result["by_peft"]))
+        lines.append("best of each: " + "; ".join(f"{b['adapters']} {accuracy_text(b)}" for b in result["by_peft"]))
     return "\n".join(lines)
