@@ -7,6 +7,7 @@
     print(summary.status, summary.metrics["eval/rewards/accuracies"])
     report = api.report("multirun/quickstart")    # as dpo-sweeps-report writes it
     print(report.text, report.html)
+    tied = [c["config"] for c in report.configs if c["tied_with_best"]]   # ranking.csv's rows
 
 `compose` takes the overrides `python -m dpo_sweeps` takes and the same conf/ (Hydra's compose API),
 `train` runs the config as that command would, on `resources.nproc_per_node` local ranks (one: in
@@ -19,8 +20,9 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, open_dict, read_write
 
@@ -109,10 +111,13 @@ def train(config: DictConfig | Sequence[str] = ()) -> Summary:
 
 @dataclass(frozen=True)
 class Report:
-    """What `report` wrote: the terminal text and the files (report.html last)."""
+    """What `report` wrote and found: the terminal text, the files (report.html last) and each config's
+    ranking.csv row, in its order (`tied_with_best`, `diff_vs_best`, `p_vs_best_adjusted`, `rank_with_ties`,
+    ...: INTERFACE.md lists the columns)."""
 
     text: str
     files: list[Path]
+    configs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def html(self) -> Path:
@@ -122,7 +127,7 @@ class Report:
 def report(*sweep_dirs: str | Path, out: str | Path | None = None) -> Report:
     """`dpo-sweeps-report SWEEP_DIR... [--out OUT]`: rank the runs, write the tables, figures and
     report.html (default: SWEEP_DIR/report). Raises NoRunsError when a directory holds no runs."""
-    from dpo_sweeps.analysis.report import write_report
+    from dpo_sweeps.analysis.report import build_report
 
-    text, files = write_report([Path(d) for d in sweep_dirs], Path(out) if out is not None else None)
-    return Report(text, files)
+    result = build_report([Path(d) for d in sweep_dirs], Path(out) if out is not None else None)
+    return Report(result.text, result.files, result.configs)

@@ -32,7 +32,8 @@ except RunFailure as exc:
 report = api.report(where / "sweep")
 print(json.dumps({"heavy_at_import": heavy, "status": [first.status, invalid.status, invalid.failure.kind],
                   "first": first.to_json(), "again": again.to_json(), "invalid": invalid.to_json(),
-                  "refused": refused, "html": str(report.html), "text": report.text}))
+                  "refused": refused, "html": str(report.html), "text": report.text,
+                  "configs": [(c["status"], c["tied_with_best"], c["rank_with_ties"]) for c in report.configs]}))
 """
 
 
@@ -58,4 +59,6 @@ def test_compose_train_and_report_from_python(tmp_path):
     assert not (tmp_path / "refused").exists()  # refused before anything was written, as the command is
     assert out["html"] == str(tmp_path / "sweep" / "report" / "report.html")
     assert "Best by perf/speed_per_memory" in out["text"]
+    # Each config's ranking.csv row: the completed one alone is the best (tied with itself); the failed one is unranked.
+    assert sorted(out["configs"], key=str) == sorted([["completed", True, 1], ["failed", None, None]], key=str)
     assert str(REPO) not in out["html"]
