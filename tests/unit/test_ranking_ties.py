@@ -202,3 +202,16 @@ def test_with_every_config_alike_nothing_is_called_better():
     assert not quality.better.any()
     assert all(v.tied_with_best and v.rank_with_ties == 1 for v in quality.versus)
     assert quality.tests == 10  # every pair, not only those with the best
+
+
+def test_an_unreadable_eval_pairs_file_is_named_and_its_config_compared_without_records(tmp_path):
+    outcomes = _hand_built()
+    write_config_run(tmp_path, 0, "full_shard", outcomes["full_shard"], speed=100.0, eval_pairs=400)
+    broken = write_config_run(tmp_path, 1, "shard_grad_op", outcomes["shard_grad_op"], speed=110.0, eval_pairs=400)
+    (broken / "eval_pairs.parquet").write_bytes(b"not parquet")
+    runs = load_runs([tmp_path])[0]
+    configs = _by_sharding(rank_sweep(runs))
+    assert configs["shard_grad_op"].versus_best.method == "unpaired"
+    problems = next(r for r in runs if r.path == broken).problems
+    assert any(p.startswith("eval_pairs.parquet is not readable") and p.endswith("; compared without it")
+               for p in problems), problems
