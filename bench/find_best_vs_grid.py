@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dpo_sweeps.launchers.find_best import Decision, accuracy_text, candidates_of  # noqa: E402
+from dpo_sweeps.launchers.find_best_answer import Decision, accuracy_text, candidates_of  # noqa: E402
 
 COMMON = ["resources.nproc_per_node=2", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
           "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]

@@ -16,7 +16,8 @@ So instead of training every combination of both, the grid sweeper, given `hydra
    report opens with, with the best of each peft variant side by side (`by_peft`);
 5. with `replicates: K` (K >= 2) and more than one config tied after stage 3: trains K-1 more seeds of
    each tied config into `<sweep>/replicates/`, and decides again on every seed (seeds clustered within
-   each held-out pair). find_best.json's `decided_by` says which stage decided.
+   each held-out pair). find_best.json's `decided_by` says which stage decided. The decision and its
+   records are launchers/find_best_answer.py's.
 With a cluster named (`cluster=`), a stage 0 comes first: the plans are ranked by predicted speed per
 memory and only those within `predict_keep` of the best, plus the best of each strategy, are probed
 (launchers/predicted_plans.py); find_best.json and the report list the others and why.
@@ -26,14 +27,21 @@ Running the same command again skips what completed, as any grid sweep does.
 from __future__ import annotations
 
 import logging
-import math
-import shlex
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpo_sweeps.launchers.find_best_answer import (
+    SEED,
+    SPEED,
+    Candidate,
+    Decision,
+    by_peft,
+    candidates_of,
+    recommendation_text,
+    runs_of,
+)
 from dpo_sweeps.launchers.jobs import SweepJob, override_key, write_multirun_yaml
 from dpo_sweeps.launchers.outcome import Outcome, sweep_cost, sweep_screen
 from dpo_sweeps.launchers.preflight import (
@@ -41,19 +49,11 @@ from dpo_sweeps.launchers.preflight import (
     compose_and_check,
     refusal_message,
 )
-from dpo_sweeps.ranking.ties import QualityRanking, SeedRun, VersusBest, compare_with_best, config_eval
 from dpo_sweeps.rundir.atomic import write_json_atomic
-from dpo_sweeps.rundir.cost import device_time_text
 from dpo_sweeps.rundir.paths import FIND_BEST
-from dpo_sweeps.rundir.summary import Status, Summary, read_summary
+from dpo_sweeps.rundir.summary import Status, read_summary
 
 log = logging.getLogger("launchers")
-
-SPEED = "perf/speed_per_memory"
-ACCURACY = "eval/rewards/accuracies"
-FULL = "full fine-tune"
-SEED = "train.seed"
-TRAINING_STAGE = "training stage"
 
 
 def learns(override: str) -> bool:
@@ -159,11 +159,11 @@ class FindBest:
             base + plan + _sweep_values(self.stages.algorithm) + [_subdir("train")])]
         train = self._compose("train", train_points, len(probes))
         train_outcomes = self._run_stage(train)
-        decision = Decision.of(candidates_of(_runs(train_outcomes)))
+        decision = Decision.of(candidates_of(runs_of(train_outcomes)))
         replicate_outcomes: list[Outcome] = []
         if self.stages.replicates > 1 and len(decision.tied) > 1:
             replicate_outcomes = self._run_stage(self._replicates(decision.tied, len(probes) + len(train)))
-            decision = Decision.of(candidates_of(_runs(train_outcomes + replicate_outcomes)),
+            decision = Decision.of(candidates_of(runs_of(train_outcomes + replicate_outcomes)),
                                    f"replicates stage, {self.stages.replicates} seeds")
         result = self._write_result(probe_outcomes, train_outcomes, replicate_outcomes, best_plans, decision)
         print(sweep_screen(self.sweep_dir, self.outcomes, title="find_best sweep"), flush=True)
@@ -274,195 +274,3 @@ class FindBest:
             result["stages"]["predicted"] = {"predict_keep": self.stages.predict_keep, "not_probed": self.not_probed}
         write_json_atomic(self.sweep_dir / FIND_BEST, result)
         return result
-
-
-def _mean(values: list[Any]) -> float | None:
-    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-    return statistics.fmean(numbers) if numbers else None
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON has no NaN: an untested p or an interval not computed is null."""
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-@dataclass(eq=False)  # a config is itself: two are never merged by equal figures
-class Candidate:
-    """One config trained in stage 3: its completed runs, one per seed, the training stage's first."""
-
-    runs: list[Path]
-    summaries: list[Summary]
-    job: SweepJob | None = None  # the training stage's point, which its replicates repeat with other seeds
-
-    @property
-    def run_dir(self) -> Path:
-        return self.runs[0]
-
-    @property
-    def overrides(self) -> list[str]:
-        return list(self.summaries[0].overrides)
-
-    @property
-    def first_seed(self) -> int:
-        return int(self.summaries[0].config["train"]["seed"])
-
-    def metric(self, name: str) -> float | None:
-        """A summary metric's mean over the seeds; None where no seed has a number."""
-        return _mean([s.metrics.get(name) for s in self.summaries])
-
-    @property
-    def accuracy(self) -> float:
-        """The mean final accuracy over seeds; NaN when no seed has one."""
-        value = self.metric(ACCURACY)
-        return math.nan if value is None else value
-
-    @property
-    def speed_per_memory(self) -> float | None:
-        return self.metric(SPEED)
-
-    @property
-    def adapters(self) -> str:
-        """The plan's adapters (`LoRA r=16`), or FULL."""
-        return (self.summaries[0].plan or {}).get("adapters") or FULL
-
-    def seed_runs(self) -> list[SeedRun]:
-        """What the ties read of each seed: its accuracy, its pair count and its eval_pairs.parquet."""
-        runs = []
-        for run, summary in zip(self.runs, self.summaries):
-            accuracy = _mean([summary.metrics.get(ACCURACY)])
-            runs.append(SeedRun(run, math.nan if accuracy is None else accuracy,
-                                (summary.data or {}).get("eval_pairs") or None))
-        return runs
-
-
-def _config_key(summary: Summary) -> tuple[str, ...]:
-    """Equal for the seeds of one config: its overrides without the seed."""
-    return tuple(sorted(o for o in summary.overrides if override_key(o) != SEED))
-
-
-def candidates_of(runs: Sequence[tuple[Path, SweepJob | None]]) -> list[Candidate]:
-    """The completed ones of (run directory, its sweep point) grouped by config (seeds together), in the
-    order first met."""
-    groups: dict[tuple[str, ...], Candidate] = {}
-    for run_dir, job in runs:
-        summary = read_summary(run_dir)
-        if summary is None or summary.status != Status.COMPLETED:
-            continue
-        candidate = groups.setdefault(_config_key(summary), Candidate([], [], job))
-        candidate.runs.append(run_dir)
-        candidate.summaries.append(summary)
-    return list(groups.values())
-
-
-def _runs(outcomes: Sequence[Outcome]) -> list[tuple[Path, SweepJob]]:
-    return [(o.run_dir, o.job) for o in outcomes]
-
-
-@dataclass
-class Decision:
-    """The configs trained, each against the best on accuracy (the report's test), and the pick."""
-
-    candidates: list[Candidate]
-    decided_by: str = TRAINING_STAGE
-    quality: QualityRanking | None = None
-    tied: list[Candidate] = field(default_factory=list)  # best first
-    pick: Candidate | None = None
-
-    @classmethod
-    def of(cls, candidates: list[Candidate], decided_by: str = TRAINING_STAGE) -> Decision:
-        decision = cls(candidates, decided_by)
-        if not candidates:
-            return decision
-        labels = [" ".join(c.overrides) or "(defaults)" for c in candidates]
-        quality = compare_with_best([config_eval(label, c.seed_runs()) for label, c in zip(labels, candidates)])
-        decision.quality = quality
-        if quality.best is None:  # no config has a finite accuracy: nothing to recommend on
-            return decision
-        tied = [c for c, v in zip(candidates, quality.versus) if v.tied_with_best]
-        decision.tied = sorted(tied, key=lambda c: -c.accuracy)
-        decision.pick = max(decision.tied, key=lambda c: (c.speed_per_memory or 0.0, c.accuracy))
-        return decision
-
-    def versus(self, candidate: Candidate) -> VersusBest | None:
-        return self.quality.versus[self.candidates.index(candidate)] if self.quality else None
-
-    def _record(self, c: Candidate) -> dict:
-        """A config's figures, as find_best.json writes them."""
-        versus = self.versus(c)
-        low, high = versus.accuracy_ci95 if versus else (math.nan, math.nan)
-        return {
-            "run": str(c.run_dir),
-            "runs": [str(r) for r in c.runs],
-            "overrides": c.overrides,
-            "command": "python -m dpo_sweeps " + " ".join(shlex.quote(o) for o in c.overrides),
-            ACCURACY: _finite(c.accuracy),
-            "accuracy_ci95": [_finite(low), _finite(high)],
-            SPEED: c.speed_per_memory,
-            "perf/peak_memory_gib": c.metric("perf/peak_memory_gib"),
-            "perf/tokens_per_s": c.metric("perf/tokens_per_s"),
-        }
-
-    def candidate_records(self) -> list[dict]:
-        """Every config trained, against the best: tied or not, by how much, and how it was compared."""
-        records = []
-        for c in self.candidates:
-            versus = self.versus(c)
-            records.append({**self._record(c), "tied_with_best": bool(versus and versus.tied_with_best),
-                            "rank_with_ties": versus.rank_with_ties if versus else None,
-                            "diff_vs_best": _finite(versus.diff_vs_best) if versus else None,
-                            "p_vs_best_adjusted": _finite(versus.p_vs_best_adjusted) if versus else None,
-                            "compared_by": versus.method if versus else None})
-        return records
-
-    def recommendation(self) -> dict | None:
-        """The fastest per GiB of the configs tied with the best accuracy; None when no config has one."""
-        if self.pick is None:
-            return None
-        best = self.candidates[self.quality.best]
-        return {**self._record(self.pick), "tied_with_best": [str(c.run_dir) for c in self.tied],
-                "best_accuracy_run": str(best.run_dir), "decided_by": self.decided_by}
-
-
-def recommend(candidates: list[Candidate], decided_by: str = TRAINING_STAGE) -> dict | None:
-    """Of the configs tied with the best accuracy, the fastest per GiB (find_best.json's `recommendation`)."""
-    return Decision.of(candidates, decided_by).recommendation()
-
-
-def by_peft(candidates: list[Candidate], decided_by: str = TRAINING_STAGE) -> list[dict]:
-    """The best config of each adapter setting (full fine-tune first), chosen as `recommend` chooses among
-    that setting's configs."""
-    kinds = sorted({c.adapters for c in candidates}, key=lambda k: (k != FULL, k))
-    picks = [(kind, recommend([c for c in candidates if c.adapters == kind], decided_by)) for kind in kinds]
-    return [{"adapters": kind, **pick} for kind, pick in picks if pick is not None]
-
-
-def accuracy_text(rec: dict) -> str:
-    """`0.912 [0.884, 0.937]`: the accuracy and its 95% interval, where there is one."""
-    low, high = rec.get("accuracy_ci95") or (None, None)
-    interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
-    return f"{rec[ACCURACY]:.3f}{interval}"
-
-
-def recommendation_text(result: dict) -> str:
-    stages = result.get("stages") or {}
-    cost = ", ".join(f"{name} {device_time_text(stage.get('device_seconds'))}" for name, stage in stages.items()
-                     if "device_seconds" in stage)
-    rec = result.get("recommendation")
-    if rec is None:
-        return ("find_best: no training run completed with a finite preference accuracy, so there is no "
-                "recommendation (see the runs above).")
-    speed = rec.get(SPEED)
-    seeds = len(rec["runs"])
-    lines = [
-        "===== recommendation =====",
-        f"accuracy {accuracy_text(rec)}" + (f" over {seeds} seeds" if seeds > 1 else "")
-        + (f", {speed:,.0f} tokens/s per GiB" if isinstance(speed, (int, float)) else "")
-        + f"  (the fastest per GiB of {len(rec['tied_with_best'])} config(s) tied with the best accuracy; "
-        + f"decided by the {rec['decided_by']})",
-        f"run      {rec['run']}",
-        f"train it {rec['command']}",
-        f"cost     {cost}",
-    ]
-    if len(result.get("by_peft") or []) > 1:
-        lines.append("best of each: " + "; ".join(f"{b['adapters']} {accuracy_text(b)}" for b in result["by_peft"]))
-    return "\n".join(lines)

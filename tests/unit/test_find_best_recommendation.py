@@ -11,7 +11,8 @@ import pytest
 from support.eval_records import write_config_run
 
 from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_html, recommendation_lines
-from dpo_sweeps.launchers.find_best import Decision, Stages, by_peft, candidates_of, recommendation_text
+from dpo_sweeps.launchers.find_best import Stages
+from dpo_sweeps.launchers.find_best_answer import Decision, by_peft, candidates_of, recommendation_text
 from dpo_sweeps.launchers.preflight import InvalidSweep
 
 
