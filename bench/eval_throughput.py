@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of training steps and one evaluation per run")
     parser.add_argument("--eval-every", type=int, default=4, help="training steps per round")
     parser.add_argument("--eval-pairs", type=int, default=256, help="held-out pairs per evaluation")
+    parser.add_argument("--max-length", type=int, default=512, help="data.max_length (HH's own: 512)")
+    parser.add_argument("--max-prompt-length", type=int, default=256, help="data.max_prompt_length (HH's own: 256)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model and data, two short rounds")
     args = parser.parse_args()
     if args.smoke:
@@ -72,7 +74,8 @@ def main() -> None:
     else:
         if not HH.exists():
             sys.exit(f"the HH-RLHF test split is expected at {HH}")
-        base = [*SMOLLM2, "data.eval_size=" + str(args.eval_pairs)]
+        base = [*SMOLLM2, "data.eval_size=" + str(args.eval_pairs), f"data.max_length={args.max_length}",
+                f"data.max_prompt_length={args.max_prompt_length}"]
     batch_size = int(next(o for o in base if o.startswith("train.batch_size=")).split("=")[1])
     micro = int(next(o for o in base if o.startswith("train.micro_batch_size=")).split("=")[1])
     overrides = [*base, f"train.max_steps={args.rounds * args.eval_every}", f"train.eval_every={args.eval_every}",
