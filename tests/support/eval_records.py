@@ -58,3 +58,16 @@ def write_config_run(sweep: Path, job: int, sharding: str, correct: np.ndarray |
     if correct is not None:
         write_eval_pairs(run_dir, correct, ids)
     return run_dir
+
+
+def three_configs() -> dict[str, np.ndarray]:
+    """Three configs' outcomes on 400 pairs: full_shard the best, shard_grad_op 6 discordant pairs from it (a
+    tie), no_shard 60 pairs fewer right (clearly worse)."""
+    best = np.zeros(400, dtype=bool)
+    best[:300] = True
+    close = best.copy()
+    close[[0, 1, 2, 3]] = False
+    close[[350, 351]] = True
+    worse = best.copy()
+    worse[:60] = False
+    return {"full_shard": best, "shard_grad_op": close, "no_shard": worse}

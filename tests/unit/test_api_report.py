@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import csv
 
-import numpy as np
 import pytest
-from support.eval_records import write_config_run
+from support.eval_records import three_configs, write_config_run
 
 from dpo_sweeps import api
 
 
 def test_report_returns_each_configs_ranking_row_with_its_ties_beside_the_text_and_files(tmp_path):
     # full_shard the best; shard_grad_op 2 fewer right of 400 (tied, and faster); no_shard 60 fewer (worse).
-    best = np.zeros(400, dtype=bool)
-    best[:300] = True
-    close = best.copy()
-    close[[0, 1, 2, 3]] = False
-    close[[350, 351]] = True
-    worse = best.copy()
-    worse[:60] = False
-    for job, (sharding, correct, speed) in enumerate([("full_shard", best, 100.0), ("shard_grad_op", close, 150.0),
-                                                      ("no_shard", worse, 200.0)]):
-        write_config_run(tmp_path / "sweep", job, sharding, correct, speed=speed)
+    speeds = {"full_shard": 100.0, "shard_grad_op": 150.0, "no_shard": 200.0}
+    for job, (sharding, correct) in enumerate(three_configs().items()):
+        write_config_run(tmp_path / "sweep", job, sharding, correct, speed=speeds[sharding])
 
     report = api.report(tmp_path / "sweep")
     assert report.html == tmp_path / "sweep" / "report" / "report.html" and report.html.is_file()

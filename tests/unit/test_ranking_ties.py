@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 from statsmodels.stats.proportion import proportion_confint
-from support.eval_records import write_config_run, write_eval_pairs
+from support.eval_records import three_configs, write_config_run, write_eval_pairs
 
 from dpo_sweeps.analysis.ranking import rank_sweep
 from dpo_sweeps.analysis.report import build_report
@@ -25,21 +25,8 @@ def _by_sharding(ranking) -> dict:
     return {c.settings["fsdp"]: c for c in ranking.configs}
 
 
-def _hand_built(rng_seed: int = 0) -> dict[str, np.ndarray]:
-    """Three configs on 400 pairs: full_shard the best, shard_grad_op 6 discordant pairs from it (a tie),
-    no_shard 60 pairs fewer right (clearly worse)."""
-    best = np.zeros(400, dtype=bool)
-    best[:300] = True
-    close = best.copy()
-    close[[0, 1, 2, 3]] = False
-    close[[350, 351]] = True
-    worse = best.copy()
-    worse[:60] = False
-    return {"full_shard": best, "shard_grad_op": close, "no_shard": worse}
-
-
 def test_a_near_copy_of_the_best_is_tied_and_a_clearly_worse_config_ranks_below_both(tmp_path):
-    outcomes = _hand_built()
+    outcomes = three_configs()
     speeds = {"full_shard": 100.0, "shard_grad_op": 150.0, "no_shard": 200.0}
     for job, (sharding, correct) in enumerate(outcomes.items()):
         write_config_run(tmp_path, job, sharding, correct, speed=speeds[sharding])
@@ -76,7 +63,7 @@ def test_a_near_copy_of_the_best_is_tied_and_a_clearly_worse_config_ranks_below_
 
 
 def test_a_significantly_better_and_faster_config_takes_the_slower_one_off_the_front(tmp_path):
-    outcomes = _hand_built()
+    outcomes = three_configs()
     write_config_run(tmp_path, 0, "full_shard", outcomes["full_shard"], speed=200.0)
     write_config_run(tmp_path, 1, "no_shard", outcomes["no_shard"], speed=100.0)
     ranking = rank_sweep(load_runs([tmp_path])[0])
@@ -84,7 +71,7 @@ def test_a_significantly_better_and_faster_config_takes_the_slower_one_off_the_f
 
 
 def test_the_report_writes_the_columns_and_says_what_the_held_out_set_resolves(tmp_path):
-    for job, (sharding, correct) in enumerate(_hand_built().items()):
+    for job, (sharding, correct) in enumerate(three_configs().items()):
         write_config_run(tmp_path / "sweep", job, sharding, correct, speed=100.0 + job)
     result = build_report([tmp_path / "sweep"])
     rows = {r["config"]: r for r in csv.DictReader((tmp_path / "sweep" / "report" / "ranking.csv").open())}
@@ -124,7 +111,7 @@ def test_runs_without_per_pair_records_are_ranked_with_unpaired_wilson_intervals
 
 
 def test_a_sweep_mixing_runs_with_and_without_records_names_those_without(tmp_path):
-    outcomes = _hand_built()
+    outcomes = three_configs()
     write_config_run(tmp_path, 0, "full_shard", outcomes["full_shard"], speed=100.0, eval_pairs=400)
     write_config_run(tmp_path, 1, "shard_grad_op", outcomes["shard_grad_op"], speed=110.0, eval_pairs=400)
     write_config_run(tmp_path, 2, "no_shard", None, speed=120.0, accuracy=0.70, eval_pairs=400)
@@ -154,7 +141,7 @@ def test_runs_whose_held_out_pairs_differ_are_compared_on_the_pairs_they_share(t
 
 
 def test_several_seeds_are_lined_up_by_pair_and_compared_on_their_seed_means(tmp_path):
-    outcomes = _hand_built()
+    outcomes = three_configs()
     for seed in range(2):
         write_config_run(tmp_path, seed, "full_shard", outcomes["full_shard"], speed=100.0, seed=seed)
         write_config_run(tmp_path, 2 + seed, "no_shard", outcomes["no_shard"], speed=100.0, seed=seed)
@@ -165,7 +152,7 @@ def test_several_seeds_are_lined_up_by_pair_and_compared_on_their_seed_means(tmp
 
 
 def test_a_config_whose_every_eval_is_nan_ranks_last_with_its_reason(tmp_path):
-    outcomes = _hand_built()
+    outcomes = three_configs()
     write_config_run(tmp_path, 0, "full_shard", outcomes["full_shard"], speed=100.0)
     write_config_run(tmp_path, 1, "shard_grad_op", outcomes["no_shard"], speed=100.0)
     write_config_run(tmp_path, 2, "no_shard", None, speed=300.0)  # accuracy null: the loss went NaN
@@ -205,7 +192,7 @@ def test_with_every_config_alike_nothing_is_called_better():
 
 
 def test_an_unreadable_eval_pairs_file_is_named_and_its_config_compared_without_records(tmp_path):
-    outcomes = _hand_built()
+    outcomes = three_configs()
     write_config_run(tmp_path, 0, "full_shard", outcomes["full_shard"], speed=100.0, eval_pairs=400)
     broken = write_config_run(tmp_path, 1, "shard_grad_op", outcomes["shard_grad_op"], speed=110.0, eval_pairs=400)
     (broken / "eval_pairs.parquet").write_bytes(b"not parquet")
