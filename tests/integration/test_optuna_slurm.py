@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from support import REPO
+from support import REPO, cli_env
 from support.slurm import ensure_slurm_cluster
 from support.sweeps import FAST
 
@@ -20,7 +20,8 @@ optuna = pytest.importorskip("optuna")
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_two_slurm_jobs_each_running_a_sweep_share_one_study(tmp_path):
-    env = ensure_slurm_cluster(nodes=2)
+    # The session's own caches (cli_env), not the user's: the sweeps sbatch starts cache reference log-probs.
+    env = {**cli_env(), **ensure_slurm_cluster(nodes=2)}
     sweep_dir = tmp_path / "study"
     journal = sweep_dir / "optuna.journal"
     sweep_dir.mkdir()

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import require_tcmalloc  # noqa: E402
 from support.slurm import ensure_slurm_cluster  # noqa: E402
-from support.sweeps import COMPLETED_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
+from support.sweeps import COMPLETED_RUN_FORM, PROBE_RUN_FORM, run_dir_form, run_sweep  # noqa: E402
 
 ON_SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
             "hydra.launcher.poll_interval_s=1"]
@@ -72,7 +72,7 @@ def test_probes_of_one_shape_share_a_slurm_job_when_asked(slurm_env, tmp_path):
         summary = result.summary(n)
         assert summary["status"] == "completed" and summary["metrics"]["probe/steps"] == 3
         assert summary["metrics"]["world_size"] == 2
-        assert run_dir_form(sweep_dir / str(n)) == COMPLETED_RUN_FORM
+        assert run_dir_form(sweep_dir / str(n)) == PROBE_RUN_FORM
 
 
 @pytest.mark.slow

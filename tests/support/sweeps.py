@@ -57,3 +57,5 @@ def run_dir_form(run_dir: Path) -> set[str]:
 # when a run completes; save_model is off in FAST).
 COMPLETED_RUN_FORM = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "*.log",
                       "metrics.jsonl", "eval_pairs.parquet", "summary.json"}
+# A probe's: its one eval pass is timed, not kept (no eval_pairs.parquet).
+PROBE_RUN_FORM = COMPLETED_RUN_FORM - {"eval_pairs.parquet"}
