@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dpo_sweeps.redaction import redact_text
-from dpo_sweeps.rundir.atomic import temporary_beside
+from dpo_sweeps.rundir.atomic import temporary_beside, write_text_atomic
 from dpo_sweeps.rundir.paths import writing
 
 RECORD_DIR = ".hydra"
@@ -42,9 +42,7 @@ def redact_files(paths: list[Path], secrets: set[str]) -> None:
         text = path.read_text()
         redacted = redact_text(text, secrets)
         if redacted != text:
-            tmp = temporary_beside(path)
-            tmp.write_text(redacted)
-            os.replace(tmp, path)
+            write_text_atomic(path, redacted)
 
 
 def write_hydra_record(run_dir: Path, files: dict[str, str]) -> None:

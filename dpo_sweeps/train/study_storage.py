@@ -52,13 +52,11 @@ def storage_file(storage: str) -> str | None:
     return None
 
 
-def share_storage(storage: str) -> str:
-    """The storage as files may hold it (its secrets redacted); when that is not the storage itself, the
-    whole URL is put in this process's environment for the jobs it launches."""
-    shared = redact_text(storage)
-    if shared != storage:
+def share_storage(storage: str) -> None:
+    """A storage with a secret (files hold it redacted): the whole URL in this process's environment, for
+    the jobs it launches (`with_password`)."""
+    if redact_text(storage) != storage:
         os.environ[STORAGE_ENV] = storage
-    return shared
 
 
 def with_password(storage: str, setting: str) -> str:
