@@ -16,6 +16,12 @@ them (data/collate.py: padding, a prefix-shared batch's 4-D mask) and scored by 
 step_time.py adds what these passes do not hold from the machine's profile (cpu_profile.py): FSDP's
 collectives, the optimizer, QLoRA's unpacking, the loss. Cached per shape under
 $DPO_SWEEPS_CACHE/cluster/passes.
+
+A forecast of the run's own data (predict.py) also times a few of the micro-batches its run will build
+(`PassShape.lengths`: their pairs' exact token counts, data_lengths.py) and interpolates between them.
+Each timing records the load it was taken under (load.py): one taken on a busy machine is cached as
+provisional and taken again at the next quiet chance (`timed_passes`); a run whose step fell outside its
+predicted interval marks the timings it used for re-timing (`mark_for_retiming`).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, replace
 
+from dpo_sweeps.cost.load import Load, LoadWatch, busy_now
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.paths import cache_root
 
@@ -53,11 +61,14 @@ class PassShape:
     chunk_size: int  # train.logps_chunk_size (0: full logits)
     checkpointing: bool  # fsdp.activation_checkpointing: backward recomputes each block's forward
     threads: int
+    # A micro-batch of the run's own data: (prompt, chosen, rejected) tokens of each pair, collated as the run
+    # collates them; empty: `pairs` pairs at their longest (prompt, response).
+    lengths: tuple[tuple[int, int, int], ...] = ()
 
     def cache_file(self):
         import torch
 
-        digest = hashlib.sha256(json.dumps([asdict(self), torch.__version__]).encode()).hexdigest()[:20]
+        digest = hashlib.sha256(json.dumps([asdict(self), torch.__version__, CACHE_VERSION]).encode()).hexdigest()[:20]
         return cache_root() / "cluster" / "passes" / f"{digest}.json"
 
 
@@ -73,49 +84,106 @@ def pass_shape(cfg, plan, threads: int) -> PassShape:
                      threads=threads)
 
 
-def cached_passes(shape: PassShape) -> MeasuredPasses | None:
+CACHE_VERSION = 2  # of a cached timing's form: 2 records the load it was taken under
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    """A shape's timed passes and the load they were taken under."""
+
+    passes: MeasuredPasses
+    load: Load | None  # None: unknown
+    retime: bool = False  # a run disagreed with a forecast that used it: take it again
+
+    @property
+    def provisional(self) -> bool:
+        """Taken on a busy machine (or doubted by a run): used for want of better, re-taken when quiet."""
+        return self.load is None or not self.load.quiet or self.retime
+
+    def as_dict(self) -> dict:
+        return {"passes": asdict(self.passes), "load": self.load.as_dict() if self.load else None,
+                "retime": self.retime, "taken_at": time.time()}
+
+
+def cached_timing(shape: PassShape) -> PassTiming | None:
     try:
-        return MeasuredPasses(**json.loads(shape.cache_file().read_text()))
-    except (OSError, ValueError, TypeError):
+        found = json.loads(shape.cache_file().read_text())
+        return PassTiming(MeasuredPasses(**found["passes"]), Load.of(found.get("load")), bool(found.get("retime")))
+    except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def measured_passes(shape: PassShape) -> MeasuredPasses:
-    """The passes of `shape`: cached, or timed now (seconds) and cached."""
-    found = cached_passes(shape)
-    if found is not None:
+def cached_passes(shape: PassShape) -> MeasuredPasses | None:
+    found = cached_timing(shape)
+    return found.passes if found is not None else None
+
+
+def timed_passes(shape: PassShape) -> PassTiming:
+    """The passes of `shape`: a quiet cached timing; else timed now and cached. A provisional one is taken
+    again only when the machine is quiet now; the faster of the two is kept, quiet only if the new one is."""
+    found = cached_timing(shape)
+    if found is not None and not found.provisional:
         return found
-    found = time_passes(shape)
-    path = shape.cache_file()
+    if found is not None and not busy_now().quiet:
+        return found  # still busy: the next quiet chance re-takes it
+    new = time_passes(shape)
+    if found is not None and not new.load.quiet and _total(found.passes) < _total(new.passes):
+        new = replace(found, retime=False)  # both busy: the faster waited less
     try:
-        write_json_atomic(path, asdict(found))
+        write_json_atomic(shape.cache_file(), new.as_dict())
     except OSError:
         pass  # timed again next time
-    return found
+    return new
 
 
-def time_passes(shape: PassShape) -> MeasuredPasses:
+def measured_passes(shape: PassShape) -> MeasuredPasses:
+    """The passes of `shape`: cached, or timed now (seconds) and cached (`timed_passes`)."""
+    return timed_passes(shape).passes
+
+
+def mark_for_retiming(shapes) -> int:
+    """Mark the cached timings of `shapes` to be taken again at the next forecast; how many were marked."""
+    marked = 0
+    for shape in shapes:
+        found = cached_timing(shape)
+        if found is None or found.retime:
+            continue
+        try:
+            write_json_atomic(shape.cache_file(), replace(found, retime=True).as_dict())
+            marked += 1
+        except OSError:
+            pass
+    return marked
+
+
+def _total(p: MeasuredPasses) -> float:
+    return p.block_train_s + p.rest_train_s
+
+
+def time_passes(shape: PassShape) -> PassTiming:
+    """Time the passes of `shape` now (seconds), with the load they were taken under."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(shape.threads)
     try:
-        with torch.random.fork_rng():
-            (one_train, three_train), (one_forward, three_forward) = _fastest_alternating(
+        with torch.random.fork_rng(), LoadWatch() as watch:
+            (one_train, three_train), (one_forward, three_forward), rounds = _fastest_alternating(
                 [_passes(shape, blocks) for blocks in (1, 3)])
     finally:
         torch.set_num_threads(before)
     block_train, block_forward = (three_train - one_train) / 2, (three_forward - one_forward) / 2
-    return MeasuredPasses(block_train_s=max(block_train, 0.0), block_forward_s=max(block_forward, 0.0),
-                          rest_train_s=max(one_train - block_train, 0.0),
-                          rest_forward_s=max(one_forward - block_forward, 0.0))
+    passes = MeasuredPasses(block_train_s=max(block_train, 0.0), block_forward_s=max(block_forward, 0.0),
+                            rest_train_s=max(one_train - block_train, 0.0),
+                            rest_forward_s=max(one_forward - block_forward, 0.0))
+    return PassTiming(passes, watch.load(rounds))
 
 
 ROUNDS = (5, 20)  # at least, at most
 BUDGET_S = 6.0
 
 
-def _fastest_alternating(models: list[tuple]) -> tuple[list[float], list[float]]:
+def _fastest_alternating(models: list[tuple]) -> tuple[list[float], list[float], list[float]]:
     """The fastest (training pass, forward) of each model, timed in alternating rounds until BUDGET_S is
     spent: a block's time is a difference of two such times, times the model's blocks, so both must see
     the same machine (warm caches and heap, no process passing by on one and not the other)."""
@@ -125,8 +193,9 @@ def _fastest_alternating(models: list[tuple]) -> tuple[list[float], list[float]]
     for fns in models:  # warm-up: first calls fault their pages in and pick their kernels
         for fn in fns:
             fn()
-    spent, rounds = 0.0, 0
+    spent, rounds, round_times = 0.0, 0, []
     while rounds < ROUNDS[0] or (spent < BUDGET_S and rounds < ROUNDS[1]):
+        round_start = spent
         for i, fns in enumerate(models):
             for kind, fn in enumerate(fns):
                 start = time.perf_counter()
@@ -135,7 +204,8 @@ def _fastest_alternating(models: list[tuple]) -> tuple[list[float], list[float]]
                 best[kind][i] = min(best[kind][i], took)
                 spent += took
         rounds += 1
-    return best[0], best[1]
+        round_times.append(spent - round_start)  # the spread of these says whether rounds waited for cores
+    return best[0], best[1], round_times
 
 
 def _model(shape: PassShape, blocks: int):
@@ -166,7 +236,8 @@ def _model(shape: PassShape, blocks: int):
 
 def micro_batch(shape: PassShape, vocab: int) -> dict:
     """One micro-batch of `shape.pairs` pairs at their longest, collated as a run collates them; the last
-    pair's rejected response a quarter shorter, so that the batch is padded as real ones are."""
+    pair's rejected response a quarter shorter, so that the batch is padded as real ones are. With
+    `shape.lengths`: pairs of exactly those token counts (a micro-batch of the run's own data)."""
     import torch
 
     from dpo_sweeps.data.collate import collate
@@ -175,6 +246,9 @@ def micro_batch(shape: PassShape, vocab: int) -> dict:
     def tokens(n: int) -> list[int]:
         return torch.randint(1, vocab, (n,)).tolist()
 
+    if shape.lengths:
+        return collate([EncodedPair(tokens(p), tokens(c), tokens(r)) for p, c, r in shape.lengths], pad_id=0,
+                       share_prompt=shape.share_prompt)
     pairs = [EncodedPair(tokens(shape.prompt), tokens(shape.response), tokens(shape.response))
              for _ in range(shape.pairs)]
     pairs[-1] = EncodedPair(pairs[-1].prompt, pairs[-1].chosen, pairs[-1].rejected[: max(1, 3 * shape.response // 4)])

@@ -10,8 +10,10 @@ passes are timed per point at its shapes (cpu_passes.py); this profile holds wha
   casts to bf16, as a one-rank bf16 run does; two ranks full_shard, shard_grad_op and no_shard), and the
   difference per unit, forward and backward and in the optimizer, is the hooks', copies' and collectives'
   fixed cost; the gloo all-gather's bandwidth between two local ranks adds the cost of the bytes.
-The cache is keyed by the thread count and the torch version; delete it to measure again. Measure on a
-quiet machine: on cores other processes hold, a multi-threaded small matmul waits for its slowest thread.
+The cache is keyed by the thread count and the torch version; delete it to measure again. On cores other
+processes hold, a multi-threaded small matmul waits for its slowest thread: the measurement records the
+load it was taken under (load.py), and one taken on a busy machine is provisional, measured again at the
+next quiet chance (or once a run disagreed with a forecast made from it: `mark_for_remeasuring`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from dpo_sweeps.config.schema import ClusterConfig
+from dpo_sweeps.cost.load import Load, LoadWatch, busy_now
 from dpo_sweeps.cost.profile import DeviceProfile
 from dpo_sweeps.rundir.atomic import write_json_atomic
 from dpo_sweeps.rundir.paths import cache_root
@@ -55,7 +58,30 @@ def cached_measurement(threads: int) -> dict | None:
 
 def measure(threads: int) -> dict:
     """The micro-benchmark (a few seconds): matmuls in this process on `threads` threads, gloo between two
-    fresh processes."""
+    fresh processes; with the load it was taken under."""
+    with LoadWatch() as watch:
+        found = _measure(threads)
+    return {**found, "load": watch.load().as_dict()}
+
+
+def provisional(m: dict) -> bool:
+    """A measurement taken on a busy machine (or of unknown load), or doubted by a run."""
+    load = Load.of(m.get("load"))
+    return load is None or not load.quiet or bool(m.get("retime"))
+
+
+def mark_for_remeasuring(threads: int) -> bool:
+    found = cached_measurement(threads)
+    if found is None or found.get("retime"):
+        return False
+    try:
+        write_json_atomic(cache_path(threads), {**found, "retime": True})
+    except OSError:
+        return False
+    return True
+
+
+def _measure(threads: int) -> dict:
     import torch
 
     before = torch.get_num_threads()
@@ -80,12 +106,14 @@ def cpu_device_profile(cluster: ClusterConfig, threads: int | None = None) -> De
     """The profile of cluster=cpu on `threads` threads per rank: cached, or measured now and cached."""
     threads = threads or default_threads(1)
     found = cached_measurement(threads)
-    if found is None:
-        found = measure(threads)
-        try:
-            write_json_atomic(cache_path(threads), found)
-        except OSError:
-            pass  # measured again next time
+    if found is None or (provisional(found) and busy_now().quiet):
+        new = measure(threads)
+        if found is None or not provisional(new):
+            found = new
+            try:
+                write_json_atomic(cache_path(threads), found)
+            except OSError:
+                pass  # measured again next time
     return profile_of(cluster, found)
 
 
@@ -98,7 +126,8 @@ def profile_of(cluster: ClusterConfig, m: dict) -> DeviceProfile:
         intra_latency=m["gloo_latency_s"], inter_bandwidth=m["gloo_bandwidth"], inter_latency=m["gloo_latency_s"],
         measured=True, matmul_flops=matmul, op_overhead_s=m["op_overhead_s"],
         optimizer_s_per_param=m["optimizer_s_per_param"],
-        fsdp_unit_s=tuple((mode, pass_s, step_s) for mode, (pass_s, step_s) in sorted(m["fsdp_unit_s"].items())))
+        fsdp_unit_s=tuple((mode, pass_s, step_s) for mode, (pass_s, step_s) in sorted(m["fsdp_unit_s"].items())),
+        provisional=provisional(m))
 
 
 def _best_of(fn, repeats: int, budget_s: float = 1.0, at_least: int = 20) -> float:

@@ -34,6 +34,8 @@ class DeviceProfile:
     # Measured profiles: (wrapping, seconds one FSDP unit adds to a micro-batch's passes, seconds it adds to
     # the optimizer step); wrappings: cast (one rank, bf16), full_shard, shard_grad_op, no_shard (cpu_profile.py).
     fsdp_unit_s: tuple[tuple[str, float, float], ...] = ()
+    # Measured profiles: taken on a busy machine (or doubted by a run), measured again at the next quiet chance.
+    provisional: bool = False
 
     def fsdp_unit_cost(self, wrapping: str) -> tuple[float, float]:
         """(per micro-batch, per optimizer step) of one FSDP unit wrapped as `wrapping` (0, 0 unmeasured)."""

@@ -152,20 +152,44 @@ class Prediction:
     optimizer_s: float
     peak_memory_gib: float | None = None
     device_hours: Estimate | None = None
+    # The step at its worst, every row at data.max_length (predict.py); step_time_s is the expected one
+    # where the data's lengths were read (`lengths_from` says which pairs), else the worst (`lengths_reason`).
+    worst_step_time_s: Estimate | None = None
+    worst_device_hours: Estimate | None = None
+    lengths_from: str | None = None
+    lengths_reason: str | None = None
+    # A measured profile: a timing it rests on was taken on a busy machine (cost/load.py), or doubted by a run.
+    provisional: bool = False
+    timed_shapes: tuple = ()  # the pass timings it used (cpu_passes.PassShape), to mark for re-timing
+
+    @property
+    def expected(self) -> bool:
+        return self.lengths_from is not None
 
     def text(self) -> str:
-        """One line for people; every figure with its interval."""
+        """One line for people; every figure with its interval; the step expected from the data's lengths,
+        with the worst case beside it."""
         def show(e: Estimate, fmt: str) -> str:
             return f"{format(e.value, fmt)} [{format(e.low, fmt)}-{format(e.high, fmt)}]"
 
         s = self.step_time_s
-        parts = [f"step {show(s, '.3g')} s", f"{show(self.tokens_per_s_per_device, ',.0f')} tok/s/device"]
+        worst = self.worst_step_time_s
+        if self.expected and worst is not None:
+            step = f"step {show(s, '.3g')} s expected (worst case {worst.value:.3g} s)"
+        else:
+            step = f"step {show(s, '.3g')} s at the worst case"
+        parts = [step, f"{show(self.tokens_per_s_per_device, ',.0f')} tok/s/device"]
         if self.mfu is not None:
             parts.append(f"MFU {show(self.mfu.scaled(100), '.1f')}%")
         if self.device_hours is not None:
-            parts.append(f"{show(self.device_hours, '.3g')} device-h")
+            hours = f"{show(self.device_hours, '.3g')} device-h"
+            if self.expected and self.worst_device_hours is not None:
+                hours += f" (worst case {self.worst_device_hours.value:.3g})"
+            parts.append(hours)
         if self.peak_memory_gib is not None:
             parts.append(f"peak {self.peak_memory_gib:.2f} GiB")
+        if self.provisional:
+            parts.append("PROVISIONAL: a timing taken on a busy machine, re-taken at the next quiet chance")
         return ", ".join(parts)
 
 

@@ -46,7 +46,7 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
         # and the runtime it adds to it (none when this process trained before: a probe batch's later runs)
         metrics["perf/memory_before_model_gib"] = built.rss_before_model / GIB
         metrics["perf/peak_memory_estimate_runtime_gib"] = (estimate.baseline - built.rss_before_model) / GIB
-    metrics.update(predicted_step_metrics(cfg, world_size, device, built.shape))
+    metrics.update(predicted_step_metrics(cfg, world_size, device, built.shape, perf_metrics.get("perf/step_time_s")))
     metrics.update({"steps": state.step, "world_size": world_size, "num_params": built.num_params})
     if built.scaler.enabled:
         metrics["train/skipped_steps"] = built.scaler.skipped_steps

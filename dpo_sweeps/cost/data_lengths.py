@@ -1,0 +1,123 @@
+"""The lengths of a run's own pairs, and the micro-batches its collator will build from them.
+
+The worst case (every row at data.max_length, data/rows.py) is what the memory estimate must assume; a
+step's expected time is not: preference data is ragged (most HH responses are a few dozen tokens), and a
+run pads each micro-batch to its own longest row only (data/collate.py). So the forecast reads a seeded
+sample of the run's training pairs with the run's own readers and tokenizer (data/sources.py,
+models/build.py, data/encoding.py: truncation included), orders it with the run's sampler
+(GlobalBatchSampler: data.length_grouped, its window) and cuts each global batch as the ranks do
+(rank_micro_batch_indices). What comes out is, for each simulated step, each micro-batch's rows on each
+rank: their number, padded width and scored positions.
+
+A sample stands for the data set: the sampler's windows and batches keep their size in pairs, so the
+spread of lengths within a batch is the data set's, as long as the sample holds a window or more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# At most this many training pairs are tokenized for a forecast (more where one global batch needs more).
+SAMPLE_PAIRS = 256
+SAMPLE_SEED = 0  # the sample is the same for every forecast of the same data (cached pass timings match)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch on one rank, as data/collate.py pads it."""
+
+    rows: int  # chosen and rejected rows, or one prefix-shared row per pair
+    width: int  # every row padded to the longest
+    response_tokens: int  # the response tokens scored (a chunked LM head runs on these only)
+    pairs: tuple[tuple[int, int, int], ...]  # (prompt, chosen, rejected) tokens of each pair
+
+    @property
+    def positions(self) -> int:
+        return self.rows * self.width
+
+
+@dataclass(frozen=True)
+class DataLengths:
+    """The pairs a forecast read and the steps it built from them."""
+
+    pairs: list[tuple[int, int, int]]  # (prompt, chosen, rejected) tokens of each sampled pair
+    of_pairs: int  # how many training pairs the data set has
+    # steps[s][j][r]: micro-batch j of rank r in simulated step s
+    steps: list[list[list[MicroBatch]]]
+
+    def describe(self) -> str:
+        return f"{len(self.pairs)} of {self.of_pairs} training pairs"
+
+    def micro_batches(self) -> list[MicroBatch]:
+        return [mb for step in self.steps for ranks in step for mb in ranks]
+
+
+def sampled_pair_lengths(cfg, base_dir: Path | None = None) -> tuple[list[tuple[int, int, int]], int]:
+    """(prompt, chosen, rejected) tokens of a seeded sample of the config's training pairs, tokenized as the
+    run tokenizes them (train/setup.py's _load_and_encode: the same readers, tokenizer, chat template,
+    truncation and drops), and how many training pairs there are. Raises what those raise (DataError,
+    InvalidConfig, OSError)."""
+    from dpo_sweeps.data.encoding import chat_format, encode_pairs, render_pair
+    from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
+    from dpo_sweeps.data.sources import load_preference_rows
+    from dpo_sweeps.models.build import build_tokenizer
+
+    rows = load_preference_rows(cfg.data, base_dir or Path.cwd())
+    # The tokenizer is the run's: a BPE is trained on every training row (and cached), as the run's is.
+    plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
+    tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
+    chat = chat_format(tokenizer, cfg.data.chat_template)
+    size = max(SAMPLE_PAIRS, 2 * cfg.train.batch_size)
+    picked = sorted(np.random.default_rng(SAMPLE_SEED).permutation(len(rows.train))[:size].tolist())
+    pairs, _ = encode_pairs(
+        [render_pair(rows.train[i], chat, hh_dialogue=cfg.data.name == "hh") for i in picked], tokenizer,
+        max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
+        truncation_mode=cfg.data.truncation_mode, end_of_turn=chat.end_of_turn if chat else None)
+    pairs = drop_identical_after_truncation(pairs, [rows.train_where[i] for i in picked], DroppedRows())
+    return [(len(p.prompt), len(p.chosen), len(p.rejected)) for p in pairs], len(rows.train)
+
+
+def micro_batch_of(pairs: list[tuple[int, int, int]], share_prompt: bool) -> MicroBatch:
+    """The rows data/collate.py builds of these pairs: chosen and rejected rows padded to the longest prompt +
+    response, or (share_prompt) one row per pair, prompt + chosen + rejected, padded to the longest."""
+    responses = sum(c + r for _, c, r in pairs)
+    if share_prompt:
+        return MicroBatch(len(pairs), max(p + c + r for p, c, r in pairs), responses, tuple(pairs))
+    return MicroBatch(2 * len(pairs), max(p + max(c, r) for p, c, r in pairs), responses, tuple(pairs))
+
+
+def simulated_steps(pairs: list[tuple[int, int, int]], cfg, world_size: int,
+                    max_steps: int | None = None) -> list[list[list[MicroBatch]]]:
+    """The steps the run's sampler makes of these pairs (one pass over them, at least one step), each cut
+    into the ranks' micro-batches."""
+    from dpo_sweeps.data.encoding import GlobalBatchSampler, rank_micro_batch_indices
+
+    share = cfg.train.share_prompt
+    batch = cfg.train.batch_size
+    if len(pairs) < batch:  # a sample smaller than one batch (a small data set): it repeats, as epochs do
+        pairs = [pairs[i % len(pairs)] for i in range(batch)]
+    lengths = [p + c + r if share else p + max(c, r) for p, c, r in pairs]
+    window = cfg.data.length_group_window if cfg.data.length_grouped else 0
+    sampler = GlobalBatchSampler(len(pairs), batch, cfg.train.seed, lengths=lengths, group_window=window)
+    count = max(1, len(pairs) // batch)
+    steps = []
+    for step in range(min(count, max_steps or count)):
+        indices = sampler.indices(step)
+        per_rank = [rank_micro_batch_indices(indices, r, world_size, cfg.train.micro_batch_size)
+                    for r in range(world_size)]
+        steps.append([[micro_batch_of([pairs[i] for i in per_rank[r][j]], share) for r in range(world_size)]
+                      for j in range(len(per_rank[0]))])
+    return steps
+
+
+def data_lengths(cfg, world_size: int, base_dir: Path | None = None) -> DataLengths:
+    """The sampled pairs of a config and the steps its run would make of them."""
+    pairs, total = sampled_pair_lengths(cfg, base_dir)
+    if not pairs:
+        from dpo_sweeps.errors import DataError
+
+        raise DataError("data: no training pair left to size a step with")
+    return DataLengths(pairs, total, simulated_steps(pairs, cfg, world_size))
