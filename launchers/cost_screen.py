@@ -1,11 +1,15 @@
 """What a sweep will cost, before it starts: each point's predicted step time, tokens/s per device, MFU
 and device-hours on the cluster it names (`cluster=`, dpo_sweeps/cost/), beside the fit check's verdict,
-and the sweep's total. The dry run lists them; a real sweep prints the total before its first job."""
+and the sweep's total. The dry run lists them, for the points that have run too (with the step they
+measured beside the prediction where they ran on the cluster's hardware); a real sweep prints the total
+before its first job."""
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dpo_sweeps.launchers.jobs import SweepJob
@@ -49,3 +53,29 @@ def total_line(predictions: dict[int, Any]) -> str | None:
     from dpo_sweeps.cost.predict import total_text
 
     return total_text(list(predictions.values()))
+
+
+def measured_beside(job: SweepJob, run_dir: Path, prediction: Any) -> str:
+    """What a completed point's run measured, beside its prediction: its step time and the prediction's
+    error where it ran on the hardware the cluster profile describes (cluster=cpu: a CPU run on this
+    machine; a GPU profile: a GPU run predicted on that profile, i.e. on that GPU), else where it ran."""
+    from dpo_sweeps.rundir.summary import read_summary
+
+    summary = read_summary(run_dir)
+    measured = summary.metrics.get("perf/step_time_s") if summary is not None else None
+    if measured is None:
+        return "ran (no measured step time)"
+    cluster = job.task_config["cluster"]
+    if cluster.get("measured"):
+        nodes = set((summary.layout or {}).get("nodes") or [])
+        same = summary.device_kind == "cpu" and nodes <= {socket.gethostname()} and bool(nodes)
+    else:
+        same = summary.device_kind == "gpu" and \
+            summary.metrics.get("perf/step_time_predicted_profile") == cluster.get("name")
+    if not same:
+        where = summary.device_kind or "unknown hardware"
+        return f"ran on other hardware ({where}): measured {measured:.3g} s there"
+    step = prediction.step_time_s
+    inside = "inside" if step.low <= measured <= step.high else "OUTSIDE"
+    return (f"ran on this hardware: measured {measured:.3g} s, {100 * (step.value - measured) / measured:+.0f}% "
+            f"off, {inside} the interval")

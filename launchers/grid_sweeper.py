@@ -31,7 +31,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from dpo_sweeps.launchers.cost_screen import predict_jobs, total_line
+from dpo_sweeps.launchers.cost_screen import measured_beside, predict_jobs, total_line
 from dpo_sweeps.launchers.jobs import (
     PointLabels,
     SweepJob,
@@ -108,8 +108,10 @@ class GridSweeper(BasicSweeper):
             raise InvalidSweep(refusal_message(invalid, points))
         plan, unfit = self.plan(jobs, sweep_dir)
         predictions = predict_jobs(plan.to_run, self.fit_checks)
-        if self.dry_run:
-            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit, predictions, self.fit_checks))
+        if self.dry_run:  # the points that have run are priced too (what they would cost again)
+            done = predict_jobs([job for job, _ in plan.skipped])
+            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit, predictions, self.fit_checks,
+                                  done))
             return []
         if total_line(predictions):
             print(total_line(predictions), flush=True)
@@ -164,7 +166,7 @@ def interrupted_message(sweep_dir: Path) -> str:
 
 def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None,
                     unfit: Sequence[PredictedOOM] = (), predictions: dict[int, Any] | None = None,
-                    checks: dict[int, Any] | None = None) -> str:
+                    checks: dict[int, Any] | None = None, completed: dict[int, Any] | None = None) -> str:
     describe_job = getattr(launcher, "describe_job", None) or (lambda job: f"{job.world_size} ranks")
     label = PointLabels([j.overrides for j in plan.to_run] + [j.overrides for j, _ in plan.skipped]
                         + [p.job.overrides for p in unfit])
@@ -186,6 +188,11 @@ def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any
         lines.append(f"{len(plan.skipped)} already completed (skipped):")
         for job, where in plan.skipped:
             lines.append(f"  #{job.num}  {label(job.overrides)}   [completed in {where}]")
+            if job.num in (completed or {}):
+                lines.append(f"        predicted: {completed[job.num].text()}; "
+                             f"{measured_beside(job, where, completed[job.num])}")
+        if total_line(completed or {}):
+            lines.append(f"completed points, priced again: {total_line(completed)}")
     if unfit:
         lines.append(f"{len(unfit)} predicted not to fit their device (would be skipped, kind oom_predicted):")
         for p in unfit:
