@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict, read_write
 
-from dpo_sweeps.errors import RunFailure
+from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.rundir.paths import remove_empty_run_dir
 from dpo_sweeps.rundir.summary import Summary
 
@@ -34,29 +35,63 @@ from dpo_sweeps.rundir.summary import Summary
 def compose(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None) -> DictConfig:
     """The config `python -m dpo_sweeps OVERRIDES` runs, `hydra` node included (as Hydra's compose API
     returns it). `run_dir`: where `train` writes (hydra.run.dir; default outputs/DATE/TIME, as the
-    command). A key or value the schema refuses raises InvalidConfig, naming it in one line."""
+    command). A key, value or group option the schema refuses, and a grid of values (a sweep's
+    `key=a,b`), raise InvalidConfig, naming the setting in one line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from dpo_sweeps.checks.schema_errors import one_line_message, removed_group_refusal, schema_refusal
+    from dpo_sweeps.checks.schema_errors import group_refusal, removed_group_refusal, schema_refusal
     from dpo_sweeps.config import config_dir
 
     overrides = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
-    removed = removed_group_refusal(overrides)
-    if removed is not None:
-        raise removed
+    refusal = removed_group_refusal(overrides) or _override_refusal(overrides)
+    if refusal is not None:
+        raise refusal
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="dpo_sweeps"):
             return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
     except Exception as exc:
-        refusal = schema_refusal(exc)
+        refusal = schema_refusal(exc) or group_refusal(exc, overrides)
         if refusal is not None:
             raise refusal from None
         from hydra.errors import CompactHydraException
 
         if isinstance(exc, CompactHydraException):  # a group option that does not exist, a bad override
-            raise RunFailure(one_line_message(exc), "invalid_config") from None
+            raise _hydra_refusal(exc) from None
         raise
+
+
+def _override_refusal(overrides: list[str]) -> InvalidConfig | None:
+    """The InvalidConfig of the first override Hydra cannot parse, or that sweeps (`key=a,b`,
+    `choice(...)`, `range(...)`): a sweep's grid, which only the command runs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for line in overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        try:
+            override = parser.parse_override(line)
+        except HydraException as exc:
+            problem = str(exc).strip().splitlines()[0].split(" See https://")[0]
+            return InvalidConfig(key, f"cannot parse {value!r}: {problem}",
+                                 "a value in Hydra's override grammar, e.g. a number, a word, [a,b] for a list, "
+                                 "'a,b' quoted for a string")
+        if override.is_sweep_override():
+            return InvalidConfig(key, f"{value} is a sweep's grid of values",
+                                 "one value: api.train runs one config; a sweep is the command, "
+                                 f"python -m dpo_sweeps -m {line}")
+    return None
+
+
+def _hydra_refusal(exc: BaseException) -> InvalidConfig:
+    """Hydra's own error in one line, as the command prints it, naming its setting (a config group, the
+    override it could not parse)."""
+    from dpo_sweeps.checks.schema_errors import one_line_message
+
+    line = one_line_message(exc)
+    named = re.match(r"([\w.@/+~-]+): ", line) or re.search(r"override '[+~]*([^'=]+)", line)
+    return InvalidConfig.worded(named.group(1) if named else "overrides", line)
 
 
 # What joining a process group sets in this process's environment (parallel/distributed.py): left set, the
@@ -66,10 +101,12 @@ RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RAN
 
 def train(config: DictConfig | Sequence[str] = ()) -> Summary:
     """Train one config in this process (and its local ranks) as `python -m dpo_sweeps` would; returns
-    the run's Summary (rundir/summary.py: what its summary.json holds), completed or failed (a setting that cannot work, found
-    while validating, is a failed summary of kind invalid_config, as the command writes it). What the
-    command refuses before it writes a summary raises its RunFailure: a setting the run does not read,
-    an unwritable run directory, one that holds a completed run of another config.
+    the run's Summary (rundir/summary.py: what its summary.json holds), completed or failed: a run that
+    started and failed (bad data, a NaN loss, out of memory) is its failed summary. Before anything
+    starts, every setting the command refuses raises InvalidConfig, naming it in one line: those of
+    `compose`, a value validation refuses (where the command writes a failed summary of kind
+    invalid_config), a setting the run does not read, a run directory that holds a completed run of
+    another config; an unwritable run directory raises its RunFailure.
 
     `config`: what `compose` returned, or the overrides to compose. The run directory is the config's
     hydra.run.dir; relative data paths resolve against the current directory."""
@@ -95,7 +132,7 @@ def train(config: DictConfig | Sequence[str] = ()) -> Summary:
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
         Path(HydraConfig.get().runtime.output_dir).mkdir(parents=True, exist_ok=True)
-        return train_config(task_cfg, HydraConfig.get())
+        return train_config(task_cfg, HydraConfig.get(), refuse_invalid=True)
     except RunRefused as exc:
         if exc.nothing_written:  # as the command leaves it: no empty run directory
             remove_empty_run_dir(HydraConfig.get().runtime.output_dir)

@@ -9,6 +9,7 @@ cores to writing summary.json, is `dpo_sweeps.train.lifecycle.run_rank`.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -25,7 +26,14 @@ from dpo_sweeps.checks.schema_errors import schema_refusal
 from dpo_sweeps.checks.unused import Launch, check_settings_used
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training, say
+from dpo_sweeps.errors import (
+    FailureOnTheErrorLine,
+    InvalidConfig,
+    RunFailure,
+    failure_of,
+    interrupted_before_training,
+    say,
+)
 from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use, run_allocator
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.redaction import scrub_secrets, secret_values
@@ -61,10 +69,16 @@ class RunRefused(Exception):
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train one config; returns the summary.json metrics. Failed runs raise (sweeps) or exit 1."""
+    """Train one config; returns the summary.json metrics. Failed runs raise (sweeps) or exit 1.
+    A single run's last line says how it ended: where its results are and its headline metrics, or the
+    one `error:` line."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if not multirun:  # the error line below says a failure: the ranks' own record of it goes to the log file
+        for handler in logging.getLogger().handlers:
+            if not isinstance(handler, logging.FileHandler):
+                handler.addFilter(FailureOnTheErrorLine())
     try:
         summary = train(cfg, hydra_cfg)
     except RunRefused as exc:
@@ -89,14 +103,37 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             raise RunFailed(message)
         say(f"error: {message}")
         sys.exit(1)
+    if not multirun and summary.rank == 0:  # a sweep's screen lists its runs when they end
+        say(completed_line(summary, run_dir))
     return summary.metrics
 
 
-def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
+# What the line a completed run ends with shows (INTERFACE.md's names): the quality and the cost the
+# report ranks configs by.
+HEADLINE_METRICS = ("eval/rewards/accuracies", "eval/loss", "perf/tokens_per_s", "perf/peak_memory_gib")
+
+
+def completed_line(summary: Summary, run_dir: Path) -> str:
+    """`run completed: DIR (N steps in T s): metric value, ...`: where a single run's results are, and its
+    headline metrics (those it logged: without an eval, none of eval/)."""
+    metrics = summary.metrics
+    shown = [f"{name} {_figure(metrics[name])}" for name in HEADLINE_METRICS if metrics.get(name) is not None]
+    took = f" in {summary.wall_s:,.0f} s" if summary.wall_s is not None else ""
+    return f"run completed: {run_dir} ({metrics['steps']} steps{took}): {', '.join(shown)}"
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = False) -> Summary:
     """Train one config as the Hydra job `hydra_cfg` (HydraConfig's node) describes it, on as many ranks
     as it asks for; returns its summary, completed or failed. Raises RunRefused when it will not train
     (a setting that cannot work, a run directory it cannot write or that holds another config's run).
-    `run` is the Hydra task around it; dpo_sweeps.api calls it for a run in the caller's process."""
+    `run` is the Hydra task around it; dpo_sweeps.api calls it for a run in the caller's process.
+
+    `refuse_invalid`: a single run's setting that validation refuses raises RunRefused before anything is
+    written (dpo_sweeps.api), where the command writes its failed summary (kind invalid_config)."""
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
@@ -129,6 +166,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
             launch = Launch.TORCHRUN if from_torchrun_env() is not None else Launch.DPO_SWEEPS
             typed = Config.of(config)
             check_settings_used(typed, ctx.overrides, launch)
+            if refuse_invalid:
+                refuse_invalid_settings(typed, ctx.base_dir)
             check_device_memory(typed, ctx.base_dir)
         except InvalidConfig as exc:
             # torchrun: rank 0 says it
@@ -147,6 +186,17 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig) -> Summary:
         if not is_path_error(exc):
             raise
         raise RunRefused(unwritable_path(exc, run_dir, ctx.dir_setting), nothing_written=True) from None
+
+
+def refuse_invalid_settings(cfg: Config, base_dir: Path) -> None:
+    """Raises the InvalidConfig of the first setting validation refuses. Data it cannot find (DataError) is
+    left to the run, which fails with it in its summary (kind data_error), as every data error does."""
+    try:
+        validate_config(cfg, base_dir)
+    except InvalidConfig:
+        raise
+    except RunFailure:
+        pass
 
 
 def check_device_memory(cfg: Config, base_dir: Path) -> None:

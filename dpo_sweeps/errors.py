@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -88,6 +91,15 @@ class InvalidConfig(RunFailure):
     def __init__(self, setting: str, problem: str, accepted: str):
         super().__init__(f"{setting}: {problem} (accepted: {accepted})")
         self.setting = setting
+
+    @classmethod
+    def worded(cls, setting: str, line: str) -> InvalidConfig:
+        """One whose line is already worded, setting first (Hydra's own errors made one line,
+        checks/schema_errors.py's one_line_message)."""
+        refusal = cls.__new__(cls)
+        RunFailure.__init__(refusal, line)
+        refusal.setting = setting
+        return refusal
 
 
 class DataError(RunFailure):
@@ -176,3 +188,65 @@ def _is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class FailureOnTheErrorLine(logging.Filter):
+    """Keeps a rank's ERROR record of its run's failure off the terminal: the command ends with the one
+    `error: run failed (KIND): ...` line that says it (app.py), and summary.json keeps it; the run's log
+    file, a handler without this filter, keeps the rank's record too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not record.name.startswith("dpo_sweeps")
+
+
+class LocalRankFailureOnTheErrorLine(FailureOnTheErrorLine):
+    """The same, on the `dpo_sweeps` logger, for a local rank (a process multiprocessing started:
+    dpo_sweeps/runtime/local_ranks.py), whose basicConfig replaces its handlers and which has no log file:
+    the process that started it says the failure once. Asked when a record is logged, as multiprocessing
+    knows a process's parent only once the process has imported its modules."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return multiprocessing.parent_process() is None or super().filter(record)
+
+
+# Third-party warnings about the libraries' own calls, which no setting of a run changes, each matched by
+# its exact words (and the module that warns), so that any other warning, one naming a setting of the
+# user's above all, is still shown: (category, message regex, module regex).
+THIRD_PARTY_WARNINGS = (
+    # peft's PeftModel reads the deprecated property of every model it wraps (peft=lora, qlora).
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils"),
+)
+# Third-party log records of the same kind, per logger: (logger, message start).
+THIRD_PARTY_LOG_RECORDS = (
+    # bitsandbytes' CPU backend, imported with peft on a CPU with AVX-512 BF16, looks for an optional
+    # 4-bit kernel on the hub at import, whatever the run's peft (only peft=qlora runs 4-bit layers).
+    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward"),
+)
+
+
+class _ThirdPartyRecord(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def quiet_third_party() -> None:
+    """Filters THIRD_PARTY_WARNINGS and THIRD_PARTY_LOG_RECORDS in this process, and a local rank's record
+    of its failure (LocalRankFailureOnTheErrorLine); once (again: no effect)."""
+    for category, message, module in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name, start in THIRD_PARTY_LOG_RECORDS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _ThirdPartyRecord) and f.start == start for f in logger.filters):
+            logger.addFilter(_ThirdPartyRecord(start))
+    logger = logging.getLogger("dpo_sweeps")
+    if not any(isinstance(f, LocalRankFailureOnTheErrorLine) for f in logger.filters):
+        logger.addFilter(LocalRankFailureOnTheErrorLine())
+
+
+# Every process that trains imports this module before it builds a model (the Hydra task, a local or
+# torchrun rank, a submitit job, a program calling dpo_sweeps.api): the filters are in place for each.
+quiet_third_party()
