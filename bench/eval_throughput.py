@@ -6,10 +6,13 @@
     python bench/eval_throughput.py --smoke               # a tiny model, a few steps: checks the script runs
 
 Each run is one `python -m dpo_sweeps` that alternates rounds on the same ranks: `--eval-every` training
-steps, then an evaluation of the `--eval-pairs` held-out pairs, `--rounds` times. From its metrics.jsonl:
-training pairs/s is train.batch_size / `perf/step_time_s` of each step after the first round (the first
-round warms up: allocator, kernels, the first gathers), eval pairs/s the held-out pairs / `perf/eval_time_s`
-of each evaluation after the first; the medians of both, and their ratio (the target: eval at least 3x).
+steps, then an evaluation of the `--eval-pairs` held-out pairs, `--rounds` times. The training set is cut to
+one epoch a round (`data.max_pairs` = batch size x `--eval-every`), so that each timed round trains on every
+training pair once, as the evaluation scores every held-out pair once: both rates are over the whole length
+distribution of the same data (a few steps of a length-grouped epoch would be a sample of its batches).
+From its metrics.jsonl, after the first round (the first round warms up: allocator, kernels, the first
+gathers): training pairs/s is the pairs of the timed steps over the sum of their `perf/step_time_s`, eval
+pairs/s the held-out pairs over the sum of `perf/eval_time_s`, and their ratio (the target: eval at least 3x).
 Two variants run alternately, their order swapped every run so that a slow spell of the machine falls on
 both: `derived` (train.eval_micro_batch_size null: as many tokens a pass as a training micro-batch's memory
 holds) and `train_micro_batch` (eval passes of train.micro_batch_size pairs, the earlier behaviour's size).
@@ -33,7 +36,7 @@ HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "checkpoint.every_steps=0"]
 SMOLLM2 = ["model=smollm2_135m", "data=hh", f"data.path={HH}", "resources.nproc_per_node=2", "fsdp=full_shard",
            "precision=fp32", "train.batch_size=16", "train.micro_batch_size=4", "train.warmup_steps=0"]
-SMOKE = ["model=tiny_gpt2", "data.num_train_pairs=256", "resources.nproc_per_node=2", "train.batch_size=16",
+SMOKE = ["model=tiny_gpt2", "resources.nproc_per_node=2", "train.batch_size=16",
          "train.micro_batch_size=4", "train.warmup_steps=0"]
 
 
@@ -50,19 +53,19 @@ def run(run_dir: Path, overrides: list[str]) -> list[dict]:
 
 
 def throughput(records: list[dict], batch_size: int, eval_pairs: int, eval_every: int) -> tuple[float, float]:
-    """Median training pairs/s and eval pairs/s of one run, its first round left out."""
-    train = [batch_size / r["perf/step_time_s"] for r in records if "train/loss" in r and r["step"] > eval_every]
-    evals = [eval_pairs / r["perf/eval_time_s"] for r in records if "perf/eval_time_s" in r and r["step"] > eval_every]
-    if not train or not evals:
+    """Training pairs/s and eval pairs/s of one run, over all its rounds but the first (totals over totals)."""
+    steps = [r["perf/step_time_s"] for r in records if "train/loss" in r and r["step"] > eval_every]
+    evals = [r["perf/eval_time_s"] for r in records if "perf/eval_time_s" in r and r["step"] > eval_every]
+    if not steps or not evals:
         sys.exit("no timed round: raise --rounds")
-    return statistics.median(train), statistics.median(evals)
+    return batch_size * len(steps) / sum(steps), eval_pairs * len(evals) / sum(evals)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2, help="runs of each variant")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of training steps and one evaluation per run")
-    parser.add_argument("--eval-every", type=int, default=4, help="training steps per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of an epoch of training and one evaluation")
+    parser.add_argument("--eval-every", type=int, default=6, help="training steps per round (one epoch)")
     parser.add_argument("--eval-pairs", type=int, default=256, help="held-out pairs per evaluation")
     parser.add_argument("--max-length", type=int, default=512, help="data.max_length (HH's own: 512)")
     parser.add_argument("--max-prompt-length", type=int, default=256, help="data.max_prompt_length (HH's own: 256)")
@@ -78,6 +81,8 @@ def main() -> None:
                 f"data.max_prompt_length={args.max_prompt_length}"]
     batch_size = int(next(o for o in base if o.startswith("train.batch_size=")).split("=")[1])
     micro = int(next(o for o in base if o.startswith("train.micro_batch_size=")).split("=")[1])
+    epoch = "data.num_train_pairs" if args.smoke else "data.max_pairs"  # the generator's own count, or a cut
+    base = [*base, f"{epoch}={batch_size * args.eval_every}"]  # one epoch a round
     overrides = [*base, f"train.max_steps={args.rounds * args.eval_every}", f"train.eval_every={args.eval_every}",
                  f"train.eval_max_pairs={args.eval_pairs}", "perf.warmup_steps=0", "train.log_every=1"]
     root = Path(tempfile.mkdtemp(prefix="eval-throughput-"))
