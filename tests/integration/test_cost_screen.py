@@ -19,10 +19,12 @@ def test_a_dry_run_on_a_named_cluster_lists_each_points_cost_beside_its_fit_and_
     predicted = [line for line in result.stdout.splitlines() if line.strip().startswith("predicted: step")]
     assert len(predicted) == 8, result.stdout
     for line in predicted:  # every figure with its interval; the fit check against the H100's 80 GiB
-        for figure in (" s,", "tok/s/device", "MFU", "device-h"):
+        # the step expected from the data's own lengths, the worst case (every row at its longest) beside it
+        for figure in (" s expected (worst case ", "tok/s/device", "MFU", "device-h (worst case "):
             assert figure in line
         assert line.count("[") >= 4 and line.endswith("fits 80 GiB")
-    assert "predicted total:" in result.stdout and "device-hours [" in result.stdout
+    total = next(line for line in result.stdout.splitlines() if line.startswith("predicted total:"))
+    assert "device-hours [" in total and "expected from the data's lengths; worst case" in total
     assert not (tmp_path / "sweep").exists()  # nothing started
 
 
