@@ -4,7 +4,8 @@ Hydra's `load_sweep_config` composes every job from scratch (defaults tree, conf
 which is most of a large sweep's cost before launch. Yet Hydra itself composes a job in two steps:
 the overrides that choose config groups (`model=...`, `+sweep=...`, `hydra/launcher=...`) decide
 the defaults tree and the merged config; every other override (`loss.beta=0.5`, `+train.x=1`,
-`++a.b=2`, `~a.b`) is applied afterwards, in order, to that config (`_apply_overrides_to_config`).
+`++a.b=2`, `~a.b`) is applied afterwards, in order, to that config (Hydra's private `_apply_overrides_to_config`, borrowed
+through hydra_private.py with the other private names the project uses).
 So points that differ only in values share one composed base (`_Base`), and a point's own config is
 that base with its value overrides applied the same way, plus the per-job entries Hydra writes
 (`hydra.overrides.task`, `hydra.job.override_dirname`, `hydra.job.num`): `PointRecipe.config()`.
@@ -29,12 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from dpo_sweeps.launchers.hydra_private import apply_overrides, config_group_test, overrides_dirname, raw_node
 from dpo_sweeps.redaction import scrub_secrets
 
 # The interpolations a sweep's run directory (hydra.sweep.dir, hydra.sweep.subdir) may use for the
@@ -53,8 +54,7 @@ class SweepComposer:
         self.master = master
         self.master_hydra_overrides = list(OmegaConf.to_container(master.hydra.overrides.hydra))
         self.parser = OverridesParser.create(config_loader=config_loader)
-        _, self.repo = config_loader._parse_overrides_and_create_caching_repo(
-            master.hydra.job.config_name, self.master_hydra_overrides)
+        self.is_group = config_group_test(config_loader, master.hydra.job.config_name, self.master_hydra_overrides)
         self._parsed: dict[str, Override | None] = {}
         self._is_group: dict[str, bool] = {}
         self._bases: dict[tuple[str, ...], _Base | Exception] = {}
@@ -119,7 +119,7 @@ class SweepComposer:
 
     def _group(self, key: str) -> bool:
         if key not in self._is_group:
-            self._is_group[key] = self.repo.group_exists(key)
+            self._is_group[key] = self.is_group(key)
         return self._is_group[key]
 
     def _base(self, key: tuple[str, ...]) -> _Base | Exception:
@@ -162,7 +162,7 @@ class _Base:
     def working_section(self, section: str) -> DictConfig:
         """A copy of one section of the base's task config, kept for points that only change its leaves."""
         if section not in self._sections:
-            self._sections[section] = copy.deepcopy(self.task._get_node(section))
+            self._sections[section] = copy.deepcopy(raw_node(self.task, section))
         return self._sections[section]
 
     def run_dir(self, num: int, override_dirname: str) -> Path:
@@ -199,7 +199,7 @@ class PointRecipe:
         else:
             config = copy.deepcopy(self.base.config)
             OmegaConf.copy_cache(from_config=self.composer.master, to_config=config)
-            ConfigLoaderImpl._apply_overrides_to_config(self.values, config)
+            apply_overrides(self.values, config)
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.overrides.task = self.base.task_lines_before + self.task_lines
                 config.hydra.job.override_dirname = self.override_dirname()
@@ -209,7 +209,7 @@ class PointRecipe:
 
     def override_dirname(self) -> str:
         assert isinstance(self.base, _Base)
-        return get_overrides_dirname(overrides=self.app_overrides, **self.base.dirname_settings)
+        return overrides_dirname(self.app_overrides, **self.base.dirname_settings)
 
     def resolve(self, num: int) -> tuple[dict[str, Any], Path]:
         """The point's resolved task config (as `run(cfg)` sees it) and its run directory."""
@@ -241,7 +241,7 @@ class PointRecipe:
                 # Only leaves change: on the base's one working copy of the section, set back afterwards.
                 node = base.working_section(section)
                 try:
-                    ConfigLoaderImpl._apply_overrides_to_config(overrides, node)
+                    apply_overrides(overrides, node)
                     task[section] = dict(values)
                     for o in overrides:  # a leaf's value as to_container gives it: no interpolation here
                         task[section][o.key_or_group] = node[o.key_or_group]
@@ -252,9 +252,9 @@ class PointRecipe:
                         node[o.key_or_group] = values[o.key_or_group]
                 continue
             # A copy of the section keeps the base as its parent, so it is typed and flagged as there.
-            node = copy.deepcopy(base.task._get_node(section))
+            node = copy.deepcopy(raw_node(base.task, section))
             try:
-                ConfigLoaderImpl._apply_overrides_to_config(overrides, node)
+                apply_overrides(overrides, node)
             except Exception:  # the exact road reports it with the full key
                 return None
             task[section] = OmegaConf.to_container(node, resolve=True)

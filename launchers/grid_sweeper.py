@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from dpo_sweeps.launchers.cost_screen import measured_beside, predict_jobs, total_line
+from dpo_sweeps.launchers.hydra_private import BasicSweeper
 from dpo_sweeps.launchers.jobs import (
     PointLabels,
     SweepJob,
