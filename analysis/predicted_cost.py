@@ -25,6 +25,8 @@ class PredictedStep:
     high_s: float
     measured_s: float
     profile: str
+    worst_s: float | None = None  # every row at data.max_length (the predicted one is from the data's lengths)
+    provisional: bool = False  # the prediction rested on a timing taken on a busy machine
 
     @property
     def error(self) -> float:
@@ -42,7 +44,10 @@ def predicted_steps(runs: list[Run]) -> list[PredictedStep]:
     for run in runs:
         values = [run.metric(k) for k in (PREDICTED, f"{PREDICTED[:-2]}_low_s", f"{PREDICTED[:-2]}_high_s", MEASURED)]
         if all(math.isfinite(v) and v > 0 for v in values):
-            out.append(PredictedStep(run.name, *values, str(run.metrics.get("perf/step_time_predicted_profile") or "")))
+            worst = run.metrics.get("perf/step_time_predicted_worst_s")
+            out.append(PredictedStep(run.name, *values, str(run.metrics.get("perf/step_time_predicted_profile") or ""),
+                                     worst if isinstance(worst, int | float) else None,
+                                     bool(run.metrics.get("perf/step_time_predicted_provisional"))))
     return out
 
 
@@ -60,8 +65,10 @@ def terminal_lines(steps: list[PredictedStep]) -> list[str]:
         return []
     lines = ["Predicted vs measured step time (s):"]
     for s in steps:
-        lines.append(f"  {s.run}: predicted {s.predicted_s:.3g} [{s.low_s:.3g}-{s.high_s:.3g}] on {s.profile}, "
-                     f"measured {s.measured_s:.3g} ({100 * s.error:+.0f}%)")
+        worst = f" (worst case {s.worst_s:.3g})" if s.worst_s is not None else ""
+        flag = ", on a provisional timing (a busy machine)" if s.provisional else ""
+        lines.append(f"  {s.run}: predicted {s.predicted_s:.3g} [{s.low_s:.3g}-{s.high_s:.3g}]{worst} on {s.profile}"
+                     f"{flag}, measured {s.measured_s:.3g} ({100 * s.error:+.0f}%)")
     lines.append(summary_line(steps))
     return lines
 
