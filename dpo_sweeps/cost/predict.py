@@ -159,17 +159,29 @@ class _Timings:
     def provisional(self) -> bool:
         return self._provisional or self.profile.provisional
 
+    def _monotone(self) -> dict[int, dict[str, float]]:
+        """The timed points, each capped by those of larger micro-batches: fewer padded positions never take
+        longer; a point above a larger one waited for cores another process held (cost/load.py)."""
+        out, cap = {}, float("inf")
+        for x in sorted(self.points, reverse=True):
+            own = asdict(self.points[x])
+            total = own["block_train_s"] + own["rest_train_s"]
+            scale = min(1.0, cap / total) if total > 0 else 1.0  # the whole point: its split is a difference
+            out[x] = {k: v * scale for k, v in own.items()}
+            cap = min(cap, total * scale)
+        return out
+
     def interpolated(self, positions: int) -> MeasuredPasses | None:
         if self.key is None:
             return None
         xs = sorted(self.points)
         if positions in self.points or len(xs) == 1:
-            return self.points.get(positions) or self.points[xs[0]]
+            return MeasuredPasses(**self._monotone()[positions if positions in self.points else xs[0]])
         # The segment that holds `positions`, or the nearest one (extrapolated, never below proportional).
         i = max(1, min(len(xs) - 1, next((k for k, x in enumerate(xs) if x >= positions), len(xs) - 1)))
         x0, x1 = xs[i - 1], xs[i]
         t = (positions - x0) / (x1 - x0)
-        a, b = asdict(self.points[x0]), asdict(self.points[x1])
+        a, b = self._monotone()[x0], self._monotone()[x1]
         return MeasuredPasses(**{k: max(a[k] + t * (b[k] - a[k]), a[k] * min(1.0, positions / x0)) for k in a})
 
 
