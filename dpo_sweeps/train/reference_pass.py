@@ -20,6 +20,7 @@ from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.models.quantize import quantization_settings
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.train.phase_progress import PhaseProgress
 from dpo_sweeps.train.scoring import batch_logps, collate_pairs
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,15 @@ def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Confi
     if probing:  # the values cannot change a step's speed or memory: skip the scoring pass
         found = reference_logps.placeholder(len(data.train_pairs), len(data.eval_pairs))
     else:
+        # Every rank makes the same calls with as many pairs: rank 0's count times the ranks is the run's.
+        passes = len(list(reference_logps.first_use_plan(data.sampler, layout)))
+        total = env.world_size * (passes * cfg.train.micro_batch_size + sum(map(len, eval_batches)))
+        progress = PhaseProgress("reference log-probs", total, "pairs", enabled=env.is_main)
+
         def score(pairs: list[EncodedPair]) -> torch.Tensor:
-            return reference_batch_logps(reference, pairs, data.tokenizer, cfg, device, stop_watch, env.world_size)
+            found = reference_batch_logps(reference, pairs, data.tokenizer, cfg, device, stop_watch, env.world_size)
+            progress.advance(env.world_size * len(pairs))
+            return found
 
         found = reference_logps.load_or_compute(score, key, data.train_pairs, data.eval_pairs, data.sampler,
                                                 layout, env.rank, device, eval_batches)

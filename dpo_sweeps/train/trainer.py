@@ -40,6 +40,7 @@ from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
 from dpo_sweeps.train.final_metrics import final_metrics
 from dpo_sweeps.train.perf import PerfMeter
+from dpo_sweeps.train.phase_progress import PhaseProgress
 from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.reference_sync import due, sync_reference
@@ -239,6 +240,8 @@ class Trainer:
         n = len(pairs)
         names, sums, count, scores = None, None, 0, []
         policy.eval()
+        progress = PhaseProgress("eval", self.env.world_size * sum(map(len, self.built.eval_batches)), "pairs",
+                                 enabled=self.env.is_main and not self.probing)
         for idx in self.built.eval_batches:
             self.heartbeat(self.state.step, "eval")
             real = torch.tensor([i < n for i in idx], dtype=torch.float64)
@@ -249,6 +252,7 @@ class Trainer:
             sums = batch_sums if sums is None else sums + batch_sums
             count += int(real.sum())
             scores.append(_pair_scores(idx, all_stats))
+            progress.advance(self.env.world_size * len(idx))
         policy.train()
         totals = all_reduce(sums.tolist() + [count])
         return {k: v / totals[-1] for k, v in zip(names, totals)}, torch.cat(scores)
