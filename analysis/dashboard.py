@@ -56,9 +56,24 @@ h2 { font-size:17px; margin:0 0 10px; }
 .note { padding:8px 12px; border-radius:6px; margin:6px 0; background:#eef4ff; border:1px solid #c9dafc; }
 .note.close { background:#fff5e6; border-color:#f3c77a; }
 img { max-width:100%; height:auto; display:block; margin:8px 0; }
-.scroll { overflow-x:auto; max-height:640px; overflow-y:auto; border:1px solid var(--line); border-radius:6px; }
-table { border-collapse:collapse; font-size:12.5px; width:100%; }
+.scroll { overflow-x:auto; max-height:640px; overflow-y:auto; border:1px solid var(--line); border-radius:6px;
+          scrollbar-width:auto; scrollbar-color:#9aa3b2 #eef0f4; }
+/* A table wider than the page scrolls sideways, and says so: overlay scrollbars show none until touched.
+   The shade on the right edge marks the columns still to the right. */
+.table-frame { position:relative; }
+.table-frame.more-right::after { content:""; position:absolute; top:0; right:0; bottom:0; width:28px;
+          pointer-events:none; border-radius:0 6px 6px 0;
+          background:linear-gradient(to left, rgba(31,36,48,.22), rgba(31,36,48,0)); }
+.scroll-hint { margin:0 0 6px; font-size:12.5px; color:var(--muted); }
+table { border-collapse:separate; border-spacing:0; font-size:12.5px; width:100%; }
 th, td { padding:5px 8px; border-bottom:1px solid var(--line); text-align:right; white-space:nowrap; }
+/* Headers wrap at their slashes and brackets (<wbr>), so long metric names do not widen every column. */
+thead th { white-space:normal; min-width:4.5em; vertical-align:bottom; }
+/* The first column names the row: it stays in view while the table scrolls sideways. */
+tbody tr { background:#fff; }
+tbody td:first-child, thead th:first-child { position:sticky; left:0; box-shadow:1px 0 0 var(--line); }
+tbody td:first-child { background:inherit; z-index:1; }
+thead th:first-child { z-index:2; }
 td.text, th.text { text-align:left; }
 td.config { font-family:ui-monospace,Menlo,Consolas,monospace; text-align:left; }
 thead th { position:sticky; top:0; background:#eef0f4; cursor:pointer; user-select:none; z-index:1; }
@@ -124,6 +139,23 @@ SCRIPT = """
       });
     });
   });
+  document.querySelectorAll(".table-frame").forEach(function (frame) {
+    var box = frame.querySelector(".scroll");
+    var hint = frame.previousElementSibling;
+    function mark() {
+      var overflows = box.scrollWidth > box.clientWidth + 1;
+      frame.classList.toggle("more-right", box.scrollWidth - box.clientWidth - box.scrollLeft > 1);
+      hint.hidden = !overflows;
+      if (overflows) {
+        var columns = box.querySelector("thead tr").cells.length;
+        hint.textContent = "Wider than the window: scroll the table sideways (its scrollbar, shift + wheel or a " +
+          "swipe) for all " + columns + " columns; the first stays in view.";
+      }
+    }
+    box.addEventListener("scroll", mark);
+    window.addEventListener("resize", mark);
+    mark();
+  });
   document.documentElement.setAttribute("data-dashboard", "ready");
 })();
 """
@@ -158,11 +190,21 @@ def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]], 
         rows = rows[:MAX_TABLE_ROWS]
     # Numbers align right, text left: a column holding any number is a number column.
     numeric = [any('data-value="' in cells[i] for _, cells in rows) for i in range(len(header))]
-    head = "".join(f'<th scope="col" class="{"" if n else "text"}">{_escape(h)}</th>' for h, n in zip(header, numeric))
+    head = "".join(f'<th scope="col" class="{"" if n else "text"}">{_breakable(h)}</th>' for h, n in zip(header, numeric))
     body = "".join(f'<tr class="{css}">{"".join(cells)}</tr>' for css, cells in rows)
     return (f'{note}<input class="filter" type="search" data-table="{table_id}" placeholder="{placeholder}">'
-            f'<div class="scroll"><table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{body}</tbody></table></div>')
+            f'<p class="scroll-hint" hidden></p><div class="table-frame"><div class="scroll">'
+            f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table></div></div>')
+
+
+def _breakable(header: str) -> str:
+    """A column header that may wrap after each / ( or space: `eval/rewards/accuracies` takes three short
+    lines, not one long one (the text itself, which sorting and tests read, is unchanged)."""
+    escaped = _escape(header)
+    for mark in ("/", "("):
+        escaped = escaped.replace(mark, f"{mark}<wbr>")
+    return escaped
 
 
 def image_html(png: bytes | None, alt: str, why: str = "nothing to plot yet") -> str:

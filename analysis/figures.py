@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, LogLocator
+from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator
+from matplotlib.transforms import Bbox
 
 from dpo_sweeps.analysis.optuna_study import Study
 from dpo_sweeps.analysis.ranking import CRITERIA, Ranking
@@ -29,8 +31,15 @@ LOSS_COLOR = "#2e6fba"
 ACCURACY_COLOR = "#e07b18"
 FAILED_COLOR = "#b3261e"
 TIED_COLOR = "#2a9d8f"
+MEAN_COLOR = "#1f2430"
+# Every figure is this wide (at png_bytes' dpi, 880 px): the dashboard shows it at its own size, unscaled, from
+# a 1,000 px wide window up, so its text is as large on the page as below.
+FIGURE_WIDTH_IN = 8.0
+# No text of a figure is smaller (at 110 dpi, 12 px: legible unscaled).
+SMALLEST_FONT_PT = 8
 MAX_CURVE_PANELS = 48
 TOP_CURVE_CONFIGS = 12
+CURVE_COLUMNS = 3
 # Past this many configs the Pareto figure names only the front's (the rest are unlabelled points).
 MAX_LABELLED_CONFIGS = 20
 # Cells where every run failed (or none ran) show grey.
@@ -64,15 +73,15 @@ def _accuracy_bar(config, stat) -> tuple[list[list[float]] | None, bool]:
 
 def pareto_figure(ranking: Ranking) -> Figure | None:
     """Configs by speed per memory (mean ± std) and accuracy (mean and its 95% interval, else ± std); the
-    Pareto front joined up, the configs tied with the best accuracy ringed."""
+    Pareto front joined up, the configs tied with the best accuracy ringed. Each config is named by a
+    label placed where it overlaps no other label, point or the legend (`_place_labels`)."""
     x_metric, y_metric = CRITERIA
     points = [c for c in ranking.configs if x_metric in c.stats and y_metric in c.stats]
     if not points:
         return None
-    figure = Figure(figsize=(9, 6), layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH_IN, 5.8), layout="constrained")
     axes = figure.add_subplot()
-    xs = [c.mean(x_metric) for c in points]
-    middle = (min(xs) + max(xs)) / 2
+    every_point = [(c.mean(x_metric), c.mean(y_metric)) for c in points]
     crowded = len(points) > MAX_LABELLED_CONFIGS
     if crowded:  # thousands of error bars and labels: the front stays readable, the rest a cloud
         rest = [c for c in points if not c.pareto]
@@ -80,7 +89,7 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
                      alpha=0.5, zorder=2, label=f"other configs ({len(rest)})")
         points = [c for c in points if c.pareto]
     tied_labelled = False
-    for index, config in enumerate(sorted(points, key=lambda c: c.mean(x_metric))):
+    for config in points:
         x, y = config.stats[x_metric], config.stats[y_metric]
         color = PARETO_COLOR if config.pareto else POINT_COLOR
         accuracy_bar, tied = _accuracy_bar(config, y)
@@ -90,12 +99,6 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
             axes.scatter([x.mean], [y.mean], s=260, facecolors="none", edgecolors=TIED_COLOR, linewidths=1.5,
                          zorder=3, label=None if tied_labelled else "tied with the best accuracy")
             tied_labelled = True
-        # Labels point inwards, alternately above and below, so they overlap less and stay inside.
-        right_half = x.mean > middle
-        offset = (-7 if right_half else 7, 6 if index % 2 == 0 else -6)
-        axes.annotate(textwrap.fill(config.label, 42), (x.mean, y.mean), xytext=offset, textcoords="offset points",
-                      fontsize=7.5, color="#222" if config.pareto else "#555", zorder=4,
-                      ha="right" if right_half else "left", va="bottom" if index % 2 == 0 else "top")
     front = sorted(ranking.pareto, key=lambda c: c.mean(x_metric))
     if ranking.quality and ranking.quality.tests:
         # With ties the front is every config nothing significantly better and faster beats: not a staircase
@@ -105,19 +108,95 @@ def pareto_figure(ranking: Ranking) -> Figure | None:
         axes.plot([c.mean(x_metric) for c in front], [c.mean(y_metric) for c in front], "--", color=PARETO_COLOR,
                   alpha=0.6, zorder=2, label=f"Pareto front ({len(front)} configs)")
     failed = [c for c in ranking.configs if not c.completed]
+    notes = []
     if failed:
         text = "not plotted (every run failed):\n" + "\n".join(
             f"{c.label}: {format_failures(c.failures)}" for c in failed[:8])
-        axes.text(0.01, 0.01, text, transform=axes.transAxes, fontsize=7, color=FAILED_COLOR, va="bottom")
+        notes.append(axes.text(0.01, 0.01, text, transform=axes.transAxes, fontsize=SMALLEST_FONT_PT,
+                               color=FAILED_COLOR, va="bottom"))
     axes.set_xlabel(AXIS_TITLES[x_metric])
     axes.set_ylabel(AXIS_TITLES[y_metric])
     intervals = any(c.versus_best and math.isfinite(c.versus_best.accuracy_ci95[0]) for c in points)
-    axes.set_title("Speed per memory vs preference accuracy (higher is better on both"
-                   + ("; accuracy bars: 95% intervals)" if intervals else ")"))
+    axes.set_title("Speed per memory vs preference accuracy\n(higher is better on both"
+                   + ("; accuracy bars: 95% intervals)" if intervals else ")"), fontsize=10)
     axes.grid(alpha=0.3)
-    axes.legend(loc="upper right", fontsize=8)
-    axes.margins(x=0.15, y=0.12)
+    axes.legend(loc="best", fontsize=SMALLEST_FONT_PT)
+    axes.margins(x=0.2, y=0.15)
+    # The front's labels first: where space runs short, they get the places nearest their points.
+    labelled = sorted(points, key=lambda c: (not c.pareto, c.mean(x_metric)))
+    _place_labels(figure, axes, [(textwrap.fill(c.label, 36), (c.mean(x_metric), c.mean(y_metric)),
+                                  "#222" if c.pareto else "#555") for c in labelled], every_point, notes)
     return figure
+
+
+# Where a label may go around its point: directions (the nearest first: right, left, above, below, then the
+# diagonals) and distances in points; past the first distance a thin line joins it to its point.
+LABEL_DIRECTIONS = (0, 180, 90, 270, 45, 135, 315, 225, 20, 160, 340, 200, 70, 110, 290, 250)
+LABEL_DISTANCES_PT = (6, 18, 32, 50, 72, 100, 135)
+# The box a point's marker (ring included) takes, in points either side of its centre.
+MARKER_HALF_PT = 8
+
+
+def _place_labels(figure: Figure, axes, labels: list[tuple[str, tuple[float, float], str]],
+                  points: list[tuple[float, float]], notes: list) -> None:
+    """Annotates each (text, (x, y), color) at the first place around its point, nearest first, where its
+    box stays inside the axes and overlaps no label placed before it, no point's marker, the legend or
+    `notes`; where none is free, at the place overlapping least. Greedy, as label placers are (an
+    exact placement is NP-hard): with the front labelled first, it finds room for the few dozen labels
+    the figure draws."""
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the canvas png_bytes draws on: the same text extents
+    figure.draw_without_rendering()  # the constrained layout settles, so display coordinates hold
+    legend = axes.get_legend()
+    if legend is not None:  # 'best' was chosen among the points; the labels must not move it onto them
+        where = legend.get_window_extent().transformed(axes.transAxes.inverted())
+        legend.set_loc((where.x0, where.y0))
+    pixels = figure.dpi / 72
+    inside = axes.get_window_extent().padded(-2)
+    half = MARKER_HALF_PT * pixels
+    taken = [Bbox.from_extents(px - half, py - half, px + half, py + half)
+             for px, py in axes.transData.transform(points)]
+    taken += [artist.get_window_extent(renderer) for artist in [legend, *notes] if artist is not None]
+    for text, (x, y), color in labels:
+        px, py = axes.transData.transform((x, y))
+        probe = axes.text(0, 0, text, fontsize=SMALLEST_FONT_PT, linespacing=1.1)
+        extent = probe.get_window_extent(renderer)
+        probe.remove()
+        width, height = extent.width, extent.height
+        best = None
+        for distance in LABEL_DISTANCES_PT:
+            for degrees in LABEL_DIRECTIONS:
+                dx, dy = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+                ha = "left" if dx > 0.3 else "right" if dx < -0.3 else "center"
+                va = "bottom" if dy > 0.3 else "top" if dy < -0.3 else "center"
+                gap = half + distance * pixels
+                anchor_x, anchor_y = px + dx * gap, py + dy * gap
+                x0 = anchor_x if ha == "left" else anchor_x - width if ha == "right" else anchor_x - width / 2
+                y0 = anchor_y if va == "bottom" else anchor_y - height if va == "top" else anchor_y - height / 2
+                box = Bbox.from_bounds(x0, y0, width, height)
+                if not (inside.contains(x0, y0) and inside.contains(x0 + width, y0 + height)):
+                    continue
+                overlap = sum(_overlap_area(box, other) for other in taken)
+                if best is None or overlap < best[0]:
+                    best = (overlap, box, ((anchor_x - px) / pixels, (anchor_y - py) / pixels), ha, va, distance)
+                if overlap == 0:
+                    break
+            if best is not None and best[0] == 0:
+                break
+        if best is None:  # no place inside the axes at all (a label wider than the plot): beside the point
+            box = Bbox.from_bounds(px + half, py, width, height)
+            best = (0.0, box, (MARKER_HALF_PT, 0.0), "left", "center", LABEL_DISTANCES_PT[0])
+        _, box, offset, ha, va, distance = best
+        leader = dict(arrowstyle="-", color="#999", linewidth=0.6, shrinkA=0, shrinkB=half / pixels)
+        axes.annotate(text, (x, y), xytext=offset, textcoords="offset points", fontsize=SMALLEST_FONT_PT,
+                      linespacing=1.1, color=color, ha=ha, va=va, zorder=4,
+                      arrowprops=leader if distance > LABEL_DISTANCES_PT[0] else None)
+        taken.append(box)
+
+
+def _overlap_area(a: Bbox, b: Bbox) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width * height if width > 0 and height > 0 else 0.0
 
 
 def _positions(values: list[Any]) -> tuple[dict[Any, float], bool, bool]:
@@ -150,8 +229,9 @@ def effects_figure(ranking: Ranking) -> Figure | None:
     """For each swept setting, both criteria against its values: runs as dots, means as a line."""
     if not ranking.axes:
         return None
-    figure = Figure(figsize=(11, 3.1 * len(ranking.axes)), layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH_IN, 2.9 * len(ranking.axes) + 0.5), layout="constrained")
     grid = figure.subplots(len(ranking.axes), len(CRITERIA), squeeze=False)
+    any_failure = False
     for row, (axis_name, values) in enumerate(ranking.axes.items()):
         positions, numeric, log = _positions(values)
         for column, metric in enumerate(CRITERIA):
@@ -170,11 +250,12 @@ def effects_figure(ranking: Ranking) -> Figure | None:
             if means:
                 # Join means with a line only where the setting is a number; categories have no order.
                 style = "-o" if numeric else "o"
-                axes.plot(*zip(*means), style, color=PARETO_COLOR, zorder=3, markersize=6, label="mean")
+                axes.plot(*zip(*means), style, color=MEAN_COLOR, zorder=3, markersize=6, label="mean")
             for value, counter in failures.items():
                 if counter:
+                    any_failure = True
                     axes.annotate(format_failures(counter), (positions[value], 1.0), xycoords=("data", "axes fraction"),
-                                  xytext=(0, -10), textcoords="offset points", ha="center", fontsize=7,
+                                  xytext=(0, -10), textcoords="offset points", ha="center", fontsize=SMALLEST_FONT_PT,
                                   color=FAILED_COLOR)
             if log:
                 axes.set_xscale("log")
@@ -185,11 +266,15 @@ def effects_figure(ranking: Ranking) -> Figure | None:
                 axes.xaxis.set_major_formatter(FormatStrFormatter("%g"))
             axes.set_xlim(*_padded(list(positions.values()), log))
             axes.minorticks_off()
-            axes.set_xlabel(axis_name)
-            axes.set_ylabel(metric, fontsize=8)
+            axes.set_xlabel(axis_name, fontsize=9)
+            axes.set_ylabel(metric, fontsize=SMALLEST_FONT_PT)
+            axes.tick_params(labelsize=SMALLEST_FONT_PT)
             axes.grid(alpha=0.3)
             axes.margins(y=0.18)
-    figure.suptitle("Effect of each swept setting (dots: runs, line: mean; failures in red)")
+    # The caption names what is drawn: the failures' note only where a run failed.
+    failures_note = "; red at the top: failed runs by kind" if any_failure else ""
+    figure.suptitle(f"Effect of each swept setting (blue dots: runs; black: mean per value{failures_note})",
+                    fontsize=10)
     return figure
 
 
@@ -202,7 +287,7 @@ def heatmap_figure(runs: list[Run]) -> Figure | None:
     precisions = sorted({str(r.precision_label) for r in finished if r.precision_label is not None})
     if not shardings or not precisions or len(shardings) * len(precisions) < 2:
         return None
-    figure = Figure(figsize=(5.2 * len(CRITERIA), 1.1 * len(shardings) + 2.2), layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH_IN, 1.1 * len(shardings) + 2.2), layout="constrained")
     for index, metric in enumerate(CRITERIA):
         axes = figure.add_subplot(1, len(CRITERIA), index + 1)
         means = np.full((len(shardings), len(precisions)), np.nan)
@@ -229,13 +314,14 @@ def heatmap_figure(runs: list[Run]) -> Figure | None:
                     color = "white" if dark else "black"
                 else:
                     color = FAILED_COLOR if notes[i][j] != "no runs" else "#777"
-                axes.text(j, i, notes[i][j], ha="center", va="center", fontsize=8, color=color)
+                axes.text(j, i, notes[i][j], ha="center", va="center", fontsize=SMALLEST_FONT_PT, color=color)
         axes.set_xticks(range(len(precisions)), precisions)
         axes.set_yticks(range(len(shardings)), shardings)
-        axes.set_xlabel("precision (as run)")
-        axes.set_ylabel("sharding (as run)")
+        axes.tick_params(labelsize=SMALLEST_FONT_PT)
+        axes.set_xlabel("precision (as run)", fontsize=9)
+        axes.set_ylabel("sharding (as run)", fontsize=9)
         axes.set_title(f"{metric}\n(mean over runs; other settings pooled)", fontsize=9)
-        figure.colorbar(image, ax=axes, shrink=0.8)
+        figure.colorbar(image, ax=axes, shrink=0.8).ax.tick_params(labelsize=SMALLEST_FONT_PT)
     return figure
 
 
@@ -258,9 +344,9 @@ def curves_figure(runs: list[Run], labels: dict[str, str], ranking: Ranking | No
         more = f" (first {MAX_CURVE_PANELS} of {len(runs)} runs)" if len(runs) > MAX_CURVE_PANELS else ""
     if not shown:
         return None
-    columns = min(4, len(shown))
+    columns = min(CURVE_COLUMNS, len(shown))
     rows = math.ceil(len(shown) / columns)
-    figure = Figure(figsize=(3.4 * columns, 2.7 * rows + 0.6), layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH_IN, 2.7 * rows + 0.7), layout="constrained")
     grid = figure.subplots(rows, columns, squeeze=False)
     for axes in grid.flat[len(shown):]:
         axes.set_visible(False)
@@ -272,20 +358,25 @@ def curves_figure(runs: list[Run], labels: dict[str, str], ranking: Ranking | No
         accuracy_axes.plot(*_series(log, "train/rewards/accuracies"), color=ACCURACY_COLOR, linewidth=1, alpha=0.8)
         accuracy_axes.plot(*_series(log, "eval/rewards/accuracies"), "D", color=ACCURACY_COLOR, markersize=4)
         accuracy_axes.set_ylim(0, 1.02)
-        axes.tick_params(labelsize=7, colors=LOSS_COLOR, axis="y")
-        axes.tick_params(labelsize=7, axis="x")
-        accuracy_axes.tick_params(labelsize=7, colors=ACCURACY_COLOR)
+        # Few ticks, each legible: a panel is a third of the figure's width.
+        axes.xaxis.set_major_locator(MaxNLocator(4, integer=True))
+        axes.yaxis.set_major_locator(MaxNLocator(5))
+        accuracy_axes.yaxis.set_major_locator(MaxNLocator(5))
+        axes.tick_params(labelsize=SMALLEST_FONT_PT, colors=LOSS_COLOR, axis="y")
+        axes.tick_params(labelsize=SMALLEST_FONT_PT, axis="x")
+        accuracy_axes.tick_params(labelsize=SMALLEST_FONT_PT, colors=ACCURACY_COLOR)
         status = run.status if run.status != "failed" else f"failed: {run.failure_kind}"
         label = labels.get(run.name) or " ".join(run.config_overrides)
-        axes.set_title(f"{run.name} ({status})\n{textwrap.fill(label, 48)}", fontsize=7,
+        axes.set_title(f"{run.name} ({status})\n{textwrap.fill(label, 36)}", fontsize=SMALLEST_FONT_PT,
                        color=FAILED_COLOR if run.status == "failed" else "#222")
         if not log:
             axes.text(0.5, 0.5, "no steps logged", transform=axes.transAxes, ha="center", color=FAILED_COLOR)
             axes.set_xticks([])
             axes.set_yticks([])
         axes.grid(alpha=0.3)
-    figure.suptitle(f"Training curves{more}: loss (blue, left; line train, squares eval) and preference "
-                    f"accuracy (orange, right; line train, diamonds eval) against step", fontsize=9)
+    figure.suptitle(textwrap.fill(f"Training curves{more}: loss (blue, left axis; line: train, squares: eval) and "
+                                  "preference accuracy (orange, right axis; line: train, diamonds: eval) against step",
+                                  100), fontsize=9)
     return figure
 
 
@@ -294,7 +385,7 @@ def optuna_figure(study: Study) -> Figure | None:
     complete = [t for t in study.trials if t.state == "COMPLETE" and t.values]
     if not complete:
         return None
-    figure = Figure(figsize=(7.5, 5), layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH_IN, 5), layout="constrained")
     axes = figure.add_subplot()
     if len(study.directions) >= 2:
         for trial in complete:
@@ -326,7 +417,7 @@ def intermediate_figure(study: Study) -> Figure | None:
     reported = [t for t in study.trials if t.intermediate]
     if not reported:
         return None
-    figure = Figure(figsize=(7.5, 4.5), layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH_IN, 4.5), layout="constrained")
     axes = figure.add_subplot()
     for trial in reported:
         steps, values = list(trial.intermediate), list(trial.intermediate.values())
@@ -340,5 +431,5 @@ def intermediate_figure(study: Study) -> Figure | None:
     axes.set_title(f"Optuna study '{study.name}': intermediate values (pruned trials dashed, x where stopped)")
     axes.grid(alpha=0.3)
     if len(reported) <= 12:
-        axes.legend(fontsize=7)
+        axes.legend(fontsize=SMALLEST_FONT_PT)
     return figure

@@ -246,3 +246,86 @@ def test_clicking_a_column_header_sorts_the_table_by_it(tmp_path, browser):
     assert numbers == sorted(numbers, reverse=True)
     assert values[len(numbers):] == [None] * (len(values) - len(numbers)), "empty cells sort last"
     assert browser.console_errors() == []
+
+
+# `DPO_SWEEPS_SCREENSHOTS=docs` saves the dashboard at each width there (docs/report.md shows them);
+# `DPO_SWEEPS_SCREENSHOT_SWEEP=multirun/quickstart` reports that sweep instead of the test's own grid.
+SCREENSHOTS = "DPO_SWEEPS_SCREENSHOTS"
+SCREENSHOT_SWEEP = "DPO_SWEEPS_SCREENSHOT_SWEEP"
+
+LAYOUT = """(() => {
+    const page = document.documentElement;
+    const box = r => [r.left, r.right];
+    return {
+        page: [page.scrollWidth, page.clientWidth],
+        images: Array.from(document.images).map(i => [i.alt, i.width, i.naturalWidth, i.getBoundingClientRect().right]),
+        tables: Array.from(document.querySelectorAll('.table-frame')).map(frame => {
+            const scroll = frame.querySelector('.scroll'), hint = frame.previousElementSibling;
+            const overflows = scroll.scrollWidth > scroll.clientWidth + 1;
+            const before = {more: frame.classList.contains('more-right'), hint: hint.hidden ? '' : hint.textContent};
+            scroll.scrollLeft = scroll.scrollWidth;  // to the last column
+            const cells = scroll.querySelector('thead tr').cells;
+            return {id: scroll.querySelector('table').id, overflows, before, frame: box(scroll.getBoundingClientRect()),
+                    first: box(cells[0].getBoundingClientRect()), last: box(cells[cells.length - 1].getBoundingClientRect()),
+                    columns: cells.length};
+        }),
+    };
+})()"""
+
+
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_the_dashboard_fits_the_window_at_1000_and_1400_px(tmp_path, width):
+    """No part of the page is cut: it never scrolls sideways itself; each figure shows at its own size (its
+    text as legible as test_report_figures pins it down); a table wider than the window scrolls sideways
+    inside its frame, says so, and shows its last column when scrolled, its first still in view."""
+    sweep = Path(os.environ[SCREENSHOT_SWEEP]) if os.environ.get(SCREENSHOT_SWEEP) else grid_sweep(tmp_path / "sweep")
+    assert main([str(sweep), "--out", str(tmp_path / "report")]) == 0
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    browser = DevToolsPipe(chromium_binary(), profile, width=width, height=1000)
+    try:
+        browser.open((tmp_path / "report" / "report.html").resolve().as_uri())
+        browser.wait_for("document.documentElement.getAttribute('data-dashboard') === 'ready'")
+        layout = browser.evaluate(LAYOUT)
+        # Scrolled to their ends, no table has columns hidden on the right: the shade goes.
+        browser.wait_for("Array.from(document.querySelectorAll('.table-frame'))"
+                         ".every(frame => !frame.classList.contains('more-right'))", timeout=5)
+        assert browser.console_errors() == []
+        if os.environ.get(SCREENSHOTS):  # the page as it opens: the tables scrolled back, their shade back
+            browser.evaluate("document.querySelectorAll('.scroll').forEach(s => { s.scrollLeft = 0; })")
+            browser.wait_for("Array.from(document.querySelectorAll('.table-frame')).every(frame => { "
+                             "const s = frame.querySelector('.scroll'); "
+                             "return (s.scrollWidth > s.clientWidth + 1) === frame.classList.contains('more-right'); })",
+                             timeout=5)
+            save_screenshot(browser, Path(os.environ[SCREENSHOTS]) / f"dashboard-{width}px.png")
+    finally:
+        browser.close()
+    scroll_width, client_width = layout["page"]
+    assert scroll_width <= client_width, "the page itself scrolls sideways: something is cut off"
+    assert {alt for alt, *_ in layout["images"]} >= {"Pareto scatter", "Effects per setting", "Training curves"}
+    for alt, shown, natural, right in layout["images"]:
+        assert shown == natural and right <= client_width, f"{alt}: {shown} px of {natural}, right edge at {right}"
+    assert {t["id"] for t in layout["tables"]} >= {"configs-table", "runs-table"}
+    assert any(t["overflows"] for t in layout["tables"]), "no table is wider than the window: nothing to check"
+    for table in layout["tables"]:
+        left, right = table["frame"]
+        assert right <= client_width, f"{table['id']}: its frame ends past the window"
+        if not table["overflows"]:
+            assert not table["before"]["more"] and table["before"]["hint"] == ""
+            continue
+        assert table["before"]["more"], f"{table['id']}: no shade where columns are hidden on the right"
+        assert f"for all {table['columns']} columns" in table["before"]["hint"]
+        assert left - 1 <= table["last"][0] and table["last"][1] <= right + 1, f"{table['id']}: last column not shown"
+        assert abs(table["first"][0] - left) <= 2, f"{table['id']}: the first column scrolled away"
+
+
+def save_screenshot(browser: DevToolsPipe, path: Path) -> None:
+    """From the Pareto figure to the end of the Configs table: the parts a window's width changes most."""
+    top, bottom = browser.evaluate("[document.getElementById('pareto').getBoundingClientRect().top + scrollY - 8,"
+                                   " document.getElementById('configs').getBoundingClientRect().bottom + scrollY + 8]")
+    width = browser.evaluate("document.documentElement.clientWidth")
+    png = base64.b64decode(browser.call("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": top, "width": width, "height": bottom - top, "scale": 1}}, session=browser.session)["data"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
