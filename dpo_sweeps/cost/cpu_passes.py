@@ -142,17 +142,19 @@ def measured_passes(shape: PassShape) -> MeasuredPasses:
 
 
 def mark_for_retiming(shapes) -> int:
-    """Mark the cached timings of `shapes` to be taken again at the next forecast; how many were marked."""
+    """Mark the cached timings of `shapes` to be taken again at the next forecast; how many are so marked
+    (marked now, or already by an earlier run)."""
     marked = 0
-    for shape in shapes:
+    for shape in set(shapes):
         found = cached_timing(shape)
-        if found is None or found.retime:
+        if found is None:
             continue
-        try:
-            write_json_atomic(shape.cache_file(), replace(found, retime=True).as_dict())
-            marked += 1
-        except OSError:
-            pass
+        if not found.retime:
+            try:
+                write_json_atomic(shape.cache_file(), replace(found, retime=True).as_dict())
+            except OSError:
+                continue
+        marked += 1
     return marked
 
 

@@ -71,9 +71,13 @@ def provisional(m: dict) -> bool:
 
 
 def mark_for_remeasuring(threads: int) -> bool:
+    """Mark the cached profile on `threads` threads to be measured again at the next quiet chance; whether it
+    is so marked."""
     found = cached_measurement(threads)
-    if found is None or found.get("retime"):
+    if found is None:
         return False
+    if found.get("retime"):
+        return True
     try:
         write_json_atomic(cache_path(threads), {**found, "retime": True})
     except OSError:

@@ -55,11 +55,27 @@ class DataLengths:
         return [mb for step in self.steps for ranks in step for mb in ranks]
 
 
+# The sampled lengths of the last data settings read in this process: a sweep's points mostly share them.
+_last: tuple[str, tuple[list[tuple[int, int, int]], int]] | None = None
+
+
 def sampled_pair_lengths(cfg, base_dir: Path | None = None) -> tuple[list[tuple[int, int, int]], int]:
     """(prompt, chosen, rejected) tokens of a seeded sample of the config's training pairs, tokenized as the
     run tokenizes them (train/setup.py's _load_and_encode: the same readers, tokenizer, chat template,
     truncation and drops), and how many training pairs there are. Raises what those raise (DataError,
     InvalidConfig, OSError)."""
+    global _last
+    import json
+    from dataclasses import asdict
+
+    key = json.dumps([asdict(cfg.data), asdict(cfg.model), cfg.train.batch_size, str(base_dir or Path.cwd())],
+                     sort_keys=True, default=str)
+    if _last is None or _last[0] != key:
+        _last = (key, _read_sample(cfg, base_dir))
+    return _last[1]
+
+
+def _read_sample(cfg, base_dir: Path | None) -> tuple[list[tuple[int, int, int]], int]:
     from dpo_sweeps.data.encoding import chat_format, encode_pairs, render_pair
     from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
     from dpo_sweeps.data.sources import load_preference_rows
