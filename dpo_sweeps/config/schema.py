@@ -30,6 +30,7 @@ from omegaconf import MISSING
 
 from dpo_sweeps.config.data_schema import DATA_SCHEMAS, data_config
 from dpo_sweeps.config.section import Section, at_least, positive_number, refuse, section_types
+from dpo_sweeps.config.smoke import smoke_cut
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("adamw", "rmsprop")
@@ -623,7 +624,9 @@ class Config(Section):
     def of(cls, values: Mapping[str, Any]) -> Config:
         """The frozen, typed Config of a resolved config (plain containers: what the Hydra task resolves,
         summary.json's `config`). A section the config lacks keeps the schema's default (the report reads
-        summaries of every age; their plan needs only fsdp, precision and resources)."""
+        summaries of every age; their plan needs only fsdp, precision and resources). Under DPO_SWEEPS_SMOKE=1
+        the training is cut to a couple of steps (smoke.py)."""
+        values = smoke_cut(values)
         return cls(**{f.name: cls.section(f.name, values[f.name]) for f in fields(cls)
                       if isinstance(values.get(f.name), Mapping)})
 
