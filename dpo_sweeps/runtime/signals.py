@@ -93,7 +93,7 @@ def _is_submitit_handler(handler: Any) -> bool:
     return owner is not None and type(owner).__module__.startswith("submitit")
 
 
-class StopWatch:
+class StopRequests:
     """Catches the stop signals and watches the wall-time limit of this process."""
 
     def __init__(self, time_limit_min: float | None = None):
@@ -103,7 +103,7 @@ class StopWatch:
         self._previous: dict[int, Any] = {}  # the handlers replaced, kept after uninstall for the hand-over
         self._installed = False
 
-    def install(self, handler: Callable | None = None) -> StopWatch:
+    def install(self, handler: Callable | None = None) -> StopRequests:
         """Take over the stop signals (main thread only; elsewhere the signals keep their handlers)."""
         if threading.current_thread() is not threading.main_thread():
             return self
@@ -218,10 +218,10 @@ class StopWatch:
 def forwarding_stop_signals(processes: list) -> Any:
     """In a launcher process: pass the stop signals on to the rank processes it started.
 
-    Yields a StopWatch whose `signum` says whether a stop signal came, and which remembers the
+    Yields a StopRequests whose `signum` says whether a stop signal came, and which remembers the
     handler it replaced (submitit's, when this launcher is itself a submitit task).
     """
-    watch = StopWatch()
+    watch = StopRequests()
 
     def forward(signum: int, frame: Any) -> None:
         if signum == signal.SIGHUP:

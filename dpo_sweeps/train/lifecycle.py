@@ -35,7 +35,7 @@ from dpo_sweeps.runtime.lost_rank0 import summary_version, take_over_from_lost_r
 from dpo_sweeps.runtime.owner import attempt_cost, refused_summary
 from dpo_sweeps.runtime.rank import is_collective_error, lock_run_dir, oom_context, rank_threads, root_cause, status_of
 from dpo_sweeps.runtime.shared_ranks import sharing
-from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.runtime.signals import RunInterrupted, StopRequests
 from dpo_sweeps.runtime.watchdog import Watchdog
 from dpo_sweeps.train.trainer import Trainer
 
@@ -68,14 +68,14 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
 class RankLife:
     """One rank's run in its stages, each a method, in the order `run_rank` calls them:
 
-    1. `__init__`: the process made ready (garbage collector, threads, the stop-signal watch);
+    1. `__init__`: the process made ready (garbage collector, threads, the stop requests: signals and the time limit);
     2. `join`: the device, the process group, the run directory's lock, the watchdog, the checks that need
        the ranks;
     3. `train`: build, fit, save the model, tidy the checkpoints;
     4. `fail` (when 2 or 3 raised): the failure order, written once here;
     5. `report`: rank 0 writes the summary and closes the trackers; another rank may take over from a
        lost rank 0; an interrupted run leaves (and may be requeued);
-    6. `tear_down`: the process group, the watchdog, the watch and the lock, in that order, always.
+    6. `tear_down`: the process group, the watchdog, the stop requests and the lock, in that order, always.
     """
 
     def __init__(self, ctx: RunContext, env: RankEnv, claim_run_dir: bool, bind_cores: bool):
@@ -90,7 +90,7 @@ class RankLife:
             gc.freeze()
         self.cfg = Config.of(ctx.config)  # typed and frozen: nothing changes it (a probe derives its own, train/probe.py)
         torch.set_num_threads(rank_threads(self.cfg, env, bind_cores))
-        self.watch = StopWatch(self.cfg.train.time_limit_min).install()
+        self.stops = StopRequests(self.cfg.train.time_limit_min).install()
         self.trainer: Trainer | None = None
         self.watchdog: Watchdog | None = None
         self.lock: RunDirLock | None = None
@@ -117,7 +117,7 @@ class RankLife:
 
     # ------------------------------------------------------------------ 3. train
     def train(self) -> None:
-        trainer = self.trainer = Trainer(self.ctx, self.cfg, self.env, self.device, stop_watch=self.watch,
+        trainer = self.trainer = Trainer(self.ctx, self.cfg, self.env, self.device, stop_requests=self.stops,
                                          heartbeat=self.watchdog.progress)
         trainer.setup()
         self.metrics = trainer.fit()
@@ -163,7 +163,7 @@ class RankLife:
         ctx, env, failure = self.ctx, self.env, self.failure
         if not env.is_main:
             if self.interrupted is not None:
-                self.watch.leave(self.interrupted.reason, is_main=False)
+                self.stops.leave(self.interrupted.reason, is_main=False)
             if self.peer_lost and self.claim_run_dir and self.watchdog is not None:
                 # Rank 0 owns the lock: it may be the one lost.
                 take_over_from_lost_rank0(ctx.run_dir, self.watchdog, self.summary_before, failure, env.rank,
@@ -174,7 +174,7 @@ class RankLife:
         if self.trainer is not None:  # the trackers get the status and summary.json once it is written
             summary = self.trainer.close(summary)
         if self.interrupted is not None:
-            self.watch.leave(self.interrupted.reason, is_main=True)  # exits here when the job is requeued
+            self.stops.leave(self.interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
 
     # ------------------------------------------------------------------ 6. tear down
@@ -185,13 +185,13 @@ class RankLife:
             dist.destroy_process_group()
         if self.watchdog is not None:
             self.watchdog.stop()
-        self.watch.uninstall()
+        self.stops.uninstall()
         if self.lock is not None:
             self.lock.release()
 
     # ------------------------------------------------------------------ helpers
     def _ending(self) -> bool:
-        return self.watch.signum is not None
+        return self.stops.signum is not None
 
     def _write_summary(self, failure: Failure | None, metrics: dict[str, Any]) -> Summary:
         ctx, trainer = self.ctx, self.trainer

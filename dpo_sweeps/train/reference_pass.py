@@ -19,7 +19,7 @@ from dpo_sweeps.dpo import reference_logps
 from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.models.quantize import quantization_settings
 from dpo_sweeps.parallel.rank_env import RankEnv
-from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.runtime.signals import RunInterrupted, StopRequests
 from dpo_sweeps.train.phase_progress import PhaseProgress
 from dpo_sweeps.train.scoring import batch_logps, collate_pairs
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Config, env: RankEnv,
-                               device: torch.device, probing: bool, stop_watch: StopWatch,
+                               device: torch.device, probing: bool, stop_requests: StopRequests,
                                eval_batching: EvalBatching, eval_batches: list[list[int]]) -> float:
     """Score every pair under the reference once and attach the numbers to `data`'s pairs (a
     train/setup.py TrainingData), the held-out ones in this rank's eval passes (`eval_batches`, cut as
@@ -50,7 +50,7 @@ def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Confi
         progress = PhaseProgress("reference log-probs", total, "pairs", enabled=env.is_main)
 
         def score(pairs: list[EncodedPair]) -> torch.Tensor:
-            found = reference_batch_logps(reference, pairs, data.tokenizer, cfg, device, stop_watch, env.world_size)
+            found = reference_batch_logps(reference, pairs, data.tokenizer, cfg, device, stop_requests, env.world_size)
             progress.advance(env.world_size * len(pairs))
             return found
 
@@ -67,18 +67,18 @@ def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Confi
 
 @torch.no_grad()
 def reference_batch_logps(reference: torch.nn.Module, pairs: list[EncodedPair], tokenizer: Any, cfg: Config,
-                          device: torch.device, stop_watch: StopWatch, world_size: int) -> torch.Tensor:
+                          device: torch.device, stop_requests: StopRequests, world_size: int) -> torch.Tensor:
     """The reference's log-probs of some pairs, scored as a step scores them (precomputed reference).
 
     The pass before training can take minutes on a real model, so a stop signal is honoured between its
     micro-batches too (every rank makes the same calls, so the agreement is collective like a step's).
     """
-    reason = stop_watch.agreed_reason(world_size)
+    reason = stop_requests.agreed_reason(world_size)
     if reason:
         raise RunInterrupted(
-            f"{stop_watch.describe(reason)}: stopped while scoring the reference log-probs, before "
+            f"{stop_requests.describe(reason)}: stopped while scoring the reference log-probs, before "
             f"training (re)started; the same command in the same run directory starts it again",
-            kind=stop_watch.failure_kind(reason), step=0, reason=reason)
+            kind=stop_requests.failure_kind(reason), step=0, reason=reason)
     batch = {k: v.to(device, non_blocking=True) for k, v in collate_pairs(pairs, tokenizer, cfg).items()}
     return batch_logps(reference, batch, cfg)[0]
 

@@ -46,7 +46,7 @@ from dpo_sweeps.parallel.precision import DynamicLossScaler, loss_scaler, mixed_
 from dpo_sweeps.parallel.process_memory import release_freed_heap, resident_bytes
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.shared_ranks import sharing
-from dpo_sweeps.runtime.signals import StopWatch
+from dpo_sweeps.runtime.signals import StopRequests
 from dpo_sweeps.train.perf import trained_before
 from dpo_sweeps.train.reference_pass import free_reference, precompute_reference_logps
 
@@ -279,7 +279,7 @@ class TrainingSetup:
 
 
 def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan, device: torch.device, *,
-                   probing: bool, stop_watch: StopWatch, summary: SetupSummary) -> TrainingSetup:
+                   probing: bool, stop_requests: StopRequests, summary: SetupSummary) -> TrainingSetup:
     """Build, in order: the data, the models, the optimizer, the reference's log-probs (then the reference
     is freed, train.precompute_reference_logps), the optimizer's schedule and the loss scaler. `summary` gets
     summary.json's `data` and `layout` as soon as they are known."""
@@ -310,7 +310,7 @@ def build_training(cfg: Config, base_dir: Path, env: RankEnv, plan: ParallelPlan
                  len(data.eval_pairs), len(eval_batches), max(map(len, eval_batches)), cfg.train.eval_micro_batch_size)
     precompute_s = None
     if reference is not None and cfg.train.precompute_reference_logps:
-        precompute_s = precompute_reference_logps(data, reference, cfg, env, device, probing, stop_watch,
+        precompute_s = precompute_reference_logps(data, reference, cfg, env, device, probing, stop_requests,
                                                   batching, eval_batches)
         reference = None
         free_reference(device)

@@ -34,7 +34,7 @@ from dpo_sweeps.rundir.eval_pairs import GATHERED, EvalPairsLog, pair_ids
 from dpo_sweeps.rundir.metrics_log import MetricsLog
 from dpo_sweeps.rundir.summary import Summary
 from dpo_sweeps.runtime.context import RunContext
-from dpo_sweeps.runtime.signals import RunInterrupted, StopWatch
+from dpo_sweeps.runtime.signals import RunInterrupted, StopRequests
 from dpo_sweeps.tracking.tracker import Tracker
 from dpo_sweeps.train.checkpoint import Checkpointer
 from dpo_sweeps.train.faults import fault_in_checkpoint, inject_in_step
@@ -58,7 +58,7 @@ PAIR_STATS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies"
 
 
 class Trainer:
-    def __init__(self, ctx: RunContext, cfg: Config, env: RankEnv, device: torch.device, stop_watch: StopWatch | None = None,
+    def __init__(self, ctx: RunContext, cfg: Config, env: RankEnv, device: torch.device, stop_requests: StopRequests | None = None,
                  heartbeat: Callable[[int, str], None] | None = None):
         # probe.steps: a few steps for speed and memory only, with a config derived for it (probe.py).
         self.probing = is_probe(cfg)
@@ -69,7 +69,7 @@ class Trainer:
         self.state = TrainState()
         # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
         self.plan = resolve_plan(cfg, world_size=env.world_size)
-        self.stop_watch = stop_watch or StopWatch()
+        self.stop_requests = stop_requests or StopRequests()
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
         self.eval_pairs_log: EvalPairsLog | None = None  # rank 0's eval_pairs.parquet, once the pairs are known
         self.perf = PerfMeter(device, cfg.perf.warmup_steps)
@@ -91,7 +91,7 @@ class Trainer:
         """Build what the loop trains with (train/setup.py), then resume from a checkpoint if there is one."""
         cfg, env = self.cfg, self.env
         self.built = build_training(cfg, self.ctx.base_dir, env, self.plan, self.device, probing=self.probing,
-                                    stop_watch=self.stop_watch, summary=self.setup_summary)
+                                    stop_requests=self.stop_requests, summary=self.setup_summary)
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name, group=self.ctx.group,
                                sweep_dir=self.ctx.sweep_dir, config=self.ctx.config, enabled=env.is_main,
                                plan_label=self.plan.label)
@@ -371,14 +371,14 @@ class Trainer:
     def _checkpoint_or_stop(self) -> None:
         """Between steps: the periodic checkpoint; on a stop signal or the time limit, a checkpoint and a stop."""
         step, max_steps = self.state.step, self.cfg.train.max_steps
-        reason = self.stop_watch.agreed_reason(self.env.world_size) if step < max_steps else 0
+        reason = self.stop_requests.agreed_reason(self.env.world_size) if step < max_steps else 0
         if self.checkpointer.due(step) or (reason and step != self.checkpointer.last_saved_step):
             self.save_checkpoint()
         if reason:
             raise RunInterrupted(
-                f"{self.stop_watch.describe(reason)}: stopped after step {step} of {max_steps} with a checkpoint "
+                f"{self.stop_requests.describe(reason)}: stopped after step {step} of {max_steps} with a checkpoint "
                 f"in {self.checkpointer.folder}/step_{step}; the same command in the same run directory resumes it",
-                kind=self.stop_watch.failure_kind(reason), step=step, reason=reason)
+                kind=self.stop_requests.failure_kind(reason), step=step, reason=reason)
 
     # ------------------------------------------------------------------ save
     def save_model(self) -> Path | None:
