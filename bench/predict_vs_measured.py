@@ -3,6 +3,7 @@
     python bench/predict_vs_measured.py                  # all CONFIGS on both tables (a quiet machine: timings)
     python bench/predict_vs_measured.py --data hh        # HH's pairs as they are only
     python bench/predict_vs_measured.py --smoke          # one config, 2 steps, HH as it is: to see that it works
+    python bench/predict_vs_measured.py --pick 18,19 --data hh   # issue 50's two configs on HH as it is
 
 For each config: the forecast (dpo_sweeps/cost/, on this machine's measured profile, cached under
 $DPO_SWEEPS_CACHE/cluster: the step expected from the run's own pairs, and its worst case), then a real run
@@ -178,13 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", choices=("hh", "long", "both"), default="both",
                         help="HH's pairs as they are, made long, or both tables (default)")
     parser.add_argument("--only", type=int, default=None, help="the first N configs")
+    parser.add_argument("--pick", default=None,
+                        help="these configs only, by their 0-based number in CONFIGS (e.g. 18,19: issue 50's two)")
     parser.add_argument("--no-smollm2", action="store_true", help="leave out the SmolLM2-135M configs")
     parser.add_argument("--steps", type=int, default=8, help="train.max_steps of each run (default 8)")
     parser.add_argument("--warmup", type=int, default=3, help="perf.warmup_steps (default 3)")
     parser.add_argument("--smoke", action="store_true",
                         help="one config (bench_gpt2), 2 steps, HH as it is: that the script runs, not a measurement")
     args = parser.parse_args(argv)
-    configs = [c for c in CONFIGS if not (args.no_smollm2 and "model=smollm2_135m" in c)][: args.only]
+    picked = [CONFIGS[int(i)] for i in args.pick.split(",")] if args.pick else CONFIGS
+    configs = [c for c in picked if not (args.no_smollm2 and "model=smollm2_135m" in c)][: args.only]
     steps, warmup, tables = args.steps, args.warmup, ("hh", "long") if args.data == "both" else (args.data,)
     if args.smoke:
         configs, steps, warmup, tables = [CONFIGS[1]], 2, 1, ("hh",)
