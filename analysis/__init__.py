@@ -8,6 +8,7 @@ Installed as `dpo_sweeps.analysis` (this folder, linked into the package as dpo_
 `runs` reads run directories, `plan` what a sweep set out to run, `optuna_study` an Optuna sweep's
 study; `ranking` aggregates seeds and ranks configs, comparing their accuracy pair by pair into ranks
 with ties through dpo_sweeps/ranking (per-pair eval records, the paired statistics, the ties: shared
-with find_best's recommendation); `tables`, `figures` and `dashboard` write the outputs; `report` is
+with find_best's recommendation); `sample_replies` the best run's replies before and after training;
+`tables`, `figures` and `dashboard` write the outputs; `report` is
 the command line that ties them together.
 """

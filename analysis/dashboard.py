@@ -330,7 +330,7 @@ def render(sources: list[str], runs: list[Run], ranking: Ranking, studies: list[
            figures: dict[str, bytes | None], generated: str, not_started: int | None = None,
            recommendations: list[Recommendation] | None = None, samples_section: str = "") -> str:
     """The whole dashboard page. `figures`: pareto, heatmap, effects, curves, optuna-<i> PNGs;
-    `samples_section`: the best run's replies before and after training (analysis/samples.py)."""
+    `samples_section`: the best run's replies before and after training (analysis/sample_replies.py)."""
     notes = "".join(
         f'<p class="note{" close" if c.close else ""}">{_escape(comparison_text(c))}</p>'
         for c in ranking.comparisons.values())

@@ -40,7 +40,7 @@ from dpo_sweeps.analysis.predicted_cost import html_section, predicted_figure, p
 from dpo_sweeps.analysis.ranking import rank_sweep  # noqa: E402
 from dpo_sweeps.analysis.recommendation import load_recommendations  # noqa: E402
 from dpo_sweeps.analysis.runs import NoRunsError, load_runs  # noqa: E402
-from dpo_sweeps.analysis.samples import best_samples, samples_html, samples_lines  # noqa: E402
+from dpo_sweeps.analysis.sample_replies import best_samples, samples_html, samples_lines  # noqa: E402
 
 
 def default_out_dir(sources: list[Path]) -> Path:

@@ -9,7 +9,7 @@ this folder, linked into the package as dpo_sweeps/launchers, so that an install
   whole before launch (`preflight`), resumed by config hash (`resume`), summed up at the end
   (`outcome`).
 - `dpo_sweeps.launchers.optuna_sweeper.OptunaSweeper` (`hydra/sweeper=optuna`): an Optuna search with
-  hydra-optuna-sweeper's keys (`optuna_space`, `optuna_sampler`), asynchronous trials (`optuna_study`,
+  hydra-optuna-sweeper's keys (`optuna_space`, `optuna_sampler`), asynchronous trials (`optuna_loop`,
   `trial_slots`), the study in the sweep directory or any shared storage, trials checked before launch.
 `jobs` composes one point of a sweep as its job will (`compose`: one Hydra composition per choice of
 config groups, each point's values applied to it); `placement` gives local jobs their devices.

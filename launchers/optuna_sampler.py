@@ -9,7 +9,7 @@ what they learn in the storage (history, CMA-ES and NSGA-II state), not in the s
 The QMC sampler is the exception: its sequence is defined by its seed, so it keeps the one given.
 
 The samplers that take constraints (TPE, NSGA-II, GP) learn to avoid points the fit check skipped
-from the memory constraint the sweeper sets on each trial (launchers/optuna_study.py): through
+from the memory constraint the sweeper sets on each trial (launchers/optuna_loop.py): through
 `Trial.set_constraint` where Optuna has it (5.0 on; it deprecates `constraints_func`), else through
 a `constraints_func` that reads the trial's user attribute.
 """

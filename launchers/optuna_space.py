@@ -185,7 +185,7 @@ class SearchSpace:
                     study.enqueue_trial(params)
                     try:
                         points.append(self.suggest(study.ask(), config))
-                    except Exception:  # as a trial that gets no parameters (launchers/optuna_study.py): not run
+                    except Exception:  # as a trial that gets no parameters (launchers/optuna_loop.py): not run
                         continue
         finally:
             optuna.logging.set_verbosity(level)

@@ -16,7 +16,7 @@ and adds:
   divide) is not run; it gets a failed summary.json (`invalid_config`) and is FAIL in the study;
   a trial predicted not to fit its device is skipped and infeasible to the study (a constraint);
 - asynchronous trials: `n_jobs` run at once and a new one starts as soon as any ends
-  (launchers/optuna_study.py), instead of batches that wait for their slowest;
+  (launchers/optuna_loop.py), instead of batches that wait for their slowest;
 - pruning (`pruner`, `pruner_settings`): each evaluation of a trial is reported to the study and a
   hopeless trial stops there, with summary status `pruned` (dpo_sweeps/train/pruning.py);
 - `enqueue_trials`: trials to run first, with the values given;
@@ -267,8 +267,8 @@ class OptunaSweeper(Sweeper):
                   + f"\npruner: {self.pruner} {self.pruner_settings or ''}".rstrip())
             return
         refuse_foreign_runs(sweep_dir, numbered, existing, self.study_name)
+        from dpo_sweeps.launchers.optuna_loop import AsyncStudy, StudySettings  # optuna loads here, when a study runs
         from dpo_sweeps.launchers.optuna_sampler import sampler_factory, trial_seeded_sampler
-        from dpo_sweeps.launchers.optuna_study import AsyncStudy, StudySettings  # optuna loads here, when a study runs
 
         name, make, constrained = sampler_factory(self.sampler_config, grid, constrain_memory=self.skip_predicted_oom)
         sampler = trial_seeded_sampler(name, make, self.sampler_config.get("seed"), grid)
