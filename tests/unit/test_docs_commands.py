@@ -15,6 +15,9 @@ master config as Hydra's multirun does, then every point its sweeper would run, 
 composition (launchers/jobs.py compose_job): the grid's points (with `hydra.sweeper.stages`, every plan with
 every algorithm setting), or for `hydra/sweeper=optuna` the points its search space gives (launchers/optuna_space.py).
 Composing reads no data and no model, so a command that needs a file this machine lacks still composes.
+
+Every shell, Python, text and JSON block also carries a marker saying whether tests/integration/test_docs_run.py
+runs it (and compares its example output) or why not (tests/support/doc_blocks.py); a block without one fails here.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from pathlib import Path
 
 import pytest
 from support import REPO
+from support.doc_blocks import CODE, DOC_FILES, EXAMPLES, Marker, all_blocks, example_mismatch, parse_marker
 
-DOC_FILES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if "hooks" not in p.parts)]
 SHELL_BLOCKS = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(```|~~~)\s*([\w+-]*)")
 SEPARATORS = {"&&", "||", ";", "|"}
@@ -242,3 +245,83 @@ def test_ci_runs_the_readme_test_command():
     for step in (s.strip() for s in command.split("&&")):
         assert step.replace("pip install ", "pip install -q ") in ci, step
     assert "mkdocs build --strict" in ci
+
+
+# Every block of the docs is run by tests/integration/test_docs_run.py or says why not (tests/support/doc_blocks.py).
+BLOCKS = all_blocks()
+MARKED = [b for b in BLOCKS if b.lang in CODE | EXAMPLES]
+
+
+@pytest.mark.parametrize("block", MARKED, ids=[b.where for b in MARKED])
+def test_every_block_is_run_or_says_why_not(block):
+    assert block.marker_error is None, f"{block.where}: {block.marker_error}"
+    assert block.marker is not None, (
+        f"{block.where}: a ```{block.lang} block with no marker on the line before it: <!-- run -->, "
+        "<!-- run: DPO_SWEEPS_SMOKE=1 --> (tests/integration/test_docs_run.py runs it as written), "
+        "<!-- output of the command above --> (an example it compares) or <!-- not run: why -->")
+    kind = block.marker.kind
+    if kind == "run":
+        assert block.lang in CODE, f"{block.where}: only shell and Python blocks run, not ```{block.lang}"
+        page = (REPO / block.page).read_text()
+        visible = re.sub(r"<!--.*?-->", "", page, flags=re.S)
+        for name, value in block.marker.env.items():
+            assert f"{name}={value}" in visible, (
+                f"{block.where}: the run sets {name}={value}, which the page does not mention: a reader's run "
+                "would differ from the test's")
+    if kind == "output of the command above":
+        page = [b for b in BLOCKS if b.page == block.page]
+        before = page[page.index(block) - 1] if page.index(block) else None
+        assert block.lang in EXAMPLES, f"{block.where}: an output is a ```text block"
+        assert before is not None and before.marker is not None and before.marker.kind == "run", (
+            f"{block.where}: an output must follow the block that prints it, marked <!-- run -->")
+
+
+def test_the_docs_run_what_a_newcomer_runs_first():
+    """The README's first command and its dry run on H100 are run; nothing is left unmarked for lack of blocks."""
+    run = {b.where: b for b in MARKED if b.marker and b.marker.kind == "run"}
+    first = next(b for b in BLOCKS if b.page == "README.md" and "+sweep=quickstart" in b.code)
+    assert first.where in run and run[first.where].marker.env == {"DPO_SWEEPS_SMOKE": "1"}
+    assert any("cluster=h100_sxm" in b.code for b in run.values() if b.page == "README.md")
+    assert len(run) >= 8 and len(MARKED) >= 50
+
+
+def test_parse_marker_refuses_what_it_cannot_read():
+    assert parse_marker("<!-- run: DPO_SWEEPS_SMOKE=1; the install is the test's -->") == Marker(
+        "run", {"DPO_SWEEPS_SMOKE": "1"}, "the install is the test's")
+    assert "needs its reason" in parse_marker("<!-- not run -->")
+    assert "NAME=VALUE" in parse_marker("<!-- run: smoke -->")
+    assert "not a marker" in parse_marker("<!-- runs -->")
+
+
+REAL = """dry run: 2 of 2 jobs would be launched into multirun/2026-12-07/09-33-07 (none was started)
+  #0  fsdp=full_shard   [8 ranks -> multirun/2026-12-07/09-33-07/0]
+        predicted: step 0.0209 [0.015-0.0292] s expected (worst case 0.278 s), peak 31.41 GiB; fits 80 GiB
+  #1  fsdp=shard_grad_op   [8 ranks -> multirun/2026-12-07/09-33-07/1]
+        predicted: step 0.0159 [0.0122-0.0209] s expected (worst case 0.278 s), peak 33.00 GiB; fits 80 GiB
+predicted total: 0.00983 device-hours [0.00724-0.0134] for 2 runs
+"""
+
+
+def test_an_example_matches_its_output_up_to_what_it_leaves_open():
+    shape = ["  #0  fsdp=full_shard [8 ranks -> multirun/.../0]",
+             "        predicted: step S [LOW-HIGH] s expected (worst case W s), peak ... GiB; fits 80 GiB",
+             "  ...",
+             "predicted total: T device-hours [LOW-HIGH] for 2 runs"]
+    assert example_mismatch(shape, REAL) is None
+    assert example_mismatch(REAL.splitlines(), REAL, whole=True) is None
+
+
+@pytest.mark.parametrize("stale", [
+    "predicted: step 0.133 [0.015-0.0292] s expected (worst case 0.278 s), peak 31.41 GiB; fits 80 GiB",  # a figure
+    "predicted: step S [LOW-HIGH] s (worst case W s), peak ... GiB; fits 80 GiB",  # the wording
+    "predicted: step S [LOW-HIGH] s expected, peak ... GiB; fits 80 GiB",  # a field less
+])
+def test_a_stale_example_does_not_match(stale):
+    assert "no output line is like" in example_mismatch([stale], REAL)
+
+
+def test_a_command_example_shows_all_its_output_in_order():
+    lines = REAL.splitlines()
+    assert "not in the example's order" in example_mismatch([lines[2], lines[1]], REAL)
+    assert example_mismatch(lines[1:], REAL, whole=True) is not None  # a line the page leaves out
+    assert example_mismatch(lines[:2], REAL) is None  # a passage, where the page shows one
