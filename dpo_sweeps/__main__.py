@@ -11,10 +11,11 @@ from hydra.errors import CompactHydraException
 
 from dpo_sweeps.checks.schema_errors import group_refusal, one_line_message, removed_group_refusal, schema_refusal
 from dpo_sweeps.config import config_dir
-from dpo_sweeps.errors import RunFailure, say
+from dpo_sweeps.errors import RunFailure
 from dpo_sweeps.redaction import redact_output
+from dpo_sweeps.run_end import INTERRUPTED, error_line, finish
 from dpo_sweeps.rundir.paths import failed_path, is_path_error, unwritable_path
-from dpo_sweeps.runtime.startup import INTERRUPTED_BEFORE_START, python_handles_ctrl_c
+from dpo_sweeps.runtime.startup import python_handles_ctrl_c
 from dpo_sweeps.task import run
 
 # Wrapped here, not decorated at the definition: submitit must pickle `run` by reference.
@@ -34,8 +35,7 @@ def main() -> None:
     redact_output()  # Hydra's own lines list the overrides, which may hold a password
     removed = removed_group_refusal(sys.argv[1:])
     if removed is not None:  # before Hydra makes a run or sweep directory
-        say(f"error: {removed}")
-        sys.exit(1)
+        finish(error_line(removed))
     if os.environ.get(FULL_ERROR) == "1":
         hydra_main()
         return
@@ -43,8 +43,7 @@ def main() -> None:
     try:
         hydra_main()
     except KeyboardInterrupt:  # before the run's own handlers were installed (a run stops with its summary)
-        say(INTERRUPTED_BEFORE_START)
-        sys.exit(130)
+        finish(INTERRUPTED)
     except Exception as exc:
         refusal = schema_refusal(exc) or group_refusal(exc, sys.argv[1:])
         if refusal is None and is_path_error(exc):  # Hydra creating the run or sweep directory, multirun.yaml
@@ -53,8 +52,7 @@ def main() -> None:
             raise
         # Hydra's own errors span lines (options, search path); ours (a sweep's refusal lists its points) are kept.
         hydras = isinstance(exc, CompactHydraException) and type(exc).__module__.startswith("hydra.")
-        say(f"error: {refusal or (one_line_message(exc) if hydras else exc)}")
-        sys.exit(1)
+        finish(error_line(refusal or (one_line_message(exc) if hydras else exc)))
     finally:
         os.environ.pop(FULL_ERROR, None)
 

@@ -114,8 +114,8 @@ def train(config: DictConfig | Sequence[str] = ()) -> Summary:
     from hydra.core.utils import setup_globals
     from hydra.types import RunMode
 
-    from dpo_sweeps.app import RunRefused
     from dpo_sweeps.app import train as train_config
+    from dpo_sweeps.run_end import RunRefused
 
     cfg = copy.deepcopy(config if isinstance(config, DictConfig) else compose(config))
     setup_globals()  # Hydra's resolvers (${now:}, ${hydra:}), as when Hydra starts a job

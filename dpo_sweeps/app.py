@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -32,11 +31,11 @@ from dpo_sweeps.errors import (
     RunFailure,
     failure_of,
     interrupted_before_training,
-    say,
 )
 from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use, run_allocator
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
 from dpo_sweeps.redaction import scrub_secrets, secret_values
+from dpo_sweeps.run_end import RunRefused, ended, finish, finish_in_sweep, refused
 from dpo_sweeps.rundir.hashing import config_difference, config_hash
 from dpo_sweeps.rundir.hydra_record import redact_files, render_hydra_record, write_hydra_record
 from dpo_sweeps.rundir.lock import RunDirInUse, RunDirLock
@@ -45,85 +44,35 @@ from dpo_sweeps.rundir.summary import Status, Summary, read_summary
 from dpo_sweeps.runtime.context import RunContext, attempt_id
 from dpo_sweeps.runtime.local_ranks import spawn_local_ranks
 from dpo_sweeps.runtime.owner import prepare_run_dir, refused_summary, write_failed
+from dpo_sweeps.runtime.startup import surface_ctrl_c
 from dpo_sweeps.tracking.run_info import sweep_group
 from dpo_sweeps.train.entry import start_rank, training_rank
 
 
-class RunFailed(CompactHydraException):
-    """Raised to the sweep (multirun) when a run ends failed; its message is one line."""
-
-
-class RunRefused(Exception):
-    """A run that will not train: `failure` names the setting at fault and what is accepted.
-
-    `line`: what the command prints; `nothing_written`: the run directory Hydra made is still empty
-    (it goes); `quiet`: another rank (torchrun's rank 0) says it."""
-
-    def __init__(self, failure: RunFailure, *, line: str | None = None, nothing_written: bool = False,
-                 quiet: bool = False):
-        super().__init__(str(failure))
-        self.failure = failure
-        self.line = line or f"error: {failure}"
-        self.nothing_written = nothing_written
-        self.quiet = quiet
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train one config; returns the summary.json metrics. Failed runs raise (sweeps) or exit 1.
-    A single run's last line says how it ended: where its results are and its headline metrics, or the
-    one `error:` line."""
+    """Train one config; returns the summary.json metrics. How it ends (its last line, its exit status, or
+    in a sweep the RunFailed it raises) is run_end.py's: where its results are and its headline metrics,
+    or the one `error:` line."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    if not multirun:  # the error line below says a failure: the ranks' own record of it goes to the log file
+    if not multirun:  # the error line says a failure: the ranks' own record of it goes to the log file
         for handler in logging.getLogger().handlers:
             if not isinstance(handler, logging.FileHandler):
                 handler.addFilter(FailureOnTheErrorLine())
+    summary = None
     try:
         summary = train(cfg, hydra_cfg)
+        ending = ended(summary, run_dir)
     except RunRefused as exc:
-        if exc.quiet:
-            sys.exit(1)
-        if multirun:
-            raise RunFailed(str(exc.failure)) from None
-        if exc.nothing_written:
+        if exc.nothing_written and not multirun and not exc.quiet:
             remove_empty_run_dir(run_dir)
-        say(exc.line)
-        sys.exit(1)
-    if summary.status != Status.COMPLETED:
-        failure = summary.failure
-        if summary.rank != 0:  # another rank: rank 0 says what failed; the sweep only needs our status
-            if multirun:
-                raise RunFailed(f"rank {summary.rank}: run {summary.status}")
-            sys.exit(1)
-        where = f"  [{run_dir / 'summary.json'}]" if summary.written else ""
-        verdict = "run pruned" if summary.status == Status.PRUNED else f"run failed ({failure.kind})"
-        message = f"{verdict}: {failure.message}{where}"
-        if multirun:
-            raise RunFailed(message)
-        say(f"error: {message}")
-        sys.exit(1)
-    if not multirun and summary.rank == 0:  # a sweep's screen lists its runs when they end
-        say(completed_line(summary, run_dir))
+        ending = refused(exc)
+    if multirun:
+        finish_in_sweep(ending)
+    else:
+        finish(ending)
     return summary.metrics
-
-
-# What the line a completed run ends with shows (INTERFACE.md's names): the quality and the cost the
-# report ranks configs by.
-HEADLINE_METRICS = ("eval/rewards/accuracies", "eval/loss", "perf/tokens_per_s", "perf/peak_memory_gib")
-
-
-def completed_line(summary: Summary, run_dir: Path) -> str:
-    """`run completed: DIR (N steps in T s): metric value, ...`: where a single run's results are, and its
-    headline metrics (those it logged: without an eval, none of eval/)."""
-    metrics = summary.metrics
-    shown = [f"{name} {_figure(metrics[name])}" for name in HEADLINE_METRICS if metrics.get(name) is not None]
-    took = f" in {summary.wall_s:,.0f} s" if summary.wall_s is not None else ""
-    return f"run completed: {run_dir} ({metrics['steps']} steps{took}): {', '.join(shown)}"
-
-
-def _figure(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = False) -> Summary:
@@ -136,6 +85,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = Fals
     written (dpo_sweeps.api), where the command writes its failed summary (kind invalid_config)."""
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    torchrun_rank = from_torchrun_env()  # this process is one rank of a torchrun launch (None: it is not)
     try:
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:  # a required setting left unset (???), an interpolation that fails
@@ -163,7 +113,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = Fals
         redact_files(sorted((run_dir / str(hydra_cfg.output_subdir)).glob("*.yaml")), secrets)
     if not multirun:  # a sweep checks its settings over all its points before launch (launchers/preflight.py)
         try:
-            launch = Launch.TORCHRUN if from_torchrun_env() is not None else Launch.DPO_SWEEPS
+            launch = Launch.TORCHRUN if torchrun_rank is not None else Launch.DPO_SWEEPS
             typed = Config.of(config)
             check_settings_used(typed, ctx.overrides, launch)
             if refuse_invalid:
@@ -178,10 +128,10 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = Fals
         print(f"run already complete: {run_dir / 'summary.json'} (checkpoint.resume=false trains it again)",
               file=sys.stderr)
         return done
-    if not multirun and from_torchrun_env() is None:  # torchrun's ranks are the run: none times anything
+    if not multirun and torchrun_rank is None:  # torchrun's ranks are the run: none times anything
         time_cost_passes(typed)
     try:
-        return run_config(ctx)
+        return run_config(ctx, torchrun_rank)
     except OSError as exc:  # the lock, .hydra/ (nothing written then), a summary.json that cannot be written
         if not is_path_error(exc):
             raise
@@ -252,17 +202,18 @@ def completed_run(ctx: RunContext) -> Summary | None:
     raise RunRefused(refusal, line=f"error: run refused ({refusal.kind}): {refusal}")
 
 
-def run_config(ctx: RunContext) -> Summary:
+def run_config(ctx: RunContext, torchrun_rank: RankEnv | None = None) -> Summary:
     """Validate, then train on as many ranks as the config asks for; returns the summary."""
     cfg = Config.of(ctx.config)  # typed and frozen: nothing changes it
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    rank_env = from_torchrun_env() or from_submitit_env()
+    rank_env = torchrun_rank or from_submitit_env()
     # A process that trains imports the training stack now, before the run takes its directory: a Ctrl-C
     # during the import leaves the directory as Hydra made it (task.py). One that starts local ranks
     # only supervises them, and never imports it.
     # One rank trains in this process, unless it must start with another malloc than this process has.
     in_process = cfg.world_size == 1 and run_allocator(cfg.resources) in (GLIBC, allocator_in_use())
     run_rank = training_rank() if rank_env is not None or in_process else None
+    surface_ctrl_c()  # one that came while it imported, lost in a callback (runtime/startup.py)
     if rank_env is not None:  # one rank of torchrun or of a multi-task submitit job: rank 0 takes the lock
         return run_rank(ctx, rank_env, claim_run_dir=True)
     try:
