@@ -55,7 +55,26 @@ def quiet_ctrl_c_while_starting() -> None:
 def python_handles_ctrl_c() -> None:
     """From here on a Ctrl-C is a KeyboardInterrupt again (main() catches it; the run installs its own)."""
     if signal.getsignal(signal.SIGINT) is _stop:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _keyboard_interrupt)
+
+
+_ctrl_c_seen = False
+
+
+def _keyboard_interrupt(signum: int, frame: object) -> None:
+    # Python's own handler, remembered: a KeyboardInterrupt raised while the garbage collector runs a
+    # weakref callback or a __del__ (often, during an import) is printed as "Exception ignored" and lost,
+    # and the run would go on as if no Ctrl-C had come. surface_ctrl_c() raises it again.
+    global _ctrl_c_seen
+    _ctrl_c_seen = True
+    raise KeyboardInterrupt
+
+
+def surface_ctrl_c() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C that came before the run took the signals over, if Python lost
+    it in a callback: called once the training stack is imported, before the run takes its directory."""
+    if _ctrl_c_seen:
+        raise KeyboardInterrupt
 
 
 def bound_onednn_primitive_cache() -> None:
