@@ -65,7 +65,8 @@ class Trainer:
         self.ctx, self.cfg, self.env, self.device = ctx, probe_config(cfg, env.world_size), env, device
         cfg = self.cfg
         # Called at each phase of each step (see watchdog.py): a rank that stops calling it is hung.
-        self.heartbeat = heartbeat or (lambda step, phase: None)
+        self._beat = heartbeat or (lambda step, phase: None)
+        self._last_beat = (0, "setup")
         self.state = TrainState()
         # The one reading of fsdp + precision + resources: mesh, reshard, dtypes, loss scaling, label.
         self.plan = resolve_plan(cfg, world_size=env.world_size)
@@ -92,6 +93,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.built = build_training(cfg, self.ctx.base_dir, env, self.plan, self.device, probing=self.probing,
                                     stop_requests=self.stop_requests, summary=self.setup_summary)
+        self._beat_in_every_block(self.built.policy)
         self.tracker = Tracker(self.cfg, run_dir=self.ctx.run_dir, name=self.ctx.run_name, group=self.ctx.group,
                                sweep_dir=self.ctx.sweep_dir, config=self.ctx.config, enabled=env.is_main,
                                plan_label=self.plan.label)
@@ -104,6 +106,20 @@ class Trainer:
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks, %s, mesh %s", cfg.model.name_or_path,
                      self.built.num_params / 1e6, env.world_size, self.plan.label, self.plan.mesh)
+
+    def heartbeat(self, step: int, phase: str) -> None:
+        self._last_beat = (step, phase)
+        self._beat(step, phase)
+
+    def _beat_in_every_block(self, model: torch.nn.Module) -> None:
+        """Each transformer block's forward beats again with the phase last reported: one forward pass of a
+        large held-out batch (eval_batching sizes them by memory, not time) on a loaded CPU can outlast
+        resources.hang_timeout_s, and a pass that moves is not a hang. FSDP2 renames a block's class
+        (FSDP<name>), so blocks are found by their class's ancestry."""
+        name = self.cfg.model.block_name
+        for module in model.modules():
+            if any(c.__name__ == name for c in type(module).__mro__):
+                module.register_forward_pre_hook(lambda *_: self._beat(*self._last_beat))
 
     # ------------------------------------------------------------------ forward
     def _collate(self, pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
