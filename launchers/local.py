@@ -60,11 +60,12 @@ TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 IGNORE_TERMINAL_SIGNALS = "trap '' INT HUP"
 
 
-def _every_rank_stopped(job: SweepJob) -> Failure | None:
-    """The `hang` failure of a job none of whose ranks can say it (all stopped: no watchdog runs), or None."""
+def _every_rank_stopped(job: SweepJob, started: float) -> Failure | None:
+    """The `hang` failure of a job none of whose ranks can say it (all stopped: no watchdog runs), or None.
+    `started`: when the job started (time.monotonic()); heartbeats left from before it are not its own."""
     resources = job.section("resources")
     bound = (resources.hang_timeout_s or resources.collective_timeout_s) + STALE_S
-    return hang_verdict(job.run_dir, bound, job.world_size)
+    return hang_verdict(job.run_dir, bound, job.world_size, since=time.time() - (time.monotonic() - started))
 
 
 class LocalLauncher(SweepLauncher):
@@ -193,7 +194,7 @@ class LocalLauncher(SweepLauncher):
                 self._start_what_fits(executor, jobs, pool, pending, running, results, label)
                 for key, job in running.items():
                     current = job.current(jobs)
-                    if key not in hung and current is not None and (verdict := _every_rank_stopped(current)):
+                    if key not in hung and current is not None and (verdict := _every_rank_stopped(current, job.started)):
                         log.error("#%d: %s; cancelling the job", current.num, verdict.message)
                         hung[key] = verdict
                         _signal_ranks(job.submitted, signal.SIGKILL)

@@ -99,10 +99,12 @@ def hang_failure(beats: dict[int, dict], stale: set[int], bound_s: float) -> Fai
     return Failure(FailureKind.HANG, cause, rank=rank, step=beat["step"])
 
 
-def hang_verdict(run_dir: Path, bound_s: float, world_size: int) -> Failure | None:
+def hang_verdict(run_dir: Path, bound_s: float, world_size: int, since: float | None = None) -> Failure | None:
     """For a launcher on the ranks' host: the hang failure when every rank's heartbeat is older than
-    bound_s (all stopped or hung with their watchdogs), else None."""
-    beats = read_heartbeats(run_dir)
+    bound_s (all stopped or hung with their watchdogs), else None. `since` (wall time): the job's start;
+    a heartbeat from before it is an earlier attempt's, left by ranks that were killed, and not this job's."""
+    beats = {rank: beat for rank, beat in read_heartbeats(run_dir).items()
+             if since is None or beat.get("time", 0) >= since}
     if len(beats) < world_size or not all(b.get("armed") for b in beats.values()):
         return None
     now = time.time()

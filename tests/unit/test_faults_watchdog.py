@@ -74,6 +74,18 @@ def test_a_launcher_sees_a_hang_only_when_every_heartbeat_is_old(tmp_path):
     assert hang_verdict(tmp_path, 30, world_size=2).kind == "hang"
 
 
+def test_heartbeats_an_earlier_attempt_left_are_not_the_new_jobs(tmp_path):
+    """Ranks killed outright leave their heartbeats; a rerun's job must not be judged hung by them the moment
+    it starts (a SmolLM2 sweep's rerun was cancelled so, its new ranks not yet up)."""
+    folder = heartbeat_dir(tmp_path)
+    folder.mkdir()
+    old = time.time() - 600
+    for rank in (0, 1):
+        (folder / f"rank{rank}.json").write_text(json.dumps(beat(rank, 5, 32, "eval", time=old)))
+    assert hang_verdict(tmp_path, 30, world_size=2).kind == "hang"  # the earlier attempt's own verdict
+    assert hang_verdict(tmp_path, 30, world_size=2, since=time.time() - 1) is None  # a job started just now
+
+
 def test_hang_timeout_must_be_a_positive_number():
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["resources.hang_timeout_s=0"])
