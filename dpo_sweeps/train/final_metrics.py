@@ -20,8 +20,9 @@ from dpo_sweeps.train.zero_shot import accuracy_interval
 
 
 def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: TrainState, perf: PerfMeter, *,
-                  device: torch.device, world_size: int, probing: bool) -> dict[str, Any]:
-    """summary.json metrics: last train and eval values, and perf reduced over ranks (collective)."""
+                  device: torch.device, world_size: int, probing: bool, is_main: bool = True) -> dict[str, Any]:
+    """summary.json metrics: last train and eval values, and perf reduced over ranks (collective). The predicted
+    step only on rank 0 (`is_main`), the rank that writes summary.json: it reads and tokenizes a sample of the data."""
     peak, no_peak = device_peak_flops(device, plan.compute)
     perf_metrics = perf.summary(world_size=world_size, peak_flops=peak, mfu_reason=no_peak)
     metrics: dict[str, Any] = {}
@@ -46,7 +47,8 @@ def final_metrics(cfg: Config, plan: ParallelPlan, built: TrainingSetup, state: 
         # and the runtime it adds to it (none when this process trained before: a probe batch's later runs)
         metrics["perf/memory_before_model_gib"] = built.rss_before_model / GIB
         metrics["perf/peak_memory_estimate_runtime_gib"] = (estimate.baseline - built.rss_before_model) / GIB
-    metrics.update(predicted_step_metrics(cfg, world_size, device, built.shape, perf_metrics.get("perf/step_time_s")))
+    if is_main:
+        metrics.update(predicted_step_metrics(cfg, world_size, device, built.shape, perf_metrics.get("perf/step_time_s")))
     metrics.update({"steps": state.step, "world_size": world_size, "num_params": built.num_params})
     if built.scaler.enabled:
         metrics["train/skipped_steps"] = built.scaler.skipped_steps

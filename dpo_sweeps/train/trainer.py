@@ -337,7 +337,7 @@ class Trainer:
     def final_metrics(self) -> dict[str, Any]:
         """summary.json metrics (train/final_metrics.py; collective)."""
         return final_metrics(self.cfg, self.plan, self.built, self.state, self.perf, device=self.device,
-                             world_size=self.env.world_size, probing=self.probing)
+                             world_size=self.env.world_size, probing=self.probing, is_main=self.env.is_main)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume_from_checkpoint(self) -> None:
