@@ -1,4 +1,5 @@
-"""`python -m dpo_sweeps [overrides]`: one run; `-m` for a sweep (Hydra multirun)."""
+"""`python -m dpo_sweeps [overrides]`: one run; `-m` for a sweep (Hydra multirun). Stage 1 of the road from
+the command to the step (docs/architecture.md): Hydra's main around the task function, `dpo_sweeps.task.run`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
 | interrupted (Ctrl-C) before the run started         | `error: interrupted (Ctrl-C) before ...`        | 130  | (Hydra's own)       |
 
 Another rank than rank 0 prints nothing (rank 0 says it) and exits 1 when the run did not complete.
-`__main__` (Hydra's errors, before any run), the task function (`app.run`) and the Python API
+`__main__` (Hydra's errors, before any run), the task function (`task.run`) and the Python API
 (`dpo_sweeps.api.train`, which raises the refusal's InvalidConfig instead of printing it) all end
 through this module. The two exception types: `RunRefused` for a run that will not start (its
 `failure` holds the kind and the setting) and `RunFailed` for a sweep's run that did not complete
