@@ -1,4 +1,5 @@
-"""One rank's lifecycle: bind its cores, join the process group, train, and write what happened.
+"""One rank's lifecycle (stage 4 of the road, docs/architecture.md): bind its cores, join the process
+group, train, and write what happened.
 
 `run_rank` runs on every rank (under torchrun, a multi-task submitit job, the local rank supervisor
 `dpo_sweeps.runtime.local_ranks`, or alone in the Hydra task's process). Rank 0 writes metrics.jsonl
@@ -55,7 +56,9 @@ def run_rank(ctx: RunContext, env: RankEnv, claim_run_dir: bool = False, bind_co
     try:
         try:
             life.join()
-            life.train()
+            trainer = life.build_trainer()
+            life.metrics = trainer.fit()
+            life.complete()
         except (RunDirInUse, UnwritablePath) as exc:  # refused before anything was written
             return refused_summary(ctx, exc, env.rank)
         except Exception as exc:
@@ -71,11 +74,13 @@ class RankLife:
     1. `__init__`: the process made ready (garbage collector, threads, the stop requests: signals and the time limit);
     2. `join`: the device, the process group, the run directory's lock, the watchdog, the checks that need
        the ranks;
-    3. `train`: build, fit, save the model, tidy the checkpoints;
-    4. `fail` (when 2 or 3 raised): the failure order, written once here;
-    5. `report`: rank 0 writes the summary and closes the trackers; another rank may take over from a
+    3. `build_trainer`: the model, data and optimizer set up (`Trainer.setup`); `run_rank` then calls
+       `Trainer.fit`, the training loop;
+    4. `complete` (when fit returned): save the model, tidy the checkpoints;
+    5. `fail` (when 2, 3, fit or 4 raised): the failure order, written once here;
+    6. `report`: rank 0 writes the summary and closes the trackers; another rank may take over from a
        lost rank 0; an interrupted run leaves (and may be requeued);
-    6. `tear_down`: the process group, the watchdog, the stop requests and the lock, in that order, always.
+    7. `tear_down`: the process group, the watchdog, the stop requests and the lock, in that order, always.
     """
 
     def __init__(self, ctx: RunContext, env: RankEnv, claim_run_dir: bool, bind_cores: bool):
@@ -115,19 +120,23 @@ class RankLife:
             validate_config(cfg, ctx.base_dir)
         check_allocator_in_use(cfg.resources.cpu_allocator)
 
-    # ------------------------------------------------------------------ 3. train
-    def train(self) -> None:
+    # ------------------------------------------------------------------ 3. build the trainer
+    def build_trainer(self) -> Trainer:
         trainer = self.trainer = Trainer(self.ctx, self.cfg, self.env, self.device, stop_requests=self.stops,
                                          heartbeat=self.watchdog.progress)
         trainer.setup()
-        self.metrics = trainer.fit()
+        return trainer
+
+    # ------------------------------------------------------------------ 4. complete
+    def complete(self) -> None:
+        trainer = self.trainer
         if trainer.cfg.train.save_model:  # the trainer's config: a probe's saves no model
             trainer.save_model()
         self.watchdog.begin_ending()
         if self.env.is_main and not trainer.checkpointer.keep_when_completed:
             remove_checkpoints(self.ctx.run_dir, "the run completed; checkpoint.keep_when_completed=false")
 
-    # ------------------------------------------------------------------ 4. fail
+    # ------------------------------------------------------------------ 5. fail
     def fail(self, exc: Exception) -> None:
         """The failure order: the watchdog stops judging; the failure is classified and its message made
         (with the memory context of an OOM, the path and the setting that moves it of a failed write);
@@ -158,7 +167,7 @@ class RankLife:
         self.failure = failure
         log.error("rank %d failed: %s", env.rank, failure.message)
 
-    # ------------------------------------------------------------------ 5. report
+    # ------------------------------------------------------------------ 6. report
     def report(self) -> Summary:
         ctx, env, failure = self.ctx, self.env, self.failure
         if not env.is_main:
@@ -177,7 +186,7 @@ class RankLife:
             self.stops.leave(self.interrupted.reason, is_main=True)  # exits here when the job is requeued
         return summary
 
-    # ------------------------------------------------------------------ 6. tear down
+    # ------------------------------------------------------------------ 7. tear down
     def tear_down(self) -> None:
         # After the summary: with NCCL and a dead peer, tearing the process group down can block.
         # The next run of a probe batch reuses the group (runtime/shared_ranks.py); a failed run ends the batch.
