@@ -3,7 +3,7 @@
 A sweeper or launcher calls `compose_job` for each point of a sweep; both sweepers hand the jobs
 to the launcher with `launch_numbered`, and name their sweep directory in a failed write that names no
 file with `writes_in_sweep_dir`. The job's resolved task config and its `config_hash` are
-computed the way `dpo_sweeps.app.run` computes them inside the job (resolve, scrub secrets, hash),
+computed the way `dpo_sweeps.app.train` computes them inside the job (resolve, scrub secrets, hash),
 so a finished run's summary.json can be matched to a point of a later sweep. Values that depend on
 Hydra's job runtime (`${hydra:job.id}`, the output dir) are not known here: a task config key that
 interpolates them cannot be matched on resume.

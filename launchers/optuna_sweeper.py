@@ -9,7 +9,7 @@ and adds:
   continues it; `storage` also takes any RDB URL or `journal:PATH`, and several sweep processes
   naming the same study share it (trial N runs in `<sweep dir>/N`, whichever process asked for it);
 - `objectives`: the summary metrics each trial returns (one per `direction`), read from the run's
-  metrics; `dpo_sweeps.app.run` itself stays objective-free;
+  metrics; `dpo_sweeps.task.run` itself stays objective-free;
 - a setting that no point of the search space reads is refused before the study starts, as a grid
   refuses one none of its points reads (`refuse_unread_settings`, on `SearchSpace.points`);
 - each trial is validated before launch: an invalid trial (say, a batch size the ranks do not

@@ -45,7 +45,7 @@ def outcome_of(job: SweepJob, job_return: JobReturn | None) -> Outcome:
         failure = summary.failure
         return Outcome(job, str(summary.status), job.run_dir, failure and str(failure.kind), failure and failure.message)
     if job_return is not None and job_return.status == JobStatus.COMPLETED:
-        # A launcher whose task function wrote no summary (not dpo_sweeps.app.run): trust the return.
+        # A launcher whose task function wrote no summary (not dpo_sweeps.task.run): trust the return.
         return Outcome(job, "completed", job.run_dir)
     reason = job_return._return_value if job_return is not None else None
     text = str(reason).strip() if reason is not None else ""
