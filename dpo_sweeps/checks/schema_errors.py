@@ -79,11 +79,11 @@ def schema_refusal(exc: BaseException) -> InvalidConfig | None:
 
 
 def _example(setting: str) -> str:
-    """An example value of `setting`: EXAMPLES, else the value a shipped config gives it (one the checks
-    accept), else one of its schema type."""
+    """An example value of `setting`: EXAMPLES, else its default in the schema, else the value a shipped
+    config gives it (one the checks accept), else one of its schema type."""
     if setting in EXAMPLES:
         return EXAMPLES[setting]
-    shipped = _shipped_value(setting)
+    shipped = _schema_default(setting) or _shipped_value(setting)
     if shipped is not None:
         return shipped
     from dpo_sweeps.config import data_schema, schema
@@ -99,6 +99,20 @@ def _example(setting: str) -> str:
         node = names.get(type_name, type_name)
     inner = (type_name or "").removesuffix(" | None")
     return TYPE_EXAMPLES.get(inner, "a value of the type in dpo_sweeps/config/schema.py")
+
+
+def _schema_default(setting: str) -> str | None:
+    """The default the schema gives `setting` (a field made with `setting(...)` has its own), as typed on a
+    command line; None when conf/ sets it."""
+    from omegaconf import MISSING
+
+    from dpo_sweeps.config.schema import Config
+    from dpo_sweeps.config.section import setting_fields
+
+    default = next((f.default for key, _, f in setting_fields(Config) if key == setting), None)
+    if default is None or default is dataclasses.MISSING or default == MISSING:
+        return None
+    return str(default).lower() if isinstance(default, bool) else str(default)
 
 
 def _shipped_value(setting: str) -> str | None:

@@ -4,8 +4,10 @@ Settings given on the command line that the chosen config would not read are ref
 The schema refuses a key no config has (`train.lr_rate`); `READ_WHEN` says, for every key the schema
 has (config/schema.py, config/data_schema.py, dpo/losses/schema.py), whether a run reads it always
 (`ALWAYS`) or only under a condition (a `ReadOnlyWhen`: `fsdp.hybrid_group_size` only with
-`fsdp=hybrid_shard`). A key added to the schema without an entry here fails
-tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
+`fsdp=hybrid_shard`). A field made with `setting(...)` (config/setting.py) says it in its own metadata
+(`read_when`; none: always), and the table is made from the schema (`read_when_table`); the fields not
+made so yet, and the conditions that need a library to decide (which losses have a reference), are
+`RULES` and `ALWAYS_READ` here. A key of neither fails tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
 recorder of the keys they read and finds every key they left unread refused here.
 
 A setting is refused only when the user set it (`overrides`): the files in conf/ carry every key with a
@@ -19,29 +21,29 @@ pick their own rendezvous port, and torchrun and SLURM bind their ranks to cores
 
 A probe (`probe.steps`, train/probe.py) replaces `PROBE_REPLACES` with its own values: they are not
 refused there, since a probe is the full run's own command plus probe.steps.
+
+A renamed key (config/schema.py RENAMED: `wandb.mode` is tracking.wandb.mode) is checked as its new name,
+with a one-line notice of the rename; its old section, read by no code, is always in `unread_keys`.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from enum import StrEnum
+from functools import cache
 from pathlib import Path
 
-from dpo_sweeps.config.schema import CLUSTER_NUMBERS, Config
-from dpo_sweeps.config.section import Section
+from dpo_sweeps.config.schema import CLUSTER_NUMBERS, Config, renamed_key
+from dpo_sweeps.config.section import Section, setting_fields
+from dpo_sweeps.config.setting import Launch, setting_of
 from dpo_sweeps.errors import InvalidConfig
 
+__all__ = ["ALWAYS", "READ_WHEN", "Launch", "ReadOnlyWhen", "SettingsRead", "check_settings_used", "field_of",
+           "given_keys", "read_when_table", "unread_keys", "unread_rule"]
+
 SYNTHETIC_OWN_SPLIT = "the synthetic task generates its own train and eval pairs"
-
-
-class Launch(StrEnum):
-    """Who starts a run's ranks."""
-
-    DPO_SWEEPS = "dpo_sweeps"  # `python -m dpo_sweeps`: its own process, or local rank processes it spawns
-    TORCHRUN = "torchrun"
-    LOCAL = "local"  # a local sweep's job: one rank in the job's process, or submitit tasks
-    SLURM = "slurm"  # a SLURM job's tasks (srun binds them)
 
 
 @dataclass(frozen=True)
@@ -113,15 +115,6 @@ def _unwrapped(cfg: Config, _: Launch) -> bool:
             and precision.param_dtype == "float32" and precision.reduce_dtype == "float32")
 
 
-def _port_chosen_elsewhere(cfg: Config, launch: Launch) -> bool:
-    return launch == Launch.TORCHRUN or (launch in (Launch.LOCAL, Launch.SLURM) and cfg.world_size > 1)
-
-
-def _not_bound_here(cfg: Config, launch: Launch) -> bool:
-    return cfg.resources.nproc_per_node == 1 or cfg.resources.device == "cuda" or launch in (Launch.TORCHRUN,
-                                                                                             Launch.SLURM)
-
-
 RULES = (
     ReadOnlyWhen(("fsdp.hybrid_group_size",), lambda c, _: c.fsdp.sharding_strategy != "hybrid_shard",
                  "only hybrid_shard has shard groups", "fsdp=hybrid_shard"),
@@ -134,8 +127,6 @@ RULES = (
     ReadOnlyWhen(("peft.quantization", "peft.bnb_4bit_quant_storage", "peft.bnb_4bit_compute_dtype",
                   "peft.double_quant"), lambda c, _: c.peft.method != "qlora",
                  "only peft=qlora quantizes the base", "peft=qlora"),
-    ReadOnlyWhen(("train.save_merged",), lambda c, _: c.peft.method == "none" or not c.train.save_model,
-                 "only adapters are merged, into the saved model", "peft=lora with train.save_model=true"),
     ReadOnlyWhen(("precision.initial_loss_scale", "precision.loss_scale_growth_interval"),
                  lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
                  "precision=fp16, or precision.loss_scaling=true"),
@@ -157,16 +148,6 @@ RULES = (
                  "this loss has no reference model to score", "a loss with a reference, reference_free=false"),
     ReadOnlyWhen(("train.reference_sync.every_steps", "train.reference_sync.alpha"), _no_reference,
                  "this loss has no reference model to sync", "a loss with a reference, reference_free=false"),
-    ReadOnlyWhen(("train.reference_sync.every_steps", "train.reference_sync.alpha"),
-                 lambda c, _: c.train.precompute_reference_logps,
-                 "the reference is scored once before training, so it cannot move",
-                 "train.precompute_reference_logps=false"),
-    ReadOnlyWhen(("train.reference_sync.alpha",), lambda c, _: not c.train.reference_sync.every_steps,
-                 "no sync at train.reference_sync.every_steps=0", "train.reference_sync.every_steps > 0"),
-    ReadOnlyWhen(("train.sample_prompts", "train.sample_max_new_tokens"), lambda c, _: not c.train.save_model,
-                 "the replies after training come from the saved model", "train.save_model=true"),
-    ReadOnlyWhen(("train.sample_max_new_tokens",), lambda c, _: not c.train.sample_prompts,
-                 "no replies are generated at train.sample_prompts=0", "train.sample_prompts > 0"),
     ReadOnlyWhen(("precision.name",), lambda c, _: True,
                  "a run names its precision from precision.param_dtype and reduce_dtype (summary.json's plan); "
                  "the name only names a conf/precision file", "precision=fp32, bf16 or fp16"),
@@ -178,11 +159,6 @@ RULES = (
                  "loss.sft_weight > 0, or an sft term"),
     ReadOnlyWhen(("loss.reference_free",), _mix_without("reference_free"),
                  "no term of this mix compares with a reference", "a term such as sigmoid"),
-    ReadOnlyWhen(("wandb.project", "wandb.entity", "wandb.group"), lambda c, _: c.wandb.mode == "disabled",
-                 "nothing is logged to W&B with wandb.mode=disabled", "wandb.mode=offline or online"),
-    ReadOnlyWhen(("wandb.project", "wandb.entity", "wandb.group"),
-                 lambda c, _: "wandb" not in c.tracking.backends,
-                 "W&B is not among tracking.backends", "tracking.backends=[wandb,...]"),
     ReadOnlyWhen(("tracking.mlflow.tracking_uri", "tracking.mlflow.experiment_name"),
                  lambda c, _: "mlflow" not in c.tracking.backends,
                  "MLflow is not among tracking.backends", "tracking.backends=[mlflow,...]"),
@@ -195,37 +171,22 @@ RULES = (
                  "probe.steps > 0 (find_best: hydra.sweeper.stages.probe_max_seconds)"),
     ReadOnlyWhen(("faults.step", "faults.rank"), lambda c, _: c.faults.kind in (None, "null"),
                  "no fault is injected with faults.kind=null", "faults.kind=crash (or another kind)"),
-    ReadOnlyWhen(("resources.master_port",), _port_chosen_elsewhere,
-                 "torchrun, or the sweep launcher's tasks, choose the rendezvous port",
-                 "torchrun --master_port; nothing for a sweep's job"),
     ReadOnlyWhen(tuple(f"cluster.{k}" for k in (*CLUSTER_NUMBERS, "peak_tflops")),
                  lambda c, _: c.cluster is not None and c.cluster.measured,
                  "cluster=cpu measures its numbers on this machine (dpo_sweeps/cost/cpu_profile.py)",
                  "a profile with cluster.measured=false (a conf/cluster file, or your own)"),
-    ReadOnlyWhen(("resources.bind_cores",), _not_bound_here,
-                 "ranks are bound to cores only when several CPU ranks start on a node without torchrun or srun",
-                 "resources.nproc_per_node > 1 on CPUs, started by dpo-sweeps or a local sweep"),
 )
 
-# Every key of the schema that every run reads (with a value that is its choice: null too).
+# Every key of the schema not made with `setting` that every run reads (with a value that is its choice: null too).
 ALWAYS_READ = (
-    "train.batch_size", "train.micro_batch_size", "train.max_steps", "train.lr", "train.optimizer",
-    "train.weight_decay", "train.warmup_steps", "train.lr_schedule", "train.max_grad_norm", "train.eval_every",
-    "train.eval_max_pairs", "train.eval_micro_batch_size",
-    "train.log_every", "train.seed", "train.progress_bar", "train.save_model", "train.time_limit_min",
-    "train.logps_chunk_size", "train.share_prompt", "train.zero_shot_eval",
     "model.name_or_path", "model.block_name", "model.init_from",
     "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
     "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling", "peft.method",
-    "resources.nodes", "resources.nproc_per_node", "resources.device", "resources.collective_timeout_s",
-    "resources.hang_timeout_s", "resources.threads_per_rank", "resources.cpu_allocator",
-    # A single run checks fit against it as a sweep's point does (app.py, parallel/fit.py).
-    "resources.device_memory_gib",
     "perf.warmup_steps", "probe.steps", "faults.kind",
     # keep_last and keep_when_completed act whenever a checkpoint is saved: periodically, and also on a
     # stop signal or at train.time_limit_min with every_steps=0, which no check can foresee.
     "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.resume", "checkpoint.keep_when_completed",
-    "wandb.mode", "tracking.backends",
+    "tracking.backends",
     # The cost prediction and the fit check read the profile a config names (cluster=); none without one.
     "cluster.name", "cluster.gpus_per_node", "cluster.max_nodes", "cluster.measured", "cluster.sources",
     "data.name", "data.max_length", "data.max_prompt_length", "data.truncation_mode", "data.length_grouped",
@@ -241,19 +202,44 @@ PROBE_REPLACES = ("train.max_steps", "train.eval_every", "train.save_model", "tr
                   "train.zero_shot_eval", "train.sample_prompts", "train.sample_max_new_tokens",
                   "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.keep_when_completed")
 
-READ_WHEN: dict[str, str | list[ReadOnlyWhen]] = {key: ALWAYS for key in ALWAYS_READ}
-for _rule in RULES:
-    for _key in _rule.keys:
-        _rules = READ_WHEN.setdefault(_key, [])
-        assert _rules != ALWAYS, f"{_key}: both always read and read only when"
-        _rules.append(_rule)
+
+def _renamed(cfg: Config, _: Launch) -> bool:
+    return True  # no code reads a renamed key's old section: Config.of moved its values to the new name
 
 
-def field_of(key: str) -> str | None:
+@cache
+def read_when_table(config_type: type = Config) -> dict[str, str | list[ReadOnlyWhen]]:
+    """Every key of `config_type`'s schema: ALWAYS, or the rules under which a run does not read it: the
+    `read_when` of a field made with `setting`, after RULES' (a field with neither is read always), and the
+    table above for the rest."""
+    table: dict[str, str | list[ReadOnlyWhen]] = {key: ALWAYS for key in ALWAYS_READ}
+    for rule in RULES:
+        for key in rule.keys:
+            rules = table.setdefault(key, [])
+            assert rules != ALWAYS, f"{key}: both always read and read only when"
+            rules.append(rule)
+    for key, _, field in setting_fields(config_type):
+        spec = setting_of(field)
+        if renamed_key(key) != key:
+            table[key] = [ReadOnlyWhen((key,), _renamed, f"it is {renamed_key(key)} now",
+                                       f"{renamed_key(key)}; the old name is accepted for one release")]
+        elif spec is not None:
+            assert table.get(key) != ALWAYS, f"{key}: made with setting(), and in ALWAYS_READ"
+            rules = table.setdefault(key, [])
+            rules.extend(ReadOnlyWhen((key,), w.unused, w.why, w.instead) for w in spec.read_when)
+            if not rules:
+                table[key] = ALWAYS
+    return table
+
+
+READ_WHEN = read_when_table(Config)
+
+
+def field_of(key: str, table: Mapping[str, object] = READ_WHEN) -> str | None:
     """The schema key a dotted override key sets (`model.from_config.n_layer` -> model.from_config)."""
     parts = key.split(".")
     for end in range(len(parts), 1, -1):
-        if ".".join(parts[:end]) in READ_WHEN:
+        if ".".join(parts[:end]) in table:
             return ".".join(parts[:end])
     return None
 
@@ -268,15 +254,36 @@ def override_key(override: str) -> str | None:
     return key
 
 
-def given_keys(overrides: list[str]) -> set[str]:
-    """The schema keys `overrides` set that are read only under a condition."""
-    fields = (field_of(k) for k in (override_key(o) for o in overrides) if k is not None)
-    return {f for f in fields if f is not None and READ_WHEN[f] != ALWAYS}
+def given_keys(overrides: list[str], config_type: type = Config) -> set[str]:
+    """The schema keys `overrides` set that are read only under a condition (a renamed key by its new name)."""
+    table = read_when_table(config_type)
+    fields = (field_of(renamed_key(k), table) for k in (override_key(o) for o in overrides) if k is not None)
+    return {f for f in fields if f is not None and table[f] != ALWAYS}
+
+
+def renamed_keys(overrides: list[str]) -> list[str]:
+    """The keys `overrides` set by a name that has changed (config/schema.py RENAMED)."""
+    return [k for k in (override_key(o) for o in overrides) if k is not None and renamed_key(k) != k]
+
+
+def rename_notice(keys: list[str]) -> str:
+    """The one line that tells a user their old keys' new names."""
+    shown = ", ".join(f"{key} is now {renamed_key(key)}" for key in keys)
+    return f"notice: {shown} (the old names are accepted until the next release)"
+
+
+def _say_renamed(overrides: list[str]) -> bool:
+    """Print the rename notice for `overrides` once, on rank 0 only (torchrun's ranks all check); whether
+    there was one."""
+    keys = renamed_keys(overrides)
+    if keys and os.environ.get("RANK", "0") == "0":
+        print(rename_notice(keys), file=sys.stderr)
+    return bool(keys)
 
 
 def unread_rule(key: str, cfg: Config, launch: Launch) -> ReadOnlyWhen | None:
     """The rule under which `cfg` does not read `key`, or None (it reads it)."""
-    rules = READ_WHEN.get(key, ALWAYS)
+    rules = read_when_table(type(cfg)).get(key, ALWAYS)
     if rules == ALWAYS or (key in PROBE_REPLACES and cfg.probe.steps > 0):
         return None
     return next((rule for rule in rules if rule.unused(cfg, launch)), None)
@@ -284,7 +291,7 @@ def unread_rule(key: str, cfg: Config, launch: Launch) -> ReadOnlyWhen | None:
 
 def unread_keys(cfg: Config, launch: Launch = Launch.DPO_SWEEPS) -> set[str]:
     """Every schema key `cfg` has and does not read: what the check refuses when set on the command line."""
-    return {key for key in READ_WHEN if _has(cfg, key) and unread_rule(key, cfg, launch) is not None}
+    return {key for key in read_when_table(type(cfg)) if _has(cfg, key) and unread_rule(key, cfg, launch) is not None}
 
 
 def _has(cfg: Config, key: str) -> bool:
@@ -303,8 +310,11 @@ def unread(key: str, rule: ReadOnlyWhen, where: str) -> InvalidConfig:
 
 
 def check_settings_used(cfg: Config, overrides: list[str], launch: Launch = Launch.DPO_SWEEPS) -> None:
-    """Raise InvalidConfig for the first setting in `overrides` the chosen config would not read."""
-    for key in sorted(given_keys(overrides), key=list(READ_WHEN).index):
+    """Raise InvalidConfig for the first setting in `overrides` the chosen config would not read (a renamed
+    key is checked by its new name, after a one-line notice)."""
+    _say_renamed(overrides)
+    table = list(read_when_table(type(cfg)))
+    for key in sorted(given_keys(overrides, type(cfg)), key=table.index):
         rule = unread_rule(key, cfg, launch)
         if rule is not None:
             raise unread(key, rule, "here")
@@ -319,8 +329,11 @@ class SettingsRead:
         self.launch = launch
         self.unread: dict[str, tuple[ReadOnlyWhen, int]] = {}  # key -> (its rule, points that give it unread)
         self.read: set[str] = set()
+        self.renamed_said = False
 
     def add(self, overrides: list[str], config: Callable[[], Config]) -> None:
+        if not self.renamed_said:
+            self.renamed_said = _say_renamed(overrides)
         pending = given_keys(overrides) - self.read
         if not pending:
             return

@@ -157,7 +157,7 @@ def _check_trackers(cfg: Config) -> None:
     from dpo_sweeps.tracking.backend import missing_libraries
 
     for name, known in missing_libraries(list(cfg.tracking.backends)):
-        if name != "wandb" or cfg.wandb.mode != "disabled":
+        if name != "wandb" or cfg.tracking.wandb.mode != "disabled":
             refuse("tracking.backends", f"names {name}, whose library {known.library} is not installed",
                    f"`{known.pip}`, or tracking.backends without {name}")
     if "mlflow" not in cfg.tracking.backends:

@@ -30,6 +30,7 @@ from omegaconf import MISSING
 
 from dpo_sweeps.config.data_schema import DATA_SCHEMAS, data_config
 from dpo_sweeps.config.section import Section, at_least, positive_number, refuse, section_types
+from dpo_sweeps.config.setting import AtLeast, Launch, NumberAtLeast, OneOf, Positive, ReadWhen, setting
 from dpo_sweeps.config.smoke import smoke_cut
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -49,103 +50,110 @@ class ReferenceSyncConfig(Section):
     sync_ref_model): every `every_steps` optimizer steps the reference moves toward the policy,
     ref <- alpha * policy + (1 - alpha) * ref (train/reference_sync.py)."""
 
-    every_steps: int = 0
+    at = "train.reference_sync"
+
+    every_steps: int = setting(0, accepted=AtLeast(0, "an integer >= 0 (0: no sync)"), read_when=ReadWhen(
+        lambda c, _: c.train.precompute_reference_logps, "the reference is scored once before training, so it "
+        "cannot move", "train.precompute_reference_logps=false"))
     """Optimizer steps between two syncs (>= 0); 0: the reference stays as it starts (plain DPO)."""
-    alpha: float = 0.6
+    alpha: float = setting(0.6, read_when=(
+        ReadWhen(lambda c, _: c.train.precompute_reference_logps, "the reference is scored once before training, "
+                 "so it cannot move", "train.precompute_reference_logps=false"),
+        ReadWhen(lambda c, _: not c.train.reference_sync.every_steps, "no sync at train.reference_sync.every_steps=0",
+                 "train.reference_sync.every_steps > 0")))
     """The policy's weight in each sync (0 < alpha <= 1; 1: the reference becomes the policy)."""
 
     def check(self) -> None:
-        at_least(self.every_steps, 0, "train.reference_sync.every_steps", "an integer >= 0 (0: no sync)")
+        super().check()
         if self.every_steps and not (isinstance(self.alpha, int | float) and 0 < self.alpha <= 1):
             refuse("train.reference_sync.alpha", f"got {self.alpha!r}", "a number > 0 and <= 1")
 
 
+# train.sample_prompts and sample_max_new_tokens: the replies after training come from the saved model.
+_NOT_SAVED = ReadWhen(lambda c, _: not c.train.save_model, "the replies after training come from the saved model",
+                      "train.save_model=true")
+
+
 @dataclass
 class TrainConfig(Section):
-    batch_size: int = MISSING
+    """The training loop: batch, optimizer, schedule, evaluation, what a run saves. Each field's default,
+    accepted values and when it is read are beside it (config/setting.py); conf/config.yaml repeats none."""
+
+    at = "train"
+
+    batch_size: int = setting(32, accepted=AtLeast(1))
     """Global batch, in preference pairs, summed over all ranks and accumulation steps (>= 1)."""
-    micro_batch_size: int = MISSING
+    micro_batch_size: int = setting(8, accepted=AtLeast(1))
     """Pairs per rank per forward pass; batch_size must be a multiple of micro_batch_size x ranks."""
-    max_steps: int = MISSING
+    max_steps: int = setting(120, accepted=AtLeast(1))
     """Optimizer steps to train (>= 1)."""
-    lr: float = MISSING
+    lr: float = setting(3.0e-3, accepted=Positive())
     """Peak learning rate (> 0)."""
-    optimizer: str = MISSING
+    optimizer: str = setting("adamw", accepted=OneOf(OPTIMIZERS, unknown="optimizer"))
     """adamw | rmsprop."""
-    weight_decay: float = MISSING
+    weight_decay: float = setting(0.0, accepted=NumberAtLeast(0, "a number >= 0"))
     """The optimizer's decoupled (adamw) or L2 (rmsprop) weight decay (>= 0)."""
-    warmup_steps: int = MISSING
+    warmup_steps: int = setting(10, accepted=AtLeast(0))
     """Steps of linear warmup from 0 to train.lr (>= 0); then train.lr_schedule."""
-    lr_schedule: str = "constant"
+    lr_schedule: str = setting("constant", accepted=OneOf(LR_SCHEDULES, unknown="schedule"))
     """After the warmup: constant (the reference DPO implementation), linear or cosine (decay to 0 at
     train.max_steps, as transformers' schedulers of those names; TRL's DPOTrainer defaults to linear)."""
-    max_grad_norm: float | None = MISSING
+    max_grad_norm: float | None = setting(10.0, accepted=Positive("a number > 0, or null for no clipping"))
     """Clip the global gradient norm to this (> 0); null: no clipping (grad_norm is still logged)."""
-    eval_every: int = MISSING
+    eval_every: int = setting(40, accepted=AtLeast(0, "an integer >= 0 (0: only at the end)"))
     """Evaluate on the held-out pairs every N optimizer steps and at the end (>= 0; 0: only at the end)."""
-    eval_max_pairs: int | None = MISSING
+    eval_max_pairs: int | None = setting(None, accepted=AtLeast(1, "an integer >= 1, or null for all", null=True))
     """Cap on held-out pairs evaluated (>= 1); null: all."""
-    eval_micro_batch_size: int | None = None
+    eval_micro_batch_size: int | None = setting(None, accepted=AtLeast(
+        1, "an integer >= 1, or null for as many as fit in a training micro-batch's memory", null=True))
     """Held-out pairs per rank per eval forward pass, at most (>= 1). null: as many as fit in the memory a
     training micro-batch's forward and backward take (a no-grad forward saves nothing for a backward, so it
     holds several times the pairs); either way pairs of similar length pass together (parallel/memory_estimate.py
     eval_batching). A set value the training peak does not cover is added to the memory estimate."""
-    log_every: int = MISSING
+    log_every: int = setting(1, accepted=AtLeast(1))
     """Write a metrics.jsonl row every N optimizer steps (>= 1)."""
-    seed: int = MISSING
+    seed: int = setting(0)
     """Seed of the model init, data order and dropout."""
-    progress_bar: bool = MISSING
+    progress_bar: bool = setting(True)
     """Show a progress bar on rank 0."""
-    save_model: bool = MISSING
+    save_model: bool = setting(True)
     """Save the final policy in Hugging Face format under <run dir>/model (rank 0 gathers it)."""
-    save_merged: bool = False
+    save_merged: bool = setting(False, read_when=ReadWhen(
+        lambda c, _: c.peft.method == "none" or not c.train.save_model,
+        "only adapters are merged, into the saved model", "peft=lora with train.save_model=true"))
     """With peft (adapters) and save_model: also write the adapters merged into the base weights, a plain
     Hugging Face model, to <run dir>/model_merged (model/ holds the PEFT adapter folder)."""
-    time_limit_min: float | None = MISSING
+    time_limit_min: float | None = setting(None, accepted=Positive("a number of minutes > 0, or null for none"))
     """Wall-time limit of one attempt, in minutes (> 0); when reached the run saves a checkpoint and
     ends failed with kind `timeout` (the same command resumes it). null: none."""
-    precompute_reference_logps: bool = MISSING
+    precompute_reference_logps: bool = setting(True)
     """Score every pair under the frozen reference once before training, cache the scores on disk
     ($DPO_SWEEPS_CACHE/reference_logps) and free the reference model. false: a reference forward per step."""
-    logps_chunk_size: int = MISSING
+    logps_chunk_size: int = setting(1024, accepted=AtLeast(0, "an integer >= 1, or 0 for full logits"))
     """Response log-probs from the LM head on response positions only, this many rows of logits at a
     time (>= 1): no [batch, length, vocab] fp32 logits. 0: full logits, as the reference DPO implementation."""
-    share_prompt: bool = MISSING
+    share_prompt: bool = setting(True)
     """One row per pair, prompt + chosen + rejected, the prompt computed once (needs logps_chunk_size > 0
     and sdpa or eager attention). false: chosen and rejected rows, [2 x batch, length]."""
-    zero_shot_eval: bool = False
+    zero_shot_eval: bool = setting(False)
     """Before the first step, score the held-out pairs with the policy alone (log p(chosen) against
     log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
     (step 0) and summary.json, the baseline beside eval/rewards/accuracies; every eval then also scores the
     trained policy alike, eval/policy/{accuracy, margin} (train/zero_shot.py)."""
     reference_sync: ReferenceSyncConfig = field(default_factory=ReferenceSyncConfig)
     """TR-DPO: the reference moves toward the policy during training (off by default)."""
-    sample_prompts: int = 0
+    sample_prompts: int = setting(0, accepted=AtLeast(0, "an integer >= 0 (0: no samples.json)"),
+                                  read_when=_NOT_SAVED)
     """> 0: after the final model is saved (needs save_model), rank 0 writes samples.json, the greedy
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
-    sample_max_new_tokens: int = 64
+    sample_max_new_tokens: int = setting(64, read_when=(_NOT_SAVED, ReadWhen(
+        lambda c, _: not c.train.sample_prompts, "no replies are generated at train.sample_prompts=0",
+        "train.sample_prompts > 0")))
     """With sample_prompts: the longest reply generated, in tokens (>= 1)."""
 
     def check(self) -> None:
-        at_least(self.batch_size, 1, "train.batch_size")
-        at_least(self.micro_batch_size, 1, "train.micro_batch_size")
-        at_least(self.max_steps, 1, "train.max_steps")
-        positive_number(self.lr, "train.lr", "a number > 0")
-        if self.optimizer not in OPTIMIZERS:
-            refuse("train.optimizer", f"unknown optimizer '{self.optimizer}'", ", ".join(OPTIMIZERS))
-        if self.weight_decay < 0:
-            refuse("train.weight_decay", f"got {self.weight_decay!r}", "a number >= 0")
-        at_least(self.warmup_steps, 0, "train.warmup_steps")
-        if self.lr_schedule not in LR_SCHEDULES:
-            refuse("train.lr_schedule", f"unknown schedule '{self.lr_schedule}'", ", ".join(LR_SCHEDULES))
-        at_least(self.eval_every, 0, "train.eval_every", "an integer >= 0 (0: only at the end)")
-        if self.eval_max_pairs is not None:
-            at_least(self.eval_max_pairs, 1, "train.eval_max_pairs", "an integer >= 1, or null for all")
-        if self.eval_micro_batch_size is not None:
-            at_least(self.eval_micro_batch_size, 1, "train.eval_micro_batch_size",
-                     "an integer >= 1, or null for as many as fit in a training micro-batch's memory")
-        at_least(self.log_every, 1, "train.log_every")
-        at_least(self.sample_prompts, 0, "train.sample_prompts", "an integer >= 0 (0: no samples.json)")
+        """Each field's accepted values (its `setting`), then the rules between fields."""
+        super().check()
         self.reference_sync.check()
         if self.reference_sync.every_steps and self.precompute_reference_logps:
             refuse("train.reference_sync.every_steps", f"{self.reference_sync.every_steps} with "
@@ -156,9 +164,6 @@ class TrainConfig(Section):
             if not self.save_model:
                 refuse("train.sample_prompts", f"{self.sample_prompts} with train.save_model=false",
                        "0, or train.save_model=true (the replies after training come from the saved model)")
-        positive_number(self.max_grad_norm, "train.max_grad_norm", "a number > 0, or null for no clipping")
-        positive_number(self.time_limit_min, "train.time_limit_min", "a number of minutes > 0, or null for none")
-        at_least(self.logps_chunk_size, 0, "train.logps_chunk_size", "an integer >= 1, or 0 for full logits")
         if self.share_prompt and self.logps_chunk_size == 0:
             refuse("train.share_prompt", "true with train.logps_chunk_size=0",
                    "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
@@ -324,31 +329,51 @@ class PrecisionConfig(Section):
 CPU_ALLOCATORS = ("auto", "glibc", "tcmalloc")
 
 
+def _port_chosen_elsewhere(cfg: Any, launch: Launch) -> bool:
+    return launch == Launch.TORCHRUN or (launch in (Launch.LOCAL, Launch.SLURM) and cfg.world_size > 1)
+
+
+def _not_bound_here(cfg: Any, launch: Launch) -> bool:
+    return (cfg.resources.nproc_per_node == 1 or cfg.resources.device == "cuda"
+            or launch in (Launch.TORCHRUN, Launch.SLURM))
+
+
 @dataclass
 class ResourcesConfig(Section):
-    nodes: int = MISSING
+    """The ranks a run has and the machine they run on. Each field's default, accepted values and when it is
+    read are beside it (config/setting.py); conf/config.yaml repeats none."""
+
+    at = "resources"
+
+    nodes: int = setting(1, accepted=AtLeast(1))
     """Nodes of the run (>= 1)."""
-    nproc_per_node: int = MISSING
+    nproc_per_node: int = setting(1, accepted=AtLeast(1))
     """Ranks per node: GPUs per node, or CPU processes where there is no GPU (>= 1)."""
-    device: str = MISSING
+    device: str = setting("auto", accepted=OneOf(DEVICES))
     """cpu | cuda | auto (cuda when available, decided on the job's node)."""
-    master_port: int | None = MISSING
+    master_port: int | None = setting(None, read_when=ReadWhen(
+        _port_chosen_elsewhere, "torchrun, or the sweep launcher's tasks, choose the rendezvous port",
+        "torchrun --master_port; nothing for a sweep's job"))
     """Rendezvous port for local ranks; null picks a free one and prints it."""
-    device_memory_gib: float | None = MISSING
+    device_memory_gib: float | None = setting(None, accepted=Positive(
+        "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)"))
     """Memory of one device in GiB (> 0) for the fit check before a sweep launches; null: the CUDA
     device's memory when the run uses CUDA, no check on CPU."""
-    collective_timeout_s: float = MISSING
+    collective_timeout_s: float = setting(300.0, accepted=Positive("a number of seconds > 0"))
     """Seconds a collective may wait before a rank gives up (a dead peer ends the run, never a hang)."""
-    hang_timeout_s: float | None = MISSING
+    hang_timeout_s: float | None = setting(None, accepted=Positive(
+        "a number of seconds > 0, or null for resources.collective_timeout_s"))
     """Seconds without progress (no training step phase, eval batch or checkpoint on any rank) after which
     the run ends failed with kind `hang`, naming the rank that held the others up (runtime/watchdog.py;
     watched from the first training step on) (> 0); null: collective_timeout_s."""
-    threads_per_rank: int | None = MISSING
+    threads_per_rank: int | None = setting(None, accepted=AtLeast(1, "an integer >= 1, or null", null=True))
     """CPU threads per rank (>= 1); null: cores / local ranks."""
-    bind_cores: bool = MISSING
+    bind_cores: bool = setting(True, read_when=ReadWhen(
+        _not_bound_here, "ranks are bound to cores only when several CPU ranks start on a node without torchrun "
+        "or srun", "resources.nproc_per_node > 1 on CPUs, started by dpo-sweeps or a local sweep"))
     """Bind the CPU ranks dpo-sweeps starts itself each to its own block of the job's cores (torchrun and
     SLURM tasks are bound by their launcher, e.g. srun --cpu-bind; GPU ranks are not bound)."""
-    cpu_allocator: str = MISSING
+    cpu_allocator: str = setting("auto", accepted=OneOf(CPU_ALLOCATORS))
     """auto | glibc | tcmalloc: the malloc of the processes that train (parallel/allocator.py). tcmalloc
     (gperftools, preloaded into the ranks dpo-sweeps starts) holds less freed memory than glibc's heap, run
     after run. auto: tcmalloc for runs of several CPU ranks where its library is found, else glibc (one
@@ -358,21 +383,6 @@ class ResourcesConfig(Section):
     def world_size(self) -> int:
         """The run's ranks: nodes x ranks per node."""
         return int(self.nodes) * int(self.nproc_per_node)
-
-    def check(self) -> None:
-        at_least(self.nodes, 1, "resources.nodes")
-        at_least(self.nproc_per_node, 1, "resources.nproc_per_node")
-        if self.device not in DEVICES:
-            refuse("resources.device", f"got {self.device!r}", ", ".join(DEVICES))
-        positive_number(self.device_memory_gib, "resources.device_memory_gib",
-                        "a number of GiB > 0, or null (the CUDA device's memory; no check on CPU)")
-        positive_number(self.collective_timeout_s, "resources.collective_timeout_s", "a number of seconds > 0")
-        positive_number(self.hang_timeout_s, "resources.hang_timeout_s",
-                        "a number of seconds > 0, or null for resources.collective_timeout_s")
-        if self.threads_per_rank is not None:
-            at_least(self.threads_per_rank, 1, "resources.threads_per_rank", "an integer >= 1, or null")
-        if self.cpu_allocator not in CPU_ALLOCATORS:
-            refuse("resources.cpu_allocator", f"got {self.cpu_allocator!r}", ", ".join(CPU_ALLOCATORS))
 
 
 # The precisions a cluster profile gives a dense peak for (fp32 plain, tf32 tensor cores, bf16, fp16).
@@ -515,20 +525,67 @@ class CheckpointConfig(Section):
             at_least(self.keep_last, 1, "checkpoint.keep_last", "an integer >= 1, or null to keep all")
 
 
+# tracking.wandb.project, entity and group: what W&B is told, when it is told anything.
+_NO_WANDB = (ReadWhen(lambda c, _: c.tracking.wandb.mode == "disabled", "nothing is logged to W&B with "
+                      "tracking.wandb.mode=disabled", "tracking.wandb.mode=offline or online"),
+             ReadWhen(lambda c, _: "wandb" not in c.tracking.backends, "W&B is not among tracking.backends",
+                      "tracking.backends=[wandb,...]"))
+
+
 @dataclass
 class WandbConfig(Section):
-    mode: str = MISSING
+    """tracking.backends=[..., wandb] (the default): W&B, offline unless told otherwise (tracking/wandb_backend.py).
+    Until issue 49 these keys were `wandb.*`; that spelling is still accepted, with a notice (RENAMED)."""
+
+    at = "tracking.wandb"
+
+    mode: str = setting("offline", accepted=OneOf(WANDB_MODES))
     """offline | online | disabled."""
-    project: str = MISSING
+    project: str = setting("dpo-sweeps", read_when=_NO_WANDB)
     """The W&B project."""
-    entity: str | None = MISSING
+    entity: str | None = setting(None, read_when=_NO_WANDB)
     """The W&B entity (team or user); null: W&B's default."""
-    group: str | None = MISSING
+    group: str | None = setting(None, read_when=_NO_WANDB)
     """The W&B group; null: the sweep directory's name for sweeps, the run name otherwise."""
 
-    def check(self) -> None:
-        if self.mode not in WANDB_MODES:
-            refuse("wandb.mode", f"got {self.mode!r}", ", ".join(WANDB_MODES))
+
+@dataclass
+class FormerWandbConfig(Section):
+    """The keys `tracking.wandb.*` had before issue 49, as `wandb.*`: accepted for one more release. A value
+    set here (null: not set) is moved to tracking.wandb when the config is read (`Config.of`), and the
+    command-line check says the new name in a one-line notice (checks/unused.py)."""
+
+    mode: str | None = None
+    """Now tracking.wandb.mode."""
+    project: str | None = None
+    """Now tracking.wandb.project."""
+    entity: str | None = None
+    """Now tracking.wandb.entity."""
+    group: str | None = None
+    """Now tracking.wandb.group."""
+
+
+# Sections renamed, old name -> new: the old keys are accepted for one release (FormerWandbConfig).
+RENAMED = {"wandb": "tracking.wandb"}
+
+
+def renamed_key(key: str) -> str:
+    """The current name of a dotted key (`wandb.mode` -> tracking.wandb.mode); any other key as it is."""
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return key
+
+
+def move_renamed(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A resolved config with the values set under a renamed section's old keys moved to the new ones (a
+    config from before the rename, a summary.json among them, reads as it did); the old section left empty."""
+    former = values.get("wandb")
+    if not isinstance(former, Mapping) or all(v is None for v in former.values()):
+        return values
+    tracking = dict(values.get("tracking") or {})
+    tracking["wandb"] = {**(tracking.get("wandb") or {}), **{k: v for k, v in former.items() if v is not None}}
+    return {**values, "tracking": tracking, "wandb": {}}
 
 
 @dataclass
@@ -576,12 +633,14 @@ class TrackingConfig(Section):
     (dpo_sweeps/tracking/). A backend that fails is a warning, never a failed run."""
 
     backends: list[str] = field(default_factory=lambda: ["wandb"])
-    """Any of wandb, mlflow, tensorboard, trackio (wandb.* configures wandb); [] logs to files only."""
+    """Any of wandb, mlflow, tensorboard, trackio (tracking.wandb.* configures wandb); [] logs to files only."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
     trackio: TrackioConfig = field(default_factory=TrackioConfig)
 
     def check(self) -> None:
+        self.wandb.check()  # its mode is read whatever the backends: disabled turns W&B off
         for name in self.backends:
             if name not in TRACKING_BACKENDS:
                 refuse("tracking.backends", f"got {name!r}", f"a list of {', '.join(TRACKING_BACKENDS)}")
@@ -614,7 +673,8 @@ class Config(Section):
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+    wandb: FormerWandbConfig = field(default_factory=FormerWandbConfig)
+    """Former name of tracking.wandb, accepted for one release (RENAMED)."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig | None = None
     """cluster=<conf/cluster file>: the hardware the sweep's cost is predicted on (dpo_sweeps/cost/);
@@ -626,7 +686,7 @@ class Config(Section):
         summary.json's `config`). A section the config lacks keeps the schema's default (the report reads
         summaries of every age; their plan needs only fsdp, precision and resources). Under DPO_SWEEPS_SMOKE=1
         the training is cut to a couple of steps (smoke.py)."""
-        values = smoke_cut(values)
+        values = move_renamed(smoke_cut(values))
         return cls(**{f.name: cls.section(f.name, values[f.name]) for f in fields(cls)
                       if isinstance(values.get(f.name), Mapping)})
 
@@ -646,7 +706,7 @@ class Config(Section):
         """Each section's own checks, in the order a reader meets them; checks/validate.py adds those that span
         sections."""
         for section in (self.resources, self.train, self.loss, self.data, self.model, self.fsdp, self.precision,
-                        self.peft, self.perf, self.probe, self.checkpoint, self.wandb, self.tracking, self.faults):
+                        self.peft, self.perf, self.probe, self.checkpoint, self.tracking, self.faults):
             section.check()
         if self.cluster is not None:
             self.cluster.check()

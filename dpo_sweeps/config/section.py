@@ -1,15 +1,20 @@
 """What every section of the config is (schema.py, data_schema.py, dpo/losses/schema.py): a dataclass
 Hydra composes into, frozen once built, built from a resolved config by `of`, and checking its own
-fields in `check`, each refusal one InvalidConfig line naming the setting and what is accepted."""
+fields in `check`, each refusal one InvalidConfig line naming the setting and what is accepted: a field
+made with `setting(...)` (setting.py) is checked from its metadata, the rules between fields are the
+section's own `check`."""
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
-from dataclasses import FrozenInstanceError, fields
-from typing import Any, NoReturn
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, FrozenInstanceError, fields
+from typing import Any, ClassVar
 
-from dpo_sweeps.errors import InvalidConfig
+# refuse, at_least, positive_number: the helpers every section's check uses, re-exported.
+from dpo_sweeps.config.setting import at_least, positive_number, refuse, setting_of
+
+__all__ = ["Section", "at_least", "positive_number", "refuse", "section_types", "setting_fields"]
 
 
 class Section:
@@ -20,6 +25,7 @@ class Section:
     conf/'s values into that node (ReadonlyConfigError)."""
 
     _frozen = False  # set on the instance once built (a class default: no lookup miss per field set)
+    at: ClassVar[str] = ""  # where the section sits in the config ("train", "train.reference_sync")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_frozen", True)
@@ -44,7 +50,12 @@ class Section:
         return cls(**kwargs)
 
     def check(self) -> None:
-        """Refuse the first field whose value this section does not accept (InvalidConfig, one line)."""
+        """Refuse the first field whose value this section does not accept (InvalidConfig, one line): here,
+        each `setting` field against its accepted values; a section adds the rules between its fields."""
+        for f in fields(self):
+            spec = setting_of(f)
+            if spec is not None and spec.accepted_values is not None:
+                spec.accepted_values.check(getattr(self, f.name), f"{self.at}.{f.name}")
 
 
 _SECTIONS: dict[type, dict[str, Any]] = {}
@@ -65,18 +76,12 @@ def _unless_none(hint: Any) -> Any:
     return args[0] if len(args) == 1 and len(typing.get_args(hint)) == 2 else hint
 
 
-def refuse(setting: str, problem: str, accepted: str) -> NoReturn:
-    raise InvalidConfig(setting, problem, accepted)
-
-
-def at_least(value: Any, minimum: int, setting: str, accepted: str | None = None) -> None:
-    """An integer >= minimum."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        refuse(setting, f"got {value!r}", accepted or f"an integer >= {minimum}")
-
-
-def positive_number(value: Any, setting: str, accepted: str) -> None:
-    """A number > 0, or null."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-        shown = int(value) if isinstance(value, float) and value.is_integer() else value  # the schema made 0 0.0
-        refuse(setting, f"got {shown!r}", accepted)
+def setting_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, type, Field]]:
+    """Every field of `cls` that is a value, not a section, as (dotted key, its section's class, the field),
+    walking the sections inside it (a section typed per choice, `data` or `loss`, is one field here)."""
+    for f in fields(cls):
+        inner = section_types(cls)[f.name]
+        if inner is not None:
+            yield from setting_fields(inner, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", cls, f

@@ -10,7 +10,8 @@ from typing import Any
 # Keys that do not change what a run computes: they are left out of config_hash, so a resumed or
 # re-launched sweep recognises its finished runs.
 NON_DEFINING_KEYS = (
-    "wandb",
+    "wandb",  # tracking.wandb before issue 49 (config/schema.py RENAMED)
+    "tracking.wandb",
     "train.progress_bar",
     "resources.master_port",
     "resources.collective_timeout_s",

@@ -79,7 +79,7 @@ class Tracker:
         self._failed_start: dict[str, str] = {}  # backend -> where, for those that could not start
         if not enabled:
             return
-        names = [n for n in cfg.tracking.backends if n != "wandb" or cfg.wandb.mode != "disabled"]
+        names = [n for n in cfg.tracking.backends if n != "wandb" or cfg.tracking.wandb.mode != "disabled"]
         if backends is not None:
             names = [b.name for b in backends]
         if not names:

@@ -1,5 +1,5 @@
-"""W&B (`wandb.init`), offline by default (`wandb.mode`), so nothing needs a network; an offline run is
-synced with `wandb sync <run_dir>/wandb/offline-run-*`. The W&B group is the sweep (or `wandb.group`),
+"""W&B (`wandb.init`), offline by default (`tracking.wandb.mode`), so nothing needs a network; an offline run is
+synced with `wandb sync <run_dir>/wandb/offline-run-*`. The W&B group is the sweep (or `tracking.wandb.group`),
 the job type the stage. A resumed run continues the same W&B id (`resume="allow"`). Online, W&B tells it
 its next step (`logged_steps`), so only later steps are sent; offline it cannot, so the resumed attempt
 replays all of metrics.jsonl into its own offline record, which alone then holds every step (docs/trackers.md).
@@ -17,7 +17,7 @@ from dpo_sweeps.tracking.run_info import RunInfo
 
 
 def build(cfg: Config, run_dir: Path) -> WandbBackend:
-    return WandbBackend(cfg.wandb, Path(run_dir))
+    return WandbBackend(cfg.tracking.wandb, Path(run_dir))
 
 
 class WandbBackend:

@@ -29,7 +29,7 @@ def test_every_key_of_every_section_is_on_the_page_with_its_docstring():
     for section in dataclasses.fields(Config):
         assert f"## {section.name}\n" in page, section.name
     # A plain section, a nested one, a section typed per source (data) and per loss, each key with its docstring.
-    assert "| `train.batch_size` | `int` | *set by conf/* | Global batch, in preference pairs" in page
+    assert "| `train.batch_size` | `int` | `32` | Global batch, in preference pairs" in page  # its default is the schema's (issue 49)
     assert "| `train.lr_schedule` | `str` | `constant` |" in page
     assert "`model.tokenizer.vocab_size`" in page and "`data.num_topics`" in page and "`data.prompt_column`" in page
     assert "### `loss=simpo`" in page and "`loss.gamma`" in page
