@@ -31,6 +31,7 @@ from omegaconf import MISSING
 from dpo_sweeps.config.data_schema import DATA_SCHEMAS, data_config
 from dpo_sweeps.config.section import Section, at_least, positive_number, refuse, section_types
 from dpo_sweeps.config.setting import AtLeast, Launch, NumberAtLeast, OneOf, Positive, ReadWhen, setting
+from dpo_sweeps.config.settings_help import register_resolver as register_settings_help
 from dpo_sweeps.config.smoke import smoke_cut
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -723,7 +724,9 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {"data": DATA_SCHEMAS}
 
 
 def register() -> None:
-    """Store the schemas in Hydra's ConfigStore (idempotent); conf/ refers to them by name."""
+    """Store the schemas in Hydra's ConfigStore (idempotent); conf/ refers to them by name. Also the
+    settings listing `--help` shows (conf/config.yaml's hydra.help.template)."""
+    register_settings_help(Config)
     store = ConfigStore.instance()
     store.store(name=ROOT_SCHEMA, node=Config)
     for group, schemas in GROUP_SCHEMAS.items():

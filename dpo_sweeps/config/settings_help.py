@@ -1,0 +1,80 @@
+"""The settings listing of `python -m dpo_sweeps --help`, generated from the schema: every key, its type and
+default, what it accepts, when it is read (a field made with `setting`, config/setting.py) and the docstring
+under its field. conf/config.yaml's `hydra.help.template` asks for it as `${dpo_sweeps_settings:}`."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from functools import cache
+
+from omegaconf import MISSING, OmegaConf
+
+from dpo_sweeps.config.section import setting_fields
+from dpo_sweeps.config.setting import setting_of
+
+RESOLVER = "dpo_sweeps_settings"
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: the docstring under it} for `cls` and the dataclasses it inherits from (Python keeps no
+    docstring for a field: they are read from the source)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # built-ins, classes made at run time
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:] + [None], strict=True):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    return docs
+
+
+def _default(field: dataclasses.Field) -> str:
+    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+        return "required"
+    value = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    if value == MISSING:
+        return "set by conf/"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _type(cls: type, field: dataclasses.Field) -> str:
+    hint = typing.get_type_hints(cls).get(field.name, field.type)
+    text = str(hint) if typing.get_origin(hint) else getattr(hint, "__name__", str(hint))
+    return text.replace("typing.", "").replace("NoneType", "None")
+
+
+def settings_help(config_type: type) -> str:
+    """One entry per setting of `config_type` (the schema's Config): `key: type = default`, then what it
+    accepts, when it is read and what it does, indented."""
+    entries = []
+    for key, cls, field in setting_fields(config_type):
+        lines = [f"{key}: {_type(cls, field)} = {_default(field)}"]
+        spec = setting_of(field)
+        if spec is not None and spec.accepted is not None:
+            lines.append(f"accepted: {spec.accepted}")
+        for when in spec.read_when if spec is not None else ():
+            lines.append(f"not read, and refused when set, where {when.why} (instead: {when.instead})")
+        if doc := field_docs(cls).get(field.name):
+            lines.append(doc)
+        entries.append("\n".join([lines[0]] + [textwrap.fill(line, 116, initial_indent="    ",
+                                                              subsequent_indent="      ") for line in lines[1:]]))
+    return "\n".join(entries)
+
+
+def register_resolver(config_type: type) -> None:
+    """`${dpo_sweeps_settings:}`: the listing, `$` doubled for the string.Template Hydra fills the help with."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, lambda: settings_help(config_type).replace("$", "$$"))
