@@ -15,8 +15,8 @@ So instead of training every combination of both, the grid sweeper, given `hydra
    fastest per GiB; prints the command that trains it and writes `<sweep>/find_best.json`, which the
    report opens with, with the best of each peft variant side by side (`by_peft`);
 5. with `replicates: K` (K >= 2) and more than one config tied after stage 3: trains K-1 more seeds of
-   each tied config into `<sweep>/replicates/`, and decides again on every seed (seeds clustered within
-   each held-out pair). find_best.json's `decided_by` says which stage decided. The decision and its
+   each tied config into `<sweep>/replicates/`, and decides again on every seed (per held-out pair, the
+   seed means; the variance a seed shares across all pairs added to the test). find_best.json's `decided_by` says which stage decided. The decision and its
    records are launchers/find_best_answer.py's.
 With a cluster named (`cluster=`), a stage 0 comes first: the plans are ranked by predicted speed per
 memory and only those within `predict_keep` of the best, plus the best of each strategy, are probed

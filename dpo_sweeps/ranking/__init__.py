@@ -3,6 +3,6 @@
 disagree on what "tied" means.
 
 `eval_pairs` reads a run's per-pair eval records, `paired` holds the paired statistics over them
-(McNemar, Holm, the clustered bootstrap, power), `ties` compares configs into ties with the best and
+(McNemar, Holm, the paired bootstrap, the seed-level variance, power), `ties` compares configs into ties with the best and
 ranks with ties. Pure functions of run directories and arrays: nothing here starts a run or writes a file.
 """

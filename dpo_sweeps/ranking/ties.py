@@ -1,7 +1,8 @@
 """Which configs are tied with the best on preference accuracy, and ranks with ties.
 
 Every pair of configs is compared: paired on the held-out pairs both scored when both have per-pair
-records (McNemar's exact test with one seed each, a t-test of per-pair seed means with more), else
+records (McNemar's exact test with one seed each; with more, a t-test of per-pair seed means whose
+variance adds the seed-level variance pooled over the configs with seeds: paired.py), else
 unpaired from the accuracies and pair counts (score test, Newcombe's interval from Wilson's), else by
 their means alone (no records, no pair count: nothing to test). Holm's adjustment runs over every
 tested pair, not only those with the best, because the best is picked from the same data: comparing
@@ -110,7 +111,8 @@ class VersusBest:
     score_diff_vs_best_ci95_low: float = math.nan
     score_diff_vs_best_ci95_high: float = math.nan
     score_p_vs_best: float = math.nan
-    # The config's own accuracy interval: a (clustered) bootstrap over its pairs, or Wilson's.
+    # The config's own accuracy interval: a bootstrap over its pairs (a t interval over pairs and seeds with
+    # several seeds), or Wilson's.
     accuracy_ci95: tuple[float, float] = (math.nan, math.nan)
     accuracy_interval: str | None = None
     note: str | None = None
@@ -162,18 +164,23 @@ class _Test:
     se: float = math.nan
     pairs: int | None = None
     sd: float = math.nan
+    one_seed: bool = False  # paired, one seed each: the interval is the paired bootstrap's
 
 
-def _test(a: ConfigEval, b: ConfigEval) -> _Test:
-    """a against b on accuracy: the comparison their records allow; `diff` = a - b."""
+def _test(a: ConfigEval, b: ConfigEval, seeds: paired.SeedVariance) -> _Test:
+    """a against b on accuracy: the comparison their records allow; `diff` = a - b. `seeds`: the
+    seed-level variance of accuracy, pooled over the sweep's configs with several seeds."""
     if a.records is not None and b.records is not None:
         rows_a, rows_b = shared_rows(a.records, b.records)
         if len(rows_a):
             ca, cb = a.records.correct[rows_a], b.records.correct[rows_b]
-            difference = paired.paired_difference(ca, cb)
-            single = ca.shape[1] == 1 and cb.shape[1] == 1
-            p = paired.mcnemar_exact_p(ca[:, 0], cb[:, 0]) if single else paired.paired_t_p(ca, cb)
-            return _Test(PAIRED, p, difference.mean, se=difference.se, pairs=len(rows_a), sd=paired.null_sd(ca, cb))
+            difference = paired.paired_difference(ca, cb, seeds)
+            # McNemar's exact test with one seed each and nothing known of seeds; else the t-test that adds them.
+            exact = ca.shape[1] == 1 and cb.shape[1] == 1 and not seeds.variance
+            p = paired.mcnemar_exact_p(ca[:, 0], cb[:, 0]) if exact else paired.t_p(ca, cb, seeds)
+            low, high = (math.nan, math.nan) if exact else paired.t_interval(difference)
+            return _Test(PAIRED, p, difference.mean, low, high, difference.se, len(rows_a), paired.null_sd(ca, cb),
+                         exact)
     if a.eval_pairs and b.eval_pairs and math.isfinite(a.accuracy) and math.isfinite(b.accuracy):
         # Seeds pooled: every run scored its own eval_pairs pairs.
         n_a, n_b = a.eval_pairs * a.seeds, b.eval_pairs * b.seeds
@@ -182,9 +189,12 @@ def _test(a: ConfigEval, b: ConfigEval) -> _Test:
     return _Test(MEANS, math.nan, a.accuracy - b.accuracy)
 
 
-def _own_interval(config: ConfigEval, resamples: int, seed: int) -> tuple[tuple[float, float], str | None]:
+def _own_interval(config: ConfigEval, seeds: paired.SeedVariance, resamples: int,
+                  seed: int) -> tuple[tuple[float, float], str | None]:
+    if config.records is not None and (config.records.correct.shape[1] > 1 or seeds.variance):
+        return paired.t_interval(paired.config_mean(config.records.correct, seeds)), "t over pairs and seeds"
     if config.records is not None and resamples > 0:
-        return paired.bootstrap_interval([config.records.correct], [1.0], resamples, seed), "bootstrap over pairs"
+        return paired.bootstrap_interval(config.records.correct, None, resamples, seed), "bootstrap over pairs"
     if config.eval_pairs and math.isfinite(config.accuracy):
         return paired.wilson_interval(config.accuracy, config.eval_pairs * config.seeds), "Wilson"
     return (math.nan, math.nan), None
@@ -203,10 +213,11 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
         versus = [VersusBest(False, 1, None, note=c.nan_reason) for c in configs]
         return QualityRanking(None, versus, 0, Resolution(None, None))
     best = max(ranked, key=lambda i: configs[i].accuracy)
+    seeds = paired.seed_variance([configs[i].records.correct for i in ranked if configs[i].records is not None])
     pairs = [(i, j) for x, i in enumerate(ranked) for j in ranked[x + 1:]]
     if len(ranked) > MAX_ALL_PAIRS:
         pairs = [(best, j) for j in ranked if j != best]
-    tests = {(i, j): _test(configs[i], configs[j]) for i, j in pairs}
+    tests = {(i, j): _test(configs[i], configs[j], seeds) for i, j in pairs}
     keys = list(tests)
     adjusted = dict(zip(keys, map(float, paired.holm([tests[key].p for key in keys], alpha))))
     better = np.zeros((k, k), dtype=bool)
@@ -225,7 +236,7 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
         if index not in ranked:
             versus.append(VersusBest(False, last, None, note=config.nan_reason))
             continue
-        interval, interval_name = _own_interval(config, resamples, seed)
+        interval, interval_name = _own_interval(config, seeds, resamples, seed)
         result = VersusBest(not better[best, index], 1 + int(better[:, index].sum()), None,
                             accuracy_ci95=interval, accuracy_interval=interval_name)
         if index == best:
@@ -241,7 +252,8 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
             low, high = sorted((sign * test.low + 0.0, sign * test.high + 0.0))
             result.diff_vs_best_ci95_low, result.diff_vs_best_ci95_high = low, high
             if test.method == PAIRED:
-                _paired_details(result, config, configs[best], resamples, seed)
+                _paired_details(result, test, config, configs[best], _score_seeds(configs, ranked, best), resamples,
+                                seed)
         versus.append(result)
 
     outcome = QualityRanking(best, versus, sum(1 for t in tests.values() if t.method != MEANS),
@@ -255,21 +267,33 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
     return outcome
 
 
-def _paired_details(result: VersusBest, config: ConfigEval, best: ConfigEval, resamples: int, seed: int) -> None:
-    """The bootstrap interval of config - best on accuracy, and the same comparison on the continuous score."""
+def _score_seeds(configs: list[ConfigEval], ranked: list[int], best: int) -> paired.SeedVariance:
+    """The seed-level variance of the continuous score, pooled over the configs scored as the best is."""
+    name = configs[best].records.score_name
+    return paired.seed_variance([configs[i].records.score for i in ranked
+                                 if configs[i].records is not None and configs[i].records.score_name == name])
+
+
+def _paired_details(result: VersusBest, test: _Test, config: ConfigEval, best: ConfigEval,
+                    score_seeds: paired.SeedVariance, resamples: int, seed: int) -> None:
+    """The interval of config - best on accuracy (the paired bootstrap with one seed each; else the test's
+    t interval, already in `result`), and the same comparison on the continuous score."""
     rows, best_rows = shared_rows(config.records, best.records)
-    if resamples > 0:
+    if test.one_seed and resamples > 0:
         result.diff_vs_best_ci95_low, result.diff_vs_best_ci95_high = paired.bootstrap_interval(
-            [config.records.correct[rows], best.records.correct[best_rows]], [1.0, -1.0], resamples, seed)
+            config.records.correct[rows], best.records.correct[best_rows], resamples, seed)
     if config.records.score_name != best.records.score_name:
         return  # a log-ratio margin against a policy margin: not one quantity
     a, b = config.records.score[rows], best.records.score[best_rows]
     result.score_name = config.records.score_name
-    result.score_diff_vs_best = paired.paired_difference(a, b).mean
-    result.score_p_vs_best = paired.paired_t_p(a, b)
-    if resamples > 0:
+    difference = paired.paired_difference(a, b, score_seeds)
+    result.score_diff_vs_best = difference.mean
+    result.score_p_vs_best = paired.t_p(a, b, score_seeds)
+    if a.shape[1] > 1 or b.shape[1] > 1 or score_seeds.variance:
+        result.score_diff_vs_best_ci95_low, result.score_diff_vs_best_ci95_high = paired.t_interval(difference)
+    elif resamples > 0:
         result.score_diff_vs_best_ci95_low, result.score_diff_vs_best_ci95_high = paired.bootstrap_interval(
-            [a, b], [1.0, -1.0], resamples, seed)
+            a, b, resamples, seed)
 
 
 def _resolution(configs: list[ConfigEval], ranked: list[int], best: int, tests: dict, versus: list[VersusBest],
