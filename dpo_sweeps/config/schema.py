@@ -96,7 +96,7 @@ class TrainConfig(Section):
     """The optimizer's decoupled (adamw) or L2 (rmsprop) weight decay (>= 0)."""
     warmup_steps: int = setting(10, accepted=AtLeast(0))
     """Steps of linear warmup from 0 to train.lr (>= 0); then train.lr_schedule."""
-    lr_schedule: str = setting("constant", accepted=OneOf(LR_SCHEDULES, unknown="schedule"))
+    lr_schedule: str = setting("constant", accepted=OneOf(LR_SCHEDULES, unknown="schedule"), older_runs_lack=True)
     """After the warmup: constant (the reference DPO implementation), linear or cosine (decay to 0 at
     train.max_steps, as transformers' schedulers of those names; TRL's DPOTrainer defaults to linear)."""
     max_grad_norm: float | None = setting(10.0, accepted=Positive("a number > 0, or null for no clipping"))
@@ -106,7 +106,8 @@ class TrainConfig(Section):
     eval_max_pairs: int | None = setting(None, accepted=AtLeast(1, "an integer >= 1, or null for all", null=True))
     """Cap on held-out pairs evaluated (>= 1); null: all."""
     eval_micro_batch_size: int | None = setting(None, accepted=AtLeast(
-        1, "an integer >= 1, or null for as many as fit in a training micro-batch's memory", null=True))
+        1, "an integer >= 1, or null for as many as fit in a training micro-batch's memory", null=True),
+        older_runs_lack=True)
     """Held-out pairs per rank per eval forward pass, at most (>= 1). null: as many as fit in the memory a
     training micro-batch's forward and backward take (a no-grad forward saves nothing for a backward, so it
     holds several times the pairs); either way pairs of similar length pass together (parallel/memory_estimate.py
@@ -136,7 +137,7 @@ class TrainConfig(Section):
     share_prompt: bool = setting(True)
     """One row per pair, prompt + chosen + rejected, the prompt computed once (needs logps_chunk_size > 0
     and sdpa or eager attention). false: chosen and rejected rows, [2 x batch, length]."""
-    zero_shot_eval: bool = setting(False)
+    zero_shot_eval: bool = setting(False, older_runs_lack=True)
     """Before the first step, score the held-out pairs with the policy alone (log p(chosen) against
     log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
     (step 0) and summary.json, the baseline beside eval/rewards/accuracies; every eval then also scores the
@@ -144,12 +145,12 @@ class TrainConfig(Section):
     reference_sync: ReferenceSyncConfig = field(default_factory=ReferenceSyncConfig)
     """TR-DPO: the reference moves toward the policy during training (off by default)."""
     sample_prompts: int = setting(0, accepted=AtLeast(0, "an integer >= 0 (0: no samples.json)"),
-                                  read_when=_NOT_SAVED)
+                                  read_when=_NOT_SAVED, older_runs_lack=True)
     """> 0: after the final model is saved (needs save_model), rank 0 writes samples.json, the greedy
     replies to this many held-out prompts before and after training (train/samples.py). 0: none."""
     sample_max_new_tokens: int = setting(64, read_when=(_NOT_SAVED, ReadWhen(
         lambda c, _: not c.train.sample_prompts, "no replies are generated at train.sample_prompts=0",
-        "train.sample_prompts > 0")))
+        "train.sample_prompts > 0")), older_runs_lack=True)
     """With sample_prompts: the longest reply generated, in tokens (>= 1)."""
 
     def check(self) -> None:

@@ -7,7 +7,8 @@ and the condition under which a run reads it; the docstring under the field is w
 From these, with nothing else to edit: `Section.check` refuses a value the field does not accept (one
 InvalidConfig line naming it and what is accepted), checks/unused.py refuses the setting on a command line
 whose config would not read it (`read_when`), the `--help` listing (config/settings_help.py) and the config
-reference page show it, and conf/config.yaml need not repeat its default. A field made with plain
+reference page show it, conf/config.yaml need not repeat its default, and a setting added to a released
+schema (`older_runs_lack=True`) leaves the older runs' config_hash as it was (rundir/hashing.py). A field made with plain
 `dataclasses.field` or a bare default (the sections not converted yet) is checked by its section's own
 `check` and declared in checks/unused.py's table.
 """
@@ -135,6 +136,9 @@ class Setting:
 
     accepted_values: Accepted | None = None
     read_when: tuple[ReadWhen, ...] = ()
+    older_runs_lack: bool = False
+    """Added after runs were written: at its default it trains as those runs did, so config_hash leaves it
+    out there (rundir/hashing.py), and their sweep directories still resume."""
 
     @property
     def accepted(self) -> str | None:
@@ -143,11 +147,13 @@ class Setting:
 
 
 def setting(default: Any = MISSING, *, accepted: Accepted | None = None,
-            read_when: ReadWhen | tuple[ReadWhen, ...] = (), default_factory: Callable[[], Any] | None = None) -> Any:
-    """A schema field with its default (omegaconf's MISSING: a conf/ group file sets it), what it accepts and
-    when it is read."""
+            read_when: ReadWhen | tuple[ReadWhen, ...] = (), older_runs_lack: bool = False,
+            default_factory: Callable[[], Any] | None = None) -> Any:
+    """A schema field with its default (omegaconf's MISSING: a conf/ group file sets it), what it accepts,
+    when it is read, and whether runs written before it existed lack it (`older_runs_lack`: a setting added
+    to a released schema, whose default keeps the old behaviour)."""
     when = (read_when,) if isinstance(read_when, ReadWhen) else tuple(read_when)
-    metadata = {SETTING: Setting(accepted, when)}
+    metadata = {SETTING: Setting(accepted, when, older_runs_lack)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

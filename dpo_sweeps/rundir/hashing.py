@@ -7,6 +7,10 @@ import hashlib
 import json
 from typing import Any
 
+from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.section import setting_fields
+from dpo_sweeps.config.setting import setting_of
+
 # Keys that do not change what a run computes: they are left out of config_hash, so a resumed or
 # re-launched sweep recognises its finished runs.
 NON_DEFINING_KEYS = (
@@ -23,10 +27,11 @@ NON_DEFINING_KEYS = (
 )
 
 # Keys added after runs were written, with the value that trains as those runs did: dropped at that
-# value, so that the runs' sweep directories still resume.
-ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto", "train.zero_shot_eval": False,
-              "train.sample_prompts": 0, "train.sample_max_new_tokens": 64, "probe.max_seconds": None,
-              "train.lr_schedule": "constant", "train.eval_micro_batch_size": None}
+# value, so that the runs' sweep directories still resume. A field made with `setting(...,
+# older_runs_lack=True)` (config/setting.py) is added from the schema, at its default.
+ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto", "probe.max_seconds": None,
+              **{key: f.default for key, _, f in setting_fields(Config)
+                 if (spec := setting_of(f)) is not None and spec.older_runs_lack}}
 
 
 def _drop_key(tree: dict, dotted: str) -> None:
@@ -48,8 +53,11 @@ def config_hash(config: dict) -> str:
     for key in NON_DEFINING_KEYS:
         _drop_key(defining, key)
     for key, former in ADDED_KEYS.items():
-        section, _, name = key.partition(".")
-        if isinstance(defining.get(section), dict) and defining[section].get(name, former) == former:
+        *parents, name = key.split(".")
+        section = defining
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and section.get(name, former) == former:
             _drop_key(defining, key)
     precision = defining.get("precision")
     if isinstance(precision, dict) and not precision.get("loss_scaling"):

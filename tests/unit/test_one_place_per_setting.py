@@ -113,3 +113,21 @@ def test_a_setting_made_with_setting_keeps_its_default_when_the_section_is_built
     train = TrainConfig.of({"batch_size": 16})
     assert train.batch_size == 16 and train.max_steps == 120 and train.lr_schedule == "constant"
     assert {f.name for f in dataclasses.fields(TrainConfig)} >= {"batch_size", "reference_sync"}
+
+
+def test_a_setting_older_runs_lack_leaves_their_hash_as_it_was_at_its_default():
+    from dpo_sweeps.rundir.hashing import config_hash
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        now = OmegaConf.to_container(compose("config"), resolve=True)
+    now.pop("hydra", None)
+    added = [(key, f.default) for key, _, f in setting_fields(Config) if (s := setting_of(f)) and s.older_runs_lack]
+    assert ("train.zero_shot_eval", False) in added
+    for key, default in added:
+        section, name = key.rsplit(".", 1)
+        older = OmegaConf.create(now)
+        del OmegaConf.select(older, section)[name]  # a run written before the setting existed
+        assert config_hash(OmegaConf.to_container(older)) == config_hash(now), key
+        changed = OmegaConf.create(now)
+        OmegaConf.update(changed, key, not default if isinstance(default, bool) else 7)
+        assert config_hash(OmegaConf.to_container(changed)) != config_hash(now), key
