@@ -148,7 +148,11 @@ class ConfFile:
 def _description(cls: type, field: dataclasses.Field, conf: ConfFile | None = None) -> str:
     doc = _field_docs(cls).get(field.name) or (conf.comments.get(field.name, "") if conf else "")
     accepted = next((getattr(v, "accepted", None) for v in field.metadata.values()), None)
-    return " ".join(part for part in (doc, f"Accepted: {accepted}." if accepted else "") if part)
+    # A field made with `setting(...)` (dpo_sweeps/config/setting.py) also says where it is not read.
+    unread = [f"{w.why} (instead: {w.instead})" for v in field.metadata.values() for w in getattr(v, "read_when", ())]
+    return " ".join(part for part in (doc, f"Accepted: {accepted}." if accepted else "",
+                                      f"Not read, and refused when set, where {'; or where '.join(unread)}." if unread
+                                      else "") if part)
 
 
 def _table(prefix: str, cls: type, conf: ConfFile | None = None) -> tuple[list[str], list[tuple[str, type]]]:
