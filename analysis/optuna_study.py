@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from dpo_sweeps.analysis import plan
+from dpo_sweeps.analysis import sweep_definition
 from dpo_sweeps.analysis.ranking import dominates
 from dpo_sweeps.analysis.runs import SUMMARY_METRICS, Run
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
@@ -162,7 +162,7 @@ def _read_storage(storage: Any, sweep: Path) -> list[Study]:
 
 def journal_of(sweep: Path) -> Path | None:
     """The journal file of a sweep whose hydra.sweeper.storage is `journal:PATH` (None: another storage)."""
-    storage = str(plan.sweeper_config(sweep).get("storage") or "")
+    storage = str(sweep_definition.sweeper_config(sweep).get("storage") or "")
     if not storage.startswith("journal:"):
         return None
     path = Path(storage[len("journal:"):].replace("${hydra.sweep.dir}", str(sweep)))
@@ -197,7 +197,7 @@ def load_studies(sweep_dirs: list[Path], runs: list[Run]) -> list[Study]:
             study.results = results if isinstance(results, dict) else None
             mark_best(study.trials, study.directions)
             match_runs(study.trials, sweep_runs)
-            configured = plan.sweeper_config(sweep).get("objectives")
+            configured = sweep_definition.sweeper_config(sweep).get("objectives")
             if isinstance(configured, list) and len(configured) == len(study.directions):
                 study.objectives = [str(o) for o in configured]  # the sweeper's own names
             else:

@@ -33,7 +33,7 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from dpo_sweeps.analysis import dashboard, figures, plan, tables  # noqa: E402
+from dpo_sweeps.analysis import dashboard, figures, sweep_definition, tables  # noqa: E402
 from dpo_sweeps.analysis.loss_metrics import loss_metric_rows  # noqa: E402
 from dpo_sweeps.analysis.optuna_study import load_studies, study_figures  # noqa: E402
 from dpo_sweeps.analysis.predicted_cost import html_section, predicted_figure, predicted_steps, terminal_lines  # noqa: E402
@@ -113,7 +113,7 @@ def write_report(sources: list[Path], out: Path | None = None) -> tuple[str, lis
 def build_report(sources: list[Path], out: Path | None = None) -> ReportResult:
     """Read, rank and write everything (as `write_report`), and return each config's row too."""
     runs, sweep_dirs = load_runs(sources)
-    not_started = plan.not_started(sweep_dirs, Counter(run.sweep for run in runs))
+    not_started = sweep_definition.not_started(sweep_dirs, Counter(run.sweep for run in runs))
     ranking = rank_sweep(runs)
     studies = load_studies(sweep_dirs, runs)
     recommendations = load_recommendations(sweep_dirs)
