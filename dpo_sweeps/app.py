@@ -24,6 +24,7 @@ from dpo_sweeps.checks.schema_errors import schema_refusal
 from dpo_sweeps.checks.unused import Launch, check_settings_used
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.cost.forecast import print_run_forecast
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training
 from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use, run_allocator
 from dpo_sweeps.parallel.rank_env import RankEnv, free_port, from_submitit_env, from_torchrun_env
@@ -68,6 +69,7 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = Fals
             return done
         if torchrun_rank is None:  # torchrun's ranks are the run: none times anything
             time_cost_passes(checked)
+            print_run_forecast(checked, ctx.run_dir)  # "1 run, about N min on this machine" (cost/forecast.py)
     with unwritable_run_dir_refused(ctx):  # the lock, .hydra/ (nothing written then), summary.json
         config = Config.of(ctx.config)  # typed and frozen: nothing changes it
         ctx.run_dir.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,12 @@ def cache_path(threads: int) -> Path:
     return cache_root() / "cluster" / f"cpu-v{VERSION}-{threads}threads-torch{torch.__version__}.json"
 
 
+def maybe_measured(threads: int) -> bool:
+    """Whether a measurement on `threads` threads may be cached, for some torch version; read without
+    importing torch (a second or more), so that what has none finds out at once."""
+    return any((cache_root() / "cluster").glob(f"cpu-v{VERSION}-{threads}threads-torch*.json"))
+
+
 def cached_measurement(threads: int) -> dict | None:
     try:
         return json.loads(cache_path(threads).read_text())

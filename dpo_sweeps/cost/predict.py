@@ -290,6 +290,12 @@ def _run_profile(cfg, device_name: str | None) -> DeviceProfile | None:
     if device_name is not None:  # a GPU
         name = profile_name_of_device(device_name)
         return device_profile(builtin_cluster(name)) if name else None
+    return this_cpu_profile(cfg)
+
+
+def this_cpu_profile(cfg) -> DeviceProfile | None:
+    """cluster=cpu's profile of this machine on a rank's threads, as cached (None: not measured yet); never
+    measures (a run, and the forecast of runs, must not spend their time on it)."""
     from dpo_sweeps.cost.cpu_profile import cached_measurement, profile_of
 
     found = cached_measurement(rank_threads(cfg))

@@ -1,0 +1,235 @@
+"""How long runs take on this machine, said before they start: the line a local sweep prints before its
+first job and a single run before it trains, "8 runs, about 4 min on this machine (forecast, cluster=cpu;
+worst case 6 min)".
+
+A run's time here is its steps and the rest of it (its processes started, torch imported, the model built
+and sharded, the evaluations, the summary written):
+- the steps: train.max_steps at the step the cost model expects on cluster=cpu (predict.py: this machine's
+  profile, the point's pass timings, the lengths of the run's own pairs); the worst case at the top of the
+  interval of the step with every row at data.max_length;
+- the rest is measured, not modelled: each run that completes here (a local sweep's job, a single run)
+  records its time less its steps (`record_run`, under $DPO_SWEEPS_CACHE/cluster/run-rest/), for runs of
+  the same model, data, evaluation, ranks and launch (`rest_key`); the forecast takes the median of the last
+  RECORDS, the worst case the longest.
+Jobs that the machine runs at once share the time (`at_once`).
+
+It reads caches only and times nothing: measuring the profile takes tens of seconds (about 40 s on 2 cores,
+mostly FSDP's and gloo's costs in fresh processes), which a sweep must not add before its first job. Where
+something is missing (the profile: a dry run with cluster=cpu measures it and times the points' passes; the
+rest of a run like these: the first run records it) there is no forecast before the first run, and the local
+launcher gives one from the first run's own time instead (`pace_text`). A forecast never stops a run: what
+goes wrong is said in its line (`forecast_text`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpo_sweeps.rundir.atomic import write_json_atomic
+from dpo_sweeps.rundir.paths import cache_root
+
+RECORDS = 5  # the rests of the last runs of a kind that a forecast reads
+
+
+BEFORE_FIRST = "no forecast before the first run"
+
+
+class NoForecast(Exception):
+    """What a forecast lacks (one line, said after the run count); `until_first_run`: what the first run (or
+    the dry run named) supplies."""
+
+    def __init__(self, reason: str, until_first_run: bool = True):
+        super().__init__(reason)
+        self.until_first_run = until_first_run
+
+
+@dataclass(frozen=True)
+class Forecast:
+    runs: int
+    seconds: float
+    worst_seconds: float
+    provisional: bool  # a timing behind it was taken on a busy machine (cost/load.py)
+
+    def text(self) -> str:
+        runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+        note = "; PROVISIONAL: a timing taken on a busy machine" if self.provisional else ""
+        return (f"{runs}, {_minutes(self.seconds)} on this machine (forecast, cluster=cpu; worst case "
+                f"{_minutes(self.worst_seconds).removeprefix('about ')}{note})")
+
+
+def _minutes(seconds: float) -> str:
+    """About so many whole minutes (nearest); under a minute and a half: in seconds, to 10 s."""
+    return f"about {max(10, round(seconds, -1)):.0f} s" if seconds < 90 else f"about {round(seconds / 60)} min"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One run to forecast: its typed config, its ranks, and how many runs like it the machine runs at once."""
+
+    config: object  # dpo_sweeps.config.schema.Config
+    world_size: int
+    at_once: int = 1
+    launched: str = "sweep"  # "sweep": a local sweep's job (submitit); "run": a single run's ranks
+
+
+def forecast(runs: Sequence[Planned], argv: Sequence[str]) -> Forecast:
+    """The forecast of `runs` on this machine's CPU; NoForecast says what it lacks (and the dry run of the
+    command `argv` that would measure it). What is cheap to find missing is looked for first."""
+    from dpo_sweeps.cost.cpu_profile import maybe_measured
+    from dpo_sweeps.cost.predict import rank_threads
+
+    root = cache_root()
+    if root.exists() and not (root.is_dir() and os.access(root, os.W_OK)):
+        raise NoForecast(f"the cache folder DPO_SWEEPS_CACHE={root} is not a writable folder, so this machine's "
+                         "timings cannot be kept", until_first_run=False)
+    kinds: dict[str, Planned] = {}
+    for run in runs:
+        kinds.setdefault(rest_key(run.config, run.world_size, run.launched), run)
+    for key, run in kinds.items():
+        if not recorded_rests(key):
+            raise NoForecast("no run like these has completed on this machine yet (the first one records its "
+                             "start-up and evaluations)")
+        if not maybe_measured(rank_threads(run.config)):
+            raise NoForecast(f"this machine's CPU is not measured yet (once, about 40 s on 2 cores: "
+                             f"{timing_command(argv)})")
+    predicted = {key: _predicted(run, argv) for key, run in kinds.items()}
+    seconds = worst = 0.0
+    provisional = False
+    for run in runs:
+        key = rest_key(run.config, run.world_size, run.launched)
+        prediction, rests = predicted[key], recorded_rests(key)
+        steps = run.config.probe.steps or run.config.train.max_steps
+        worst_step = prediction.worst_step_time_s or prediction.step_time_s
+        seconds += (steps * prediction.step_time_s.value + statistics.median(rests)) / run.at_once
+        worst += (steps * worst_step.high + max(rests)) / run.at_once
+        provisional |= prediction.provisional
+    return Forecast(len(runs), seconds, worst, provisional)
+
+
+def _predicted(run: Planned, argv: Sequence[str]):
+    """The cost model's prediction of one run on this machine's cached profile and pass timings (predict.py).
+    The fit estimator's process builds the model's shape while this one reads the data's lengths."""
+    from dpo_sweeps.cost.data_lengths import data_lengths
+    from dpo_sweeps.cost.predict import predict_config, this_cpu_profile
+    from dpo_sweeps.errors import DataError, InvalidConfig
+    from dpo_sweeps.parallel.fit import measure_in_background
+
+    cfg = run.config
+    measure_in_background(cfg.model)
+    try:
+        lengths = data_lengths(cfg, run.world_size)
+    except (DataError, InvalidConfig, OSError, ValueError):
+        lengths = None  # the worst case alone (predict.py says so)
+    profile = this_cpu_profile(cfg)
+    if profile is None:
+        raise NoForecast(f"this machine's CPU is not measured yet (once, about 40 s on 2 cores: "
+                         f"{timing_command(argv)})")
+    try:
+        return predict_config(cfg, profile, run.world_size, time_passes=False, lengths=lengths,
+                              read_data=lengths is not None)
+    except ValueError as exc:
+        if "passes were not timed" not in str(exc):  # predict.py's _Timings: not cached
+            raise
+        raise NoForecast(f"the passes of these runs are not timed on this machine yet ({timing_command(argv)} "
+                         "times them)") from None
+
+
+def forecast_text(runs: Sequence[Planned], argv: Sequence[str]) -> str:
+    """The forecast's line, or the line saying there is none and why; never raises. `argv`: the command's
+    arguments (sys.argv[1:])."""
+    count = f"{len(runs)} run{'s' if len(runs) != 1 else ''}"
+    try:
+        return forecast(runs, argv).text()
+    except NoForecast as exc:
+        return f"{count}; {BEFORE_FIRST if exc.until_first_run else 'no forecast'}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a forecast that fails never stops a run
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{count}; no forecast ({type(exc).__name__}: {first})"
+
+
+def timing_command(argv: Sequence[str]) -> str:
+    """The dry run of the command `argv` on cluster=cpu: it measures this machine and times the runs' passes."""
+    import shlex
+
+    kept = [a for a in argv if a not in ("-m", "--multirun")
+            and not a.startswith(("cluster=", "hydra.sweeper.dry_run="))]
+    return shlex.join(["python", "-m", "dpo_sweeps", "-m", *kept, "cluster=cpu", "hydra.sweeper.dry_run=true"])
+
+
+def pace_text(first_s: float, runs_left: int, at_once: int) -> str:
+    """The forecast after a sweep's first run where there was none before it: the rest at its pace."""
+    return (f"{runs_left} run{'s' if runs_left != 1 else ''} left, {_minutes(runs_left * first_s / at_once)} "
+            f"on this machine (forecast at the first run's pace, {first_s:.0f} s)")
+
+
+def rest_key(cfg, world_size: int, launched: str) -> str:
+    """What the rest of a run's time depends on: the model, the data, how much it evaluates and saves, its
+    ranks and how they are started (not its sharding, precision or loss, which change its steps), and this
+    machine."""
+    train = cfg.train
+    kept = [socket.gethostname(), launched, world_size, _plain(cfg.model), _plain(cfg.data), train.max_steps,
+            train.eval_every, train.eval_max_pairs, train.save_model, cfg.probe.steps]
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _plain(section) -> object:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(section) if is_dataclass(section) else section
+
+
+def _rest_file(key: str) -> Path:
+    return cache_root() / "cluster" / "run-rest" / f"{key}.json"
+
+
+def recorded_rests(key: str) -> list[float]:
+    try:
+        found = json.loads(_rest_file(key).read_text())
+        return [float(x) for x in found["rest_s"]][-RECORDS:]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
+def record_run(cfg, world_size: int, launched: str, took_s: float, steps: int, step_s: float) -> None:
+    """Record a completed run's time less its steps (`took_s`: from its start to its end, as the launcher or
+    the command saw it). A cache that cannot be written records nothing."""
+    key = rest_key(cfg, world_size, launched)
+    rests = recorded_rests(key) + [max(0.0, took_s - steps * step_s)]
+    try:
+        write_json_atomic(_rest_file(key), {"rest_s": rests[-RECORDS:]})
+    except OSError:
+        pass
+
+
+def print_run_forecast(cfg, run_dir: Path) -> None:
+    """A single run's forecast, printed before its ranks start (app.py calls it once); its time is recorded
+    when the process ends (the run's end is run_end.py's), if it completed, for the next forecast."""
+    import atexit
+    import sys
+    import time
+
+    print(forecast_text([Planned(cfg, cfg.world_size, launched="run")], sys.argv[1:]), flush=True)
+    started, wall_started = time.monotonic(), time.time()
+
+    def record() -> None:
+        from dpo_sweeps.rundir.summary import read_summary
+
+        try:
+            summary = read_summary(run_dir)
+            if summary is None or not summary.completed or summary.resumed_from_step is not None \
+                    or (run_dir / "summary.json").stat().st_mtime < wall_started:
+                return
+            steps, step_s = summary.metrics.get("steps"), summary.metrics.get("perf/step_time_s")
+            if isinstance(steps, int) and isinstance(step_s, (int, float)):
+                record_run(cfg, cfg.world_size, "run", time.monotonic() - started, steps, step_s)
+        except Exception:  # noqa: BLE001, S110 - a forecast never fails a run, nor its exit
+            pass
+
+    atexit.register(record)
