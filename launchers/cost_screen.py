@@ -2,13 +2,15 @@
 and device-hours on the cluster it names (`cluster=`, dpo_sweeps/cost/), beside the fit check's verdict,
 and the sweep's total. The dry run lists them, for the points that have run too (with the step they
 measured beside the prediction where they ran on the cluster's hardware); a real sweep prints the total
-before its first job."""
+before its first job. A local sweep also says how long its jobs take on this machine (`forecast_line`,
+cost/forecast.py)."""
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,20 @@ def total_line(predictions: dict[int, Any]) -> str | None:
     from dpo_sweeps.cost.predict import total_text
 
     return total_text(list(predictions.values()))
+
+
+def forecast_line(jobs: Sequence[SweepJob], at_once: Callable[[SweepJob], int]) -> str:
+    """How long the jobs take on this machine's CPU, run `at_once(job)` at a time (cost/forecast.py), or why
+    there is no forecast; never raises: a forecast never stops a sweep."""
+    from dpo_sweeps.config.schema import Config
+    from dpo_sweeps.cost.forecast import Planned, forecast_text
+
+    try:  # Config.of, as the run reads it (DPO_SWEEPS_SMOKE's cut included)
+        runs = [Planned(Config.of(job.task_config), job.world_size, at_once(job)) for job in jobs]
+    except Exception as exc:  # noqa: BLE001
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{len(jobs)} runs; no forecast ({type(exc).__name__}: {first})"
+    return forecast_text(runs, sys.argv[1:])
 
 
 def measured_beside(job: SweepJob, run_dir: Path, prediction: Any) -> str:

@@ -189,6 +189,7 @@ class LocalLauncher(SweepLauncher):
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
                  f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
                  self.config.hydra.sweep.dir)
+        timing = SweepTiming(jobs, [self._uses_gpus(job, pool) for job in jobs], lambda job: self._slots(job, pool))
         try:
             while pending or running:
                 self._start_what_fits(executor, jobs, pool, pending, running, results, label)
@@ -208,6 +209,8 @@ class LocalLauncher(SweepLauncher):
                     for i, ret in zip(job.unit, returns):
                         results[i] = ret
                         log.info(progress_line(jobs[i], ret, job.elapsed(jobs[i]), len(results), len(jobs)))
+                    if len(job.unit) == 1:  # a probe batch shares one start-up: its runs' times are not whole
+                        timing.ended(jobs[job.unit[0]], job.elapsed(jobs[job.unit[0]]), len(jobs) - len(results))
                     if not_run:  # a probe batch stopped at a failed run: the rest get processes of their own
                         pending.appendleft([job.unit[p] for p in not_run])
                 if pending or running:
@@ -268,6 +271,45 @@ class LocalLauncher(SweepLauncher):
                 log.info("#%s started in turn, sharing one start-up: %s  (%d ranks; %s; job %s)",
                          ", #".join(str(m.num) for m in members), "; ".join(label(m.overrides) for m in members),
                          job.world_size, placement.describe(), submitted.job_id)
+
+
+class SweepTiming:
+    """The sweep's forecast on this machine, said before its first job starts (cost/forecast.py), or after
+    its first run where there was none before; and each completed run's time recorded for the next ones."""
+
+    def __init__(self, jobs: Sequence[SweepJob], on_gpus: list[bool], at_once: Any) -> None:
+        from dpo_sweeps.cost.forecast import BEFORE_FIRST
+        from dpo_sweeps.launchers.cost_screen import forecast_line
+
+        self.at_once = at_once
+        self.on_cpu = not any(on_gpus)
+        if self.on_cpu:
+            line = forecast_line(jobs, at_once)
+        else:
+            line = (f"{len(jobs)} runs; no forecast on this machine: they run on its GPUs, and the forecast is "
+                    "of its CPU (a dry run with cluster= the GPU's profile prices them)")
+        self.paced = BEFORE_FIRST not in line  # said already, or nothing to say after the first run
+        print(line, flush=True)
+
+    def ended(self, job: SweepJob, took_s: float, runs_left: int) -> None:
+        if not self.on_cpu:
+            return
+        try:
+            summary = read_summary(job.run_dir)
+            metrics = summary.metrics if summary is not None and summary.completed else {}
+            steps, step_s = metrics.get("steps"), metrics.get("perf/step_time_s")
+            if summary is None or summary.resumed_from_step is not None or not isinstance(steps, int) \
+                    or not isinstance(step_s, (int, float)):
+                return
+            from dpo_sweeps.config.schema import Config
+            from dpo_sweeps.cost.forecast import pace_text, record_run
+
+            record_run(Config.of(job.task_config), job.world_size, "sweep", took_s, steps, step_s)
+            if not self.paced and runs_left:
+                self.paced = True
+                print(pace_text(took_s, runs_left, self.at_once(job)), flush=True)
+        except Exception as exc:  # noqa: BLE001 - a forecast never stops a sweep
+            log.warning("the run's time was not recorded for the forecast (%s: %s)", type(exc).__name__, exc)
 
 
 def _ranks_of(submitted: Any) -> list[int]:
