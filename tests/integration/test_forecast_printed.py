@@ -1,0 +1,78 @@
+"""The command prints its own forecast before it starts (issue 48, "Honest times"): a local sweep before its
+first job, "2 runs, about N s on this machine (forecast, cluster=cpu; ...)", once this machine has measured
+what the forecast reads; before that, why not, and a forecast at the first run's pace after it; a forecast
+that cannot be made never stops a run. Real commands, a tiny sweep of two points cut by DPO_SWEEPS_SMOKE."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import QUIET, REPO, cli_env
+
+pytestmark = pytest.mark.slow  # two sweeps, the dry run that measures this CPU (about 40 s), a single run
+
+TWO_POINTS = ["+sweep=quickstart", "fsdp=full_shard", "precision=fp32", "loss.beta=0.1,0.5"]
+FORECAST = re.compile(r"^2 runs, about (\d+) (s|min) on this machine \(forecast, cluster=cpu; worst case "
+                      r"(\d+) (s|min)(; PROVISIONAL: a timing taken on a busy machine)?\)$", re.MULTILINE)
+
+
+def dpo_sweeps(*args: str, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command (`-m` first for a sweep), its stdout and stderr as one stream (what a terminal shows, in
+    order)."""
+    env = {**cli_env(), "DPO_SWEEPS_CACHE": str(cache), "DPO_SWEEPS_SMOKE": "1"}
+    flags = [a for a in args if a == "-m"]
+    overrides = [a for a in args if a != "-m"]
+    return subprocess.run([sys.executable, "-m", "dpo_sweeps", *flags, *QUIET, *overrides], cwd=REPO, env=env,
+                          text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def before_first_job(output: str) -> str:
+    assert "#0 started" in output, output[-3000:]
+    return output.split("#0 started", 1)[0]
+
+
+def test_a_sweep_prints_its_forecast_before_its_first_job(tmp_path):
+    cache = tmp_path / "cache"
+    first = dpo_sweeps("-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'first'}", cache=cache)
+    assert first.returncode == 0, first.stdout[-3000:]
+    # A fresh machine: nothing to forecast from yet, said before the first job; the first run's pace after it.
+    assert "2 runs; no forecast before the first run: no run like these has completed on this machine yet" \
+        in before_first_job(first.stdout)
+    after = first.stdout.split("[1/2] #0 completed", 1)[1]
+    assert re.search(r"^1 run left, about \d+ (s|min) on this machine \(forecast at the first run's pace, \d+ s\)$",
+                     after, re.MULTILINE), first.stdout[-3000:]
+
+    # The dry run the line names measures this CPU and times the points' passes; then the forecast is made.
+    measure = dpo_sweeps("-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'second'}", "cluster=cpu",
+                         "hydra.sweeper.dry_run=true", cache=cache)
+    assert measure.returncode == 0, measure.stdout[-3000:]
+    second = dpo_sweeps("-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'second'}", cache=cache)
+    assert second.returncode == 0, second.stdout[-3000:]
+    found = FORECAST.search(before_first_job(second.stdout))
+    assert found, second.stdout[-3000:]
+    expected, worst = (int(n) * (60 if unit == "min" else 1) for n, unit in (found.group(1, 2), found.group(3, 4)))
+    assert 0 < expected <= worst
+
+
+def test_a_forecast_that_cannot_be_made_never_stops_the_run(tmp_path):
+    cache = tmp_path / "not-a-folder"
+    cache.write_text("")  # DPO_SWEEPS_CACHE names a file: nothing can be kept or read there
+    sweep = dpo_sweeps("-m", *TWO_POINTS[:-1], "loss.beta=0.1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                       cache=cache)
+    assert sweep.returncode == 0, sweep.stdout[-3000:]
+    assert f"1 run; no forecast: the cache folder DPO_SWEEPS_CACHE={cache} is not a writable folder" \
+        in before_first_job(sweep.stdout)
+    assert json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())["status"] == "completed"
+
+    run_dir = tmp_path / "run"
+    single = dpo_sweeps(*TWO_POINTS[:-1], "loss.beta=0.1", f"hydra.run.dir={run_dir}", cache=cache)
+    assert single.returncode == 0, single.stdout[-3000:]
+    before_training = single.stdout.split("[rank0]", 1)[0]
+    assert f"1 run; no forecast: the cache folder DPO_SWEEPS_CACHE={cache}" in before_training, single.stdout[:3000]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
