@@ -69,7 +69,6 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = Fals
             return done
         if torchrun_rank is None:  # torchrun's ranks are the run: none times anything
             time_cost_passes(checked)
-            print_run_forecast(checked, ctx.run_dir)  # "1 run, about N min on this machine" (cost/forecast.py)
     with unwritable_run_dir_refused(ctx):  # the lock, .hydra/ (nothing written then), summary.json
         config = Config.of(ctx.config)  # typed and frozen: nothing changes it
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,6 +92,8 @@ def train(cfg: DictConfig, hydra_cfg: DictConfig, *, refuse_invalid: bool = Fals
                 validate_config(config, ctx.base_dir)
             except RunFailure as exc:
                 return write_failed(ctx, failure_of(exc))
+            if not multirun:  # "1 run, about N min on this machine" before it trains (cost/forecast.py)
+                print_run_forecast(config, ctx.run_dir)
             if run_rank is None:
                 return spawn_local_ranks(ctx, config, start_rank)
             port = config.resources.master_port or free_port()

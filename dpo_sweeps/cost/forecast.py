@@ -122,15 +122,15 @@ def _predicted(run: Planned, argv: Sequence[str]):
     from dpo_sweeps.parallel.fit import measure_in_background
 
     cfg = run.config
+    profile = this_cpu_profile(cfg)
+    if profile is None:
+        raise NoForecast(f"this machine's CPU is not measured yet (once, about 40 s on 2 cores: "
+                         f"{timing_command(argv)})")
     measure_in_background(cfg.model)
     try:
         lengths = data_lengths(cfg, run.world_size)
     except (DataError, InvalidConfig, OSError, ValueError):
         lengths = None  # the worst case alone (predict.py says so)
-    profile = this_cpu_profile(cfg)
-    if profile is None:
-        raise NoForecast(f"this machine's CPU is not measured yet (once, about 40 s on 2 cores: "
-                         f"{timing_command(argv)})")
     try:
         return predict_config(cfg, profile, run.world_size, time_passes=False, lengths=lengths,
                               read_data=lengths is not None)
