@@ -143,6 +143,8 @@ class GridSweeper(BasicSweeper):
             record_predicted_oom(point)
             log.warning("#%d not started: %s", point.job.num, point.message)
         wait_for_earlier_runs(plan)
+        if hasattr(self.launcher, "forecasts_next_launch"):  # the local launcher: how long the sweep takes here
+            self.launcher.forecasts_next_launch = True
         returns = self._launch(plan.to_run)
         outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
         outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]

@@ -111,6 +111,9 @@ class LocalLauncher(SweepLauncher):
         self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
         self._sweep_process: tuple[int, str] | None = None  # (pid, start time) of the process that launched
         self._terminal_signals: list[int] = []  # those the sweep process does not ignore: its ranks catch them
+        # The grid sweeper's launch is the whole sweep: it says how long it will take here (SweepTiming). An
+        # Optuna trial or a find_best stage is launched alone, and a line per launch would say little.
+        self.forecasts_next_launch = False
 
     def __getstate__(self) -> dict:
         # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
@@ -189,7 +192,9 @@ class LocalLauncher(SweepLauncher):
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
                  f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
                  self.config.hydra.sweep.dir)
-        timing = SweepTiming(jobs, [self._uses_gpus(job, pool) for job in jobs], lambda job: self._slots(job, pool))
+        timing = SweepTiming(jobs, [self._uses_gpus(job, pool) for job in jobs], lambda job: self._slots(job, pool)) \
+            if self.forecasts_next_launch else None
+        self.forecasts_next_launch = False
         try:
             while pending or running:
                 self._start_what_fits(executor, jobs, pool, pending, running, results, label)
@@ -209,7 +214,7 @@ class LocalLauncher(SweepLauncher):
                     for i, ret in zip(job.unit, returns):
                         results[i] = ret
                         log.info(progress_line(jobs[i], ret, job.elapsed(jobs[i]), len(results), len(jobs)))
-                    if len(job.unit) == 1:  # a probe batch shares one start-up: its runs' times are not whole
+                    if timing is not None and len(job.unit) == 1:  # a probe batch's runs share one start-up
                         timing.ended(jobs[job.unit[0]], job.elapsed(jobs[job.unit[0]]), len(jobs) - len(results))
                     if not_run:  # a probe batch stopped at a failed run: the rest get processes of their own
                         pending.appendleft([job.unit[p] for p in not_run])
