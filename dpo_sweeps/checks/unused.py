@@ -166,11 +166,6 @@ RULES = (
                  "TensorBoard is not among tracking.backends", "tracking.backends=[tensorboard,...]"),
     ReadOnlyWhen(("tracking.trackio.project",), lambda c, _: "trackio" not in c.tracking.backends,
                  "Trackio is not among tracking.backends", "tracking.backends=[trackio,...]"),
-    ReadOnlyWhen(("probe.max_seconds",), lambda c, _: c.probe.steps == 0,
-                 "only a probe has a time limit, and probe.steps=0 is a normal run",
-                 "probe.steps > 0 (find_best: hydra.sweeper.stages.probe_max_seconds)"),
-    ReadOnlyWhen(("faults.step", "faults.rank"), lambda c, _: c.faults.kind in (None, "null"),
-                 "no fault is injected with faults.kind=null", "faults.kind=crash (or another kind)"),
     ReadOnlyWhen(tuple(f"cluster.{k}" for k in (*CLUSTER_NUMBERS, "peak_tflops")),
                  lambda c, _: c.cluster is not None and c.cluster.measured,
                  "cluster=cpu measures its numbers on this machine (dpo_sweeps/cost/cpu_profile.py)",
@@ -182,10 +177,6 @@ ALWAYS_READ = (
     "model.name_or_path", "model.block_name", "model.init_from",
     "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
     "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling", "peft.method",
-    "perf.warmup_steps", "probe.steps", "faults.kind",
-    # keep_last and keep_when_completed act whenever a checkpoint is saved: periodically, and also on a
-    # stop signal or at train.time_limit_min with every_steps=0, which no check can foresee.
-    "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.resume", "checkpoint.keep_when_completed",
     "tracking.backends",
     # The cost prediction and the fit check read the profile a config names (cluster=); none without one.
     "cluster.name", "cluster.gpus_per_node", "cluster.max_nodes", "cluster.measured", "cluster.sources",

@@ -456,32 +456,36 @@ class ClusterConfig(Section):
 
 @dataclass
 class PerfConfig(Section):
-    warmup_steps: int = MISSING
-    """Steps ignored before timing starts (compilation, allocator warm-up) (>= 0)."""
+    at = "perf"
 
-    def check(self) -> None:
-        at_least(self.warmup_steps, 0, "perf.warmup_steps")
+    warmup_steps: int = setting(3, accepted=AtLeast(0))
+    """Steps ignored before timing starts (compilation, allocator warm-up) (>= 0)."""
 
 
 @dataclass
 class ProbeConfig(Section):
-    steps: int = MISSING
+    """probe.steps is checked here against its own range; that it leaves timed steps after perf.warmup_steps is
+    checks/validate.py's."""
+
+    at = "probe"
+
+    steps: int = setting(0, accepted=AtLeast(0, "0 (a normal run) or the number of steps to probe"))
     """> 0: train only this many steps (the first perf.warmup_steps untimed) to measure speed and peak
     memory; no periodic eval, saved model, checkpoints or reference pass. 0: a normal run."""
 
-    max_seconds: float | None = None
+    max_seconds: float | None = setting(
+        None, accepted=Positive("null (no limit) or a number of seconds > 0"), older_runs_lack=True,
+        read_when=ReadWhen(lambda c, _: c.probe.steps == 0, "only a probe has a time limit, and probe.steps=0 is a "
+                           "normal run", "probe.steps > 0 (find_best: hydra.sweeper.stages.probe_max_seconds)"))
     """> 0: the probe also ends once its steps have run this long (wall seconds from its first step), though
     never before one timed step after perf.warmup_steps: a plan far slower than the others costs little to
     rule out. summary.json: probe/steps (as many as it ran) and probe/stopped_at_max_seconds. null: none."""
 
-    def check(self) -> None:
-        """probe.steps >= 0; that it leaves timed steps after perf.warmup_steps is checks/validate.py's."""
-        at_least(self.steps, 0, "probe.steps", "0 (a normal run) or the number of steps to probe")
-        positive_number(self.max_seconds, "probe.max_seconds", "null (no limit) or a number of seconds > 0")
-
 
 # faults.kind's accepted values (besides null); train/faults.py injects them.
 FAULT_KINDS = ("nan_loss", "crash", "oom", "sigkill", "hang", "sigkill_in_checkpoint")
+_NO_FAULT = ReadWhen(lambda c, _: c.faults.kind in (None, "null"), "no fault is injected with faults.kind=null",
+                     "faults.kind=crash (or another kind)")
 
 
 @dataclass
@@ -492,16 +496,14 @@ class FaultsConfig(Section):
     killed inside the save of checkpoint `step`, its files written, before it is complete). Faults fire
     only in an attempt that started from step 0, so running the same command again shows the recovery."""
 
-    kind: str | None = MISSING
-    """For tests: null | nan_loss | crash | oom | sigkill | hang | sigkill_in_checkpoint (train/faults.py)."""
-    step: int = MISSING
-    """The optimizer step the fault fires at."""
-    rank: int = MISSING
-    """The rank it fires on."""
+    at = "faults"
 
-    def check(self) -> None:
-        if self.kind is not None and self.kind not in FAULT_KINDS:
-            refuse("faults.kind", f"unknown fault '{self.kind}'", f"null, {', '.join(FAULT_KINDS)}")
+    kind: str | None = setting(None, accepted=OneOf(FAULT_KINDS, unknown="fault", null=True))
+    """For tests: null | nan_loss | crash | oom | sigkill | hang | sigkill_in_checkpoint (train/faults.py)."""
+    step: int = setting(1, read_when=_NO_FAULT)
+    """The optimizer step the fault fires at."""
+    rank: int = setting(0, read_when=_NO_FAULT)
+    """The rank it fires on."""
 
 
 @dataclass
@@ -509,22 +511,21 @@ class CheckpointConfig(Section):
     """Sharded checkpoints (torch.distributed.checkpoint) under <run dir>/checkpoints/step_N. A run started
     again in the same run directory (the same command and hydra.run.dir, or a requeued SLURM job) resumes
     from the latest complete one, with identical results; a SIGTERM or submitit's preemption signal also
-    saves one before the run stops."""
+    saves one before the run stops. Every key is read by every run: keep_last and keep_when_completed act
+    whenever a checkpoint is saved, periodically, and also on a stop signal or at train.time_limit_min with
+    every_steps=0, which no check can foresee."""
 
-    every_steps: int = MISSING
+    at = "checkpoint"
+
+    every_steps: int = setting(50, accepted=AtLeast(0, "an integer >= 0 (0: no periodic checkpoints)"))
     """Save a sharded checkpoint every N optimizer steps (>= 0; 0: only when stopped by a signal or
     train.time_limit_min)."""
-    keep_last: int | None = MISSING
+    keep_last: int | None = setting(2, accepted=AtLeast(1, "an integer >= 1, or null to keep all", null=True))
     """Complete checkpoints to keep (>= 1); older ones are deleted. null: keep all."""
-    resume: bool = MISSING
+    resume: bool = setting(True)
     """Resume from the run directory's latest checkpoint (false: start over, deleting them)."""
-    keep_when_completed: bool = MISSING
+    keep_when_completed: bool = setting(False)
     """Keep the checkpoints of a run that completed (false: delete them; the model stays in model/)."""
-
-    def check(self) -> None:
-        at_least(self.every_steps, 0, "checkpoint.every_steps", "an integer >= 0 (0: no periodic checkpoints)")
-        if self.keep_last is not None:
-            at_least(self.keep_last, 1, "checkpoint.keep_last", "an integer >= 1, or null to keep all")
 
 
 # tracking.wandb.project, entity and group: what W&B is told, when it is told anything.

@@ -77,17 +77,19 @@ class Accepted:
 
 @dataclass(frozen=True)
 class OneOf(Accepted):
-    """One of `choices`; `unknown` names what a wrong value is ("unknown optimizer 'x'"), else "got 'x'"."""
+    """One of `choices` (with `null`, or null); `unknown` names what a wrong value is ("unknown optimizer
+    'x'"), else "got 'x'"."""
 
     choices: tuple[str, ...]
     unknown: str | None = None
+    null: bool = False
 
     @property
     def text(self) -> str:
-        return ", ".join(self.choices)
+        return ", ".join(("null", *self.choices) if self.null else self.choices)
 
     def check(self, value: Any, setting: str) -> None:
-        if value not in self.choices:
+        if value not in self.choices and not (self.null and value is None):
             refuse(setting, f"unknown {self.unknown} '{value}'" if self.unknown else f"got {value!r}", self.text)
 
 
