@@ -61,8 +61,8 @@ _last: tuple[str, tuple[list[tuple[int, int, int]], int]] | None = None
 
 def sampled_pair_lengths(cfg, base_dir: Path | None = None) -> tuple[list[tuple[int, int, int]], int]:
     """(prompt, chosen, rejected) tokens of a seeded sample of the config's training pairs, tokenized as the
-    run tokenizes them (train/setup.py's _load_and_encode: the same readers, tokenizer, chat template,
-    truncation and drops), and how many training pairs there are. Raises what those raise (DataError,
+    run tokenizes them (dpo_sweeps/tokenized.py, the chain the run's train/setup.py reads its pairs with:
+    the same readers, tokenizer, chat template, truncation and drops), and how many training pairs there are. Raises what those raise (DataError,
     InvalidConfig, OSError)."""
     global _last
     import json
@@ -76,23 +76,16 @@ def sampled_pair_lengths(cfg, base_dir: Path | None = None) -> tuple[list[tuple[
 
 
 def _read_sample(cfg, base_dir: Path | None) -> tuple[list[tuple[int, int, int]], int]:
-    from dpo_sweeps.data.encoding import chat_format, encode_pairs, render_pair
-    from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
+    from dpo_sweeps.data.row_checks import DroppedRows
     from dpo_sweeps.data.sources import load_preference_rows
-    from dpo_sweeps.models.build import build_tokenizer
+    from dpo_sweeps.tokenized import pair_tokenizer
 
     rows = load_preference_rows(cfg.data, base_dir or Path.cwd())
-    # The tokenizer is the run's: a BPE is trained on every training row (and cached), as the run's is.
-    plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
-    tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
-    chat = chat_format(tokenizer, cfg.data.chat_template)
+    tokenizing = pair_tokenizer(cfg, rows)
     size = max(SAMPLE_PAIRS, 2 * cfg.train.batch_size)
     picked = sorted(np.random.default_rng(SAMPLE_SEED).permutation(len(rows.train))[:size].tolist())
-    pairs, _ = encode_pairs(
-        [render_pair(rows.train[i], chat, hh_dialogue=cfg.data.name == "hh") for i in picked], tokenizer,
-        max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
-        truncation_mode=cfg.data.truncation_mode, end_of_turn=chat.end_of_turn if chat else None)
-    pairs = drop_identical_after_truncation(pairs, [rows.train_where[i] for i in picked], DroppedRows())
+    pairs, _ = tokenizing.encode([rows.train[i] for i in picked], [rows.train_where[i] for i in picked],
+                                 DroppedRows())
     return [(len(p.prompt), len(p.chosen), len(p.rejected)) for p in pairs], len(rows.train)
 
 

@@ -22,19 +22,16 @@ from dpo_sweeps.config.schema import Config, TrainConfig
 from dpo_sweeps.data.encoding import (
     EncodedPair,
     GlobalBatchSampler,
-    chat_format,
-    encode_pairs,
     eval_micro_batch_indices,
     pair_tokens,
-    render_pair,
 )
-from dpo_sweeps.data.row_checks import DroppedRows, drop_identical_after_truncation
+from dpo_sweeps.data.row_checks import DroppedRows
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo.adapter_reference import AdapterReference
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.errors import DataError
 from dpo_sweeps.models.adapters import add_adapters, start_adapter
-from dpo_sweeps.models.build import build_policy, build_reference, build_tokenizer, load_model_code
+from dpo_sweeps.models.build import build_policy, build_reference, load_model_code
 from dpo_sweeps.models.quantize import quantizable_params, quantize_base
 from dpo_sweeps.parallel.allocator import allocator_in_use
 from dpo_sweeps.parallel.distributed import rank_layout
@@ -47,6 +44,7 @@ from dpo_sweeps.parallel.process_memory import release_freed_heap, resident_byte
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.shared_ranks import sharing
 from dpo_sweeps.runtime.signals import StopRequests
+from dpo_sweeps.tokenized import pair_tokenizer
 from dpo_sweeps.train.perf import trained_before
 from dpo_sweeps.train.reference_pass import free_reference, precompute_reference_logps
 
@@ -115,20 +113,12 @@ def _encode(cfg: Config, base_dir: Path) -> _Encoded:
 
 def _load_and_encode(cfg: Config, base_dir: Path) -> _Encoded:
     rows = load_preference_rows(cfg.data, base_dir)
-    plain = [render_pair(r) for r in rows.train] if cfg.model.tokenizer.kind == "bpe" else []
-    tokenizer = build_tokenizer(cfg.model, [p + c + r for p, c, r in plain])
-    chat = chat_format(tokenizer, cfg.data.chat_template)
-    encode = lambda split: encode_pairs(  # noqa: E731
-        [render_pair(r, chat, hh_dialogue=cfg.data.name == "hh") for r in split], tokenizer,
-        max_length=cfg.data.max_length, max_prompt_length=cfg.data.max_prompt_length,
-        truncation_mode=cfg.data.truncation_mode, end_of_turn=chat.end_of_turn if chat else None,
-    )
-    train_pairs, train_truncated = encode(rows.train)
-    eval_pairs, eval_truncated = encode(rows.eval[: cfg.train.eval_max_pairs or None])
+    tokenizing = pair_tokenizer(cfg, rows)
     dropped = DroppedRows()
     dropped.update(rows.dropped)
-    train_pairs = drop_identical_after_truncation(train_pairs, rows.train_where, dropped)
-    eval_pairs = drop_identical_after_truncation(eval_pairs, rows.eval_where, dropped)
+    train_pairs, train_truncated = tokenizing.encode(rows.train, rows.train_where, dropped)
+    eval_max = cfg.train.eval_max_pairs or None
+    eval_pairs, eval_truncated = tokenizing.encode(rows.eval[:eval_max], rows.eval_where[:eval_max], dropped)
     if not train_pairs or not eval_pairs:
         raise DataError(f"data.max_length: no {'training' if not train_pairs else 'held-out'} pairs of "
                         f"{rows.described} left once cut to {cfg.data.max_length} tokens; dropped: "
@@ -138,8 +128,8 @@ def _load_and_encode(cfg: Config, base_dir: Path) -> _Encoded:
         "train_truncated": train_truncated, "eval_truncated": eval_truncated, **rows.counts,
         "dropped_rows": dropped.counts(),
     }
-    return _Encoded(tokenizer, train_pairs, eval_pairs, counts, str(rows.eval_source),
-                    chat.end_of_turn if chat else None, dropped, rows.described)
+    return _Encoded(tokenizing.tokenizer, train_pairs, eval_pairs, counts, str(rows.eval_source),
+                    tokenizing.end_of_turn, dropped, rows.described)
 
 
 def build_data(cfg: Config, base_dir: Path, env: RankEnv) -> TrainingData:
