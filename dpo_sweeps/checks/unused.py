@@ -121,12 +121,6 @@ RULES = (
     ReadOnlyWhen(("fsdp.reshard_after_forward",), _unwrapped,
                  "one fp32 rank without offload runs the model without FSDP, so nothing is resharded",
                  "resources.nproc_per_node > 1, precision=bf16 or fp16, or fsdp.cpu_offload=true"),
-    ReadOnlyWhen(("peft.r", "peft.alpha", "peft.dropout", "peft.target_modules", "peft.use_rslora", "peft.use_dora",
-                  "peft.modules_to_save"), lambda c, _: c.peft.method == "none",
-                 "peft=none is a full fine-tune: there are no adapters", "peft=lora or peft=qlora"),
-    ReadOnlyWhen(("peft.quantization", "peft.bnb_4bit_quant_storage", "peft.bnb_4bit_compute_dtype",
-                  "peft.double_quant"), lambda c, _: c.peft.method != "qlora",
-                 "only peft=qlora quantizes the base", "peft=qlora"),
     ReadOnlyWhen(("precision.initial_loss_scale", "precision.loss_scale_growth_interval"),
                  lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
                  "precision=fp16, or precision.loss_scaling=true"),
@@ -176,7 +170,7 @@ RULES = (
 ALWAYS_READ = (
     "model.name_or_path", "model.block_name", "model.init_from",
     "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
-    "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling", "peft.method",
+    "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling",
     "tracking.backends",
     # The cost prediction and the fit check read the profile a config names (cluster=); none without one.
     "cluster.name", "cluster.gpus_per_node", "cluster.max_nodes", "cluster.measured", "cluster.sources",

@@ -251,57 +251,63 @@ QUANT_TYPES = ("nf4", "fp4")
 QUANT_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
+# The adapters' settings, and the 4-bit base's: read only where there are adapters, and a 4-bit base.
+_NO_ADAPTERS = ReadWhen(lambda c, _: c.peft.method == "none", "peft=none is a full fine-tune: there are no adapters",
+                        "peft=lora or peft=qlora")
+_NOT_QLORA = ReadWhen(lambda c, _: c.peft.method != "qlora", "only peft=qlora quantizes the base", "peft=qlora")
+
+
 @dataclass
 class PeftConfig(Section):
     """Parameter-efficient fine-tuning with the `peft` library (models/adapters.py): the policy trains
     LoRA adapters on frozen base weights (4-bit ones with qlora: models/quantize.py), and the reference is
     the base with its adapters switched off (no second model). docs/lora.md says what runs."""
 
-    method: str = "none"
+    at = "peft"
+
+    method: str = setting("none", accepted=OneOf(PEFT_METHODS, unknown="method",
+                                                 said="peft=none, peft=lora or peft=qlora"))
     """none (a full fine-tune) | lora | qlora (LoRA on a 4-bit base); the conf/peft file's name."""
-    r: int = 16
+    r: int = setting(16, accepted=AtLeast(1, "an integer >= 1 (the adapters' rank)"), read_when=_NO_ADAPTERS)
     """LoRA rank: the inner size of each adapter (>= 1)."""
-    alpha: float = 32.0
+    alpha: float = setting(32.0, accepted=Positive(), read_when=_NO_ADAPTERS)
     """LoRA alpha: the adapters' output is scaled by alpha / r (alpha / sqrt(r) with use_rslora) (> 0)."""
-    dropout: float = 0.0
+    dropout: float = setting(0.0, read_when=_NO_ADAPTERS)
     """Dropout on the adapters' input while training (0 <= dropout < 1)."""
-    target_modules: list[str] | None = None
+    target_modules: list[str] | None = setting(None, read_when=_NO_ADAPTERS)
     """Leaf names of the modules that get adapters (e.g. [q_proj, v_proj]); a name the model lacks is
     refused, listing its linear layers. null: every linear layer of the blocks (model.block_name)."""
-    use_rslora: bool = False
+    use_rslora: bool = setting(False, read_when=_NO_ADAPTERS)
     """Rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r."""
-    use_dora: bool = False
+    use_dora: bool = setting(False, read_when=_NO_ADAPTERS)
     """DoRA: weight-decomposed adapters (a trained magnitude per output feature beside LoRA's direction)."""
-    modules_to_save: list[str] | None = None
+    modules_to_save: list[str] | None = setting(None, read_when=_NO_ADAPTERS)
     """Leaf names of modules trained in full beside the adapters (e.g. [lm_head]), saved with them; null: none."""
-    quantization: str = "nf4"
+    quantization: str = setting("nf4", accepted=OneOf(QUANT_TYPES, unknown="4-bit type", said=" or ".join(QUANT_TYPES)),
+                                read_when=_NOT_QLORA)
     """peft=qlora: the 4-bit data type of the frozen base's linear layers (bitsandbytes): nf4 | fp4."""
-    bnb_4bit_quant_storage: str | None = None
+    bnb_4bit_quant_storage: str | None = setting(None, accepted=OneOf(
+        QUANT_FLOAT_DTYPES, null=True, said=f"null or one of {', '.join(QUANT_FLOAT_DTYPES)}"), read_when=_NOT_QLORA)
     """peft=qlora: the float dtype the packed 4-bit weights are stored in, so that FSDP2 shards them as
     any parameter; it must be the precision's param_dtype (FSDP2 would cast packed bits otherwise).
     null: the precision's param_dtype."""
-    bnb_4bit_compute_dtype: str | None = None
+    bnb_4bit_compute_dtype: str | None = setting(None, accepted=OneOf(
+        QUANT_FLOAT_DTYPES, null=True, said=f"null or one of {', '.join(QUANT_FLOAT_DTYPES)}"), read_when=_NOT_QLORA)
     """peft=qlora: the dtype the 4-bit layers dequantize to and multiply in: float32 | bfloat16 | float16;
     null: the precision's param_dtype."""
-    double_quant: bool = False
+    double_quant: bool = setting(False, read_when=_NOT_QLORA)
     """peft=qlora: also quantize the quantization constants (bitsandbytes' compress_statistics)."""
 
     def check(self) -> None:
-        if self.method not in PEFT_METHODS:
-            refuse("peft.method", f"unknown method '{self.method}'", "peft=none, peft=lora or peft=qlora")
+        """A full fine-tune reads no setting but `method` (checks/unused.py refuses one set with it); with
+        adapters, each field's accepted values, then the rules that are not a list of values."""
         if self.method == "none":
             return
-        at_least(self.r, 1, "peft.r", "an integer >= 1 (the adapters' rank)")
-        positive_number(self.alpha, "peft.alpha", "a number > 0")
+        super().check()
         if not 0 <= self.dropout < 1:
             refuse("peft.dropout", f"got {self.dropout!r}", "a number >= 0 and < 1")
         if self.target_modules is not None and not self.target_modules:
             refuse("peft.target_modules", "an empty list", "null (every linear layer of the blocks) or module names")
-        if self.quantization not in QUANT_TYPES:
-            refuse("peft.quantization", f"unknown 4-bit type '{self.quantization}'", " or ".join(QUANT_TYPES))
-        for key in ("bnb_4bit_quant_storage", "bnb_4bit_compute_dtype"):
-            if getattr(self, key) not in (None, *QUANT_FLOAT_DTYPES):
-                refuse(f"peft.{key}", f"got {getattr(self, key)!r}", f"null or one of {', '.join(QUANT_FLOAT_DTYPES)}")
 
 
 @dataclass

@@ -83,10 +83,11 @@ class OneOf(Accepted):
     choices: tuple[str, ...]
     unknown: str | None = None
     null: bool = False
+    said: str | None = None  # how the refusal says them, when the list alone says too little
 
     @property
     def text(self) -> str:
-        return ", ".join(("null", *self.choices) if self.null else self.choices)
+        return self.said or ", ".join(("null", *self.choices) if self.null else self.choices)
 
     def check(self, value: Any, setting: str) -> None:
         if value not in self.choices and not (self.null and value is None):

@@ -103,7 +103,7 @@ def test_conf_config_yaml_repeats_no_default_the_schema_holds():
         if setting_of(f) is not None:
             assert OmegaConf.select(conf, key, default="<absent>") == "<absent>", f"{key}: its default is the schema's"
     # Converted whole: every field of train and resources is made with setting(...).
-    for section in ("train.", "resources.", "perf.", "probe.", "faults.", "checkpoint.", "tracking.wandb."):
+    for section in ("train.", "resources.", "peft.", "perf.", "probe.", "faults.", "checkpoint.", "tracking.wandb."):
         plain = [key for key, _, f in setting_fields(Config) if key.startswith(section) and setting_of(f) is None]
         assert plain == [], plain
 
@@ -131,3 +131,15 @@ def test_a_setting_older_runs_lack_leaves_their_hash_as_it_was_at_its_default():
         changed = OmegaConf.create(now)
         OmegaConf.update(changed, key, not default if isinstance(default, bool) else 7)
         assert config_hash(OmegaConf.to_container(changed)) != config_hash(now), key
+
+
+def test_a_lora_setting_is_checked_with_adapters_and_refused_in_one_line_with_peft_none():
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        lora = Config.of(OmegaConf.to_container(compose("config", overrides=["peft=lora", "peft.r=0"]), resolve=True))
+        full = Config.of(OmegaConf.to_container(compose("config", overrides=["peft.r=8"]), resolve=True))
+    with pytest.raises(InvalidConfig, match=r"^peft.r: got 0 \(accepted: an integer >= 1 \(the adapters' rank\)\)$"):
+        lora.check()
+    with pytest.raises(InvalidConfig) as refused:
+        check_settings_used(full, ["peft.r=8"])
+    assert str(refused.value) == ("peft.r: set, but not read here: peft=none is a full fine-tune: there are no "
+                                  "adapters (accepted: peft=lora or peft=qlora; or leave peft.r out)")
