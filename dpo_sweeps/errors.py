@@ -192,7 +192,7 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 class FailureOnTheErrorLine(logging.Filter):
     """Keeps a rank's ERROR record of its run's failure off the terminal: the command ends with the one
-    `error: run failed (KIND): ...` line that says it (app.py), and summary.json keeps it; the run's log
+    `error: run failed (KIND): ...` line that says it (run_end.py), and summary.json keeps it; the run's log
     file, a handler without this filter, keeps the rank's record too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
