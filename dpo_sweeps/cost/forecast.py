@@ -215,7 +215,10 @@ def print_run_forecast(cfg, run_dir: Path) -> None:
     import sys
     import time
 
+    from dpo_sweeps.parallel.fit import stop_measuring
+
     print(forecast_text([Planned(cfg, cfg.world_size, launched="run")], sys.argv[1:]), flush=True)
+    stop_measuring()  # the forecast was the run's last question for the estimator process: its memory goes
     started, wall_started = time.monotonic(), time.time()
 
     def record() -> None:

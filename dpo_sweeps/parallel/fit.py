@@ -170,6 +170,20 @@ class _Estimator:
                     self._read_reply()
             return self.replies.get(key)
 
+    def stop(self) -> None:
+        """End the process; its replies are kept, and a later question starts another (whose first line is its
+        own baseline again)."""
+        with self.lock:
+            proc, self.proc, self.pending, self.baseline, self.failed = self.proc, None, [], None, False
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # its loop ends at end of input
+            proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - whatever it is doing, it goes
+            proc.kill()
+            proc.wait()
+
     def _start(self) -> None:
         import subprocess
         import sys
@@ -215,6 +229,12 @@ def measure_in_background(model_cfg=None) -> None:
     """Start the estimator process now (and the shape of `model_cfg`'s architecture), while the sweep
     composes its points: a fresh process's imports take seconds."""
     _estimator.start(architecture_key(model_cfg) if model_cfg is not None else None)
+
+
+def stop_measuring() -> None:
+    """End the estimator process once nothing more will be asked of it: a single run that checked its fit
+    or forecast its cost would otherwise keep it, and a rank's imports in it, for the run's whole length."""
+    _estimator.stop()
 
 
 @lru_cache(maxsize=1)
