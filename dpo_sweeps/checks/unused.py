@@ -108,22 +108,7 @@ def _no_reference(cfg: Config, _: Launch) -> bool:
     return not uses_reference(cfg.loss)
 
 
-def _unwrapped(cfg: Config, _: Launch) -> bool:
-    """One rank, fp32, no offload: the model runs as it is, without FSDP (parallel/fsdp.py needs_fully_shard)."""
-    precision = cfg.precision
-    return (cfg.world_size == 1 and not cfg.fsdp.cpu_offload
-            and precision.param_dtype == "float32" and precision.reduce_dtype == "float32")
-
-
 RULES = (
-    ReadOnlyWhen(("fsdp.hybrid_group_size",), lambda c, _: c.fsdp.sharding_strategy != "hybrid_shard",
-                 "only hybrid_shard has shard groups", "fsdp=hybrid_shard"),
-    ReadOnlyWhen(("fsdp.reshard_after_forward",), _unwrapped,
-                 "one fp32 rank without offload runs the model without FSDP, so nothing is resharded",
-                 "resources.nproc_per_node > 1, precision=bf16 or fp16, or fsdp.cpu_offload=true"),
-    ReadOnlyWhen(("precision.initial_loss_scale", "precision.loss_scale_growth_interval"),
-                 lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
-                 "precision=fp16, or precision.loss_scaling=true"),
     ReadOnlyWhen(("model.from_config", "model.gguf_file", "model.tokenizer.kind", "model.tokenizer.vocab_size",
                   "model.install_hint"), lambda c, _: _init_from_full_model(c),
                  "model.init_from's saved model brings its own architecture and tokenizer", "model.init_from=null"),
@@ -142,9 +127,6 @@ RULES = (
                  "this loss has no reference model to score", "a loss with a reference, reference_free=false"),
     ReadOnlyWhen(("train.reference_sync.every_steps", "train.reference_sync.alpha"), _no_reference,
                  "this loss has no reference model to sync", "a loss with a reference, reference_free=false"),
-    ReadOnlyWhen(("precision.name",), lambda c, _: True,
-                 "a run names its precision from precision.param_dtype and reduce_dtype (summary.json's plan); "
-                 "the name only names a conf/precision file", "precision=fp32, bf16 or fp16"),
     ReadOnlyWhen(("loss.f_divergence",), _mix_without("f_divergence"),
                  "no term of this mix has an f-divergence form", "a term such as sigmoid"),
     ReadOnlyWhen(("loss.f_alpha_divergence_coef",), _alpha_unused,
@@ -153,13 +135,6 @@ RULES = (
                  "loss.sft_weight > 0, or an sft term"),
     ReadOnlyWhen(("loss.reference_free",), _mix_without("reference_free"),
                  "no term of this mix compares with a reference", "a term such as sigmoid"),
-    ReadOnlyWhen(("tracking.mlflow.tracking_uri", "tracking.mlflow.experiment_name"),
-                 lambda c, _: "mlflow" not in c.tracking.backends,
-                 "MLflow is not among tracking.backends", "tracking.backends=[mlflow,...]"),
-    ReadOnlyWhen(("tracking.tensorboard.subdir",), lambda c, _: "tensorboard" not in c.tracking.backends,
-                 "TensorBoard is not among tracking.backends", "tracking.backends=[tensorboard,...]"),
-    ReadOnlyWhen(("tracking.trackio.project",), lambda c, _: "trackio" not in c.tracking.backends,
-                 "Trackio is not among tracking.backends", "tracking.backends=[trackio,...]"),
     ReadOnlyWhen(tuple(f"cluster.{k}" for k in (*CLUSTER_NUMBERS, "peak_tflops")),
                  lambda c, _: c.cluster is not None and c.cluster.measured,
                  "cluster=cpu measures its numbers on this machine (dpo_sweeps/cost/cpu_profile.py)",
@@ -169,9 +144,6 @@ RULES = (
 # Every key of the schema not made with `setting` that every run reads (with a value that is its choice: null too).
 ALWAYS_READ = (
     "model.name_or_path", "model.block_name", "model.init_from",
-    "fsdp.sharding_strategy", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
-    "precision.param_dtype", "precision.reduce_dtype", "precision.loss_scaling",
-    "tracking.backends",
     # The cost prediction and the fit check read the profile a config names (cluster=); none without one.
     "cluster.name", "cluster.gpus_per_node", "cluster.max_nodes", "cluster.measured", "cluster.sources",
     "data.name", "data.max_length", "data.max_prompt_length", "data.truncation_mode", "data.length_grouped",

@@ -226,23 +226,34 @@ class ModelConfig(Section):
                        "pretrained (the GGUF file's own tokenizer)")
 
 
+def _unwrapped(cfg: Any, _: Launch) -> bool:
+    """One rank, fp32, no offload: the model runs as it is, without FSDP (parallel/fsdp.py needs_fully_shard)."""
+    precision = cfg.precision
+    return (cfg.world_size == 1 and not cfg.fsdp.cpu_offload
+            and precision.param_dtype == "float32" and precision.reduce_dtype == "float32")
+
+
 @dataclass
 class FsdpConfig(Section):
-    sharding_strategy: str = MISSING
-    """full_shard | shard_grad_op | hybrid_shard | no_shard."""
-    reshard_after_forward: bool = MISSING
-    """Free the gathered parameters after forward and gather them again for backward (ZeRO-3)."""
-    hybrid_group_size: int | None = MISSING
-    """hybrid_shard: ranks per shard group (a divisor of the world size); null: the ranks of one node."""
-    activation_checkpointing: bool = MISSING
-    """Recompute each block's activations in backward instead of keeping them."""
-    cpu_offload: bool = MISSING
-    """Keep parameters, gradients and optimizer state in CPU memory (CUDA runs only)."""
+    """fsdp=<conf/fsdp file>: how parameters are sharded. The mesh the strategy makes of the ranks is the
+    plan's to check (parallel/plan.py, with resources)."""
 
-    def check(self) -> None:
-        """The strategy; the mesh it makes of the ranks is the plan's (parallel/plan.py, with resources)."""
-        if self.sharding_strategy not in STRATEGIES:
-            refuse("fsdp.sharding_strategy", f"unknown strategy '{self.sharding_strategy}'", ", ".join(STRATEGIES))
+    at = "fsdp"
+
+    sharding_strategy: str = setting(accepted=OneOf(STRATEGIES, unknown="strategy"))
+    """full_shard | shard_grad_op | hybrid_shard | no_shard."""
+    reshard_after_forward: bool = setting(read_when=ReadWhen(
+        _unwrapped, "one fp32 rank without offload runs the model without FSDP, so nothing is resharded",
+        "resources.nproc_per_node > 1, precision=bf16 or fp16, or fsdp.cpu_offload=true"))
+    """Free the gathered parameters after forward and gather them again for backward (ZeRO-3)."""
+    hybrid_group_size: int | None = setting(read_when=ReadWhen(
+        lambda c, _: c.fsdp.sharding_strategy != "hybrid_shard", "only hybrid_shard has shard groups",
+        "fsdp=hybrid_shard"))
+    """hybrid_shard: ranks per shard group (a divisor of the world size); null: the ranks of one node."""
+    activation_checkpointing: bool = setting()
+    """Recompute each block's activations in backward instead of keeping them."""
+    cpu_offload: bool = setting()
+    """Keep parameters, gradients and optimizer state in CPU memory (CUDA runs only)."""
 
 
 PEFT_METHODS = ("none", "lora", "qlora")
@@ -310,27 +321,38 @@ class PeftConfig(Section):
             refuse("peft.target_modules", "an empty list", "null (every linear layer of the blocks) or module names")
 
 
+# precision.initial_loss_scale and loss_scale_growth_interval: read only with loss scaling.
+_NO_LOSS_SCALING = ReadWhen(lambda c, _: not c.precision.loss_scaling, "they act only with loss scaling",
+                            "precision=fp16, or precision.loss_scaling=true")
+
+
 @dataclass
 class PrecisionConfig(Section):
-    name: str = MISSING
+    """precision=<conf/precision file>: compute and reduction dtypes (checked by the plan, parallel/plan.py
+    DTYPES), and fp16's loss scaling."""
+
+    at = "precision"
+
+    name: str = setting(read_when=ReadWhen(
+        lambda c, _: True, "a run names its precision from precision.param_dtype and reduce_dtype (summary.json's "
+        "plan); the name only names a conf/precision file", "precision=fp32, bf16 or fp16"))
     """The conf/precision file's name: fp32 | bf16 | fp16. A run names its precision from the dtypes below
     (summary.json's plan); the report falls back on this name only for a run without a plan."""
-    param_dtype: str = MISSING
+    param_dtype: str = setting()
     """Compute dtype of the sharded parameters: float32 | bfloat16 | float16."""
-    reduce_dtype: str = MISSING
+    reduce_dtype: str = setting()
     """Dtype gradients are reduced in: float32 | bfloat16 | float16."""
-    loss_scaling: bool = MISSING
+    loss_scaling: bool = setting()
     """Dynamic loss scaling (fp16); the skip-step decision is all-reduced so every rank steps together."""
-    initial_loss_scale: float = 65536.0
+    initial_loss_scale: float = setting(65536.0, accepted=Positive(), read_when=_NO_LOSS_SCALING)
     """With loss_scaling: the first loss scale (> 0)."""
-    loss_scale_growth_interval: int = 200
+    loss_scale_growth_interval: int = setting(200, accepted=AtLeast(1), read_when=_NO_LOSS_SCALING)
     """With loss_scaling: steps without overflow before the scale doubles (>= 1)."""
 
     def check(self) -> None:
-        """The loss-scaling settings; the dtypes are the plan's (parallel/plan.py DTYPES)."""
+        """The loss-scaling settings, checked only with loss scaling (where they are read)."""
         if self.loss_scaling:
-            positive_number(self.initial_loss_scale, "precision.initial_loss_scale", "a number > 0")
-            at_least(self.loss_scale_growth_interval, 1, "precision.loss_scale_growth_interval")
+            super().check()
 
 
 # resources.cpu_allocator: the malloc of the processes that train (dpo_sweeps/parallel/allocator.py).
@@ -597,15 +619,21 @@ def move_renamed(values: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**values, "tracking": tracking, "wandb": {}}
 
 
+_NO_MLFLOW = ReadWhen(lambda c, _: "mlflow" not in c.tracking.backends, "MLflow is not among tracking.backends",
+                      "tracking.backends=[mlflow,...]")
+
+
 @dataclass
 class MlflowConfig(Section):
     """tracking.backends=[..., mlflow]: the sweep is one parent run, each job a nested run (docs/trackers.md)."""
 
-    tracking_uri: str | None = None
+    at = "tracking.mlflow"
+
+    tracking_uri: str | None = setting(None, read_when=_NO_MLFLOW)
     """The MLflow tracking URI: http(s)://host:port of an `mlflow server`, file:/path or sqlite:///path.db;
     null: the MLFLOW_TRACKING_URI environment variable. No credentials in it: MLflow reads
     MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from the environment."""
-    experiment_name: str = "dpo-sweeps"
+    experiment_name: str = setting("dpo-sweeps", read_when=_NO_MLFLOW)
     """The MLflow experiment the runs go in (created when missing)."""
 
     def check(self) -> None:
@@ -614,12 +642,18 @@ class MlflowConfig(Section):
             refuse("tracking.mlflow.experiment_name", "got an empty name", "an MLflow experiment name")
 
 
+_NO_TENSORBOARD = ReadWhen(lambda c, _: "tensorboard" not in c.tracking.backends, "TensorBoard is not among tracking.backends",
+                           "tracking.backends=[tensorboard,...]")
+
+
 @dataclass
 class TensorboardConfig(Section):
     """tracking.backends=[..., tensorboard]: event files in each run's directory, so `tensorboard --logdir
     <sweep dir>` shows every run of a sweep, with its settings in the HParams tab."""
 
-    subdir: str = "tensorboard"
+    at = "tracking.tensorboard"
+
+    subdir: str = setting("tensorboard", read_when=_NO_TENSORBOARD)
     """The event directory inside each run directory."""
 
     def check(self) -> None:
@@ -627,11 +661,17 @@ class TensorboardConfig(Section):
             refuse("tracking.tensorboard.subdir", f"got {self.subdir!r}", "a relative folder name inside the run directory")
 
 
+_NO_TRACKIO = ReadWhen(lambda c, _: "trackio" not in c.tracking.backends, "Trackio is not among tracking.backends",
+                       "tracking.backends=[trackio,...]")
+
+
 @dataclass
 class TrackioConfig(Section):
     """tracking.backends=[..., trackio]: the sweep is a Trackio project, each job a run in it."""
 
-    project: str | None = None
+    at = "tracking.trackio"
+
+    project: str | None = setting(None, read_when=_NO_TRACKIO)
     """The Trackio project; null: the sweep's name (its group), or the run's name for a single run."""
 
 
@@ -641,7 +681,7 @@ class TrackingConfig(Section):
     metrics.jsonl metric at its step, the plan label, and the status and failure kind at the end
     (dpo_sweeps/tracking/). A backend that fails is a warning, never a failed run."""
 
-    backends: list[str] = field(default_factory=lambda: ["wandb"])
+    backends: list[str] = setting(default_factory=lambda: ["wandb"])
     """Any of wandb, mlflow, tensorboard, trackio (tracking.wandb.* configures wandb); [] logs to files only."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
