@@ -67,10 +67,10 @@ class DataConfig(Section):
     """Tokens of the prompt kept (>= 1, < max_length)."""
     truncation_mode: str = MISSING
     """Which end of an over-long prompt is kept: keep_start | keep_end."""
-    length_grouped: bool = MISSING
+    length_grouped: bool = True
     """Batches of pairs of similar length: each window of length_group_window global batches is sorted
     by length, cut into batches and the batches shuffled (still a pure function of the step)."""
-    length_group_window: int = MISSING
+    length_group_window: int = 32
     """With length_grouped: global batches per sorted window (>= 1)."""
     chat_template: str = "auto"
     """How dialogues (HH transcripts, {role, content} message rows) become text: true renders them with

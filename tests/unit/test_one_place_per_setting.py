@@ -99,6 +99,7 @@ def test_help_lists_every_setting_from_the_schema():
 
 def test_conf_config_yaml_repeats_no_default_the_schema_holds():
     conf = OmegaConf.load(REPO / "conf" / "config.yaml")
+    assert sorted(conf) == ["defaults", "hydra"]  # the groups chosen, and Hydra's own settings
     for key, _, f in setting_fields(Config):
         if setting_of(f) is not None:
             assert OmegaConf.select(conf, key, default="<absent>") == "<absent>", f"{key}: its default is the schema's"
