@@ -28,8 +28,8 @@ INTRO = """# Config reference
 Every key a run reads, generated from the typed schema when the site is built (`docs/hooks/config_reference.py`
 reads `dpo_sweeps/config/schema.py`, `dpo_sweeps/config/data_schema.py`, `dpo_sweeps/dpo/losses/schema.py` and
 any section added to `Config`). The text under each key is the docstring under its field. conf/ chooses the
-values: a default here is the schema's own; *set by conf/* means a file of `conf/` sets it (conf/config.yaml, or
-the file of the group chosen: `model=`, `data=`, `loss=`, `fsdp=`, `precision=`).
+values: a default here is the schema's own; *set by conf/* means the file of the group chosen sets it (`model=`,
+`data=`, `loss=`, `fsdp=`, `precision=`). `python -m dpo_sweeps --help` lists the same settings in the terminal.
 
 Change a key on the command line as `section.key=value` (`train.lr=1e-3`); a key the schema does not have, or
 a value of the wrong type, is refused while the config is composed, before anything runs.

@@ -1,15 +1,19 @@
 """The typed schema of a dpo-sweeps config: one dataclass per section, a docstring under every field.
 
-conf/ chooses values; these dataclasses say which keys exist, what type each has, what it does and
-which values it accepts. Hydra validates every composed config against them (conf/config.yaml's
+These dataclasses say which keys exist, what type each has, its default, what it does, which values it
+accepts and when a run reads it: a field made with `setting(default, accepted=..., read_when=...)`
+(setting.py) carries all of it, the docstring under it says what it does, and nothing else repeats it
+(conf/config.yaml holds only the defaults list; `--help`, the config reference page, the checks and
+checks/unused.py read it from here). conf/'s group files choose the values left `???` (MISSING) here:
+a model's, a precision's, a loss's. Hydra validates every composed config against them (conf/config.yaml's
 defaults list starts with `dpo_sweeps_schema`; each group file starts with its own `/schema/<group>/...`),
 so an unknown key (`train.lr_rate=1`) or a wrong type (`train.batch_size=abc`) is refused while the
 config is composed, before anything runs.
 
 Once resolved, a config is read as these same dataclasses: `Config.of(resolved)` is the frozen, typed
 config every rank trains with. Each
-section checks its own fields' ranges in `check`, beside them; the checks that span sections are in
-checks/validate.py, which runs both.
+section checks its own fields' values in `check` (a `setting`'s from its metadata, the rules between
+fields written there); the checks that span sections are in checks/validate.py, which runs both.
 
 `loss` is typed per loss, as `data` is per source: each loss has its own hyperparameters, so its
 dataclass is made from the loss registry (dpo/losses/schema.py, `schema/loss/NAME`) and conf/config.yaml
