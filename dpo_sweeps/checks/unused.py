@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-from dpo_sweeps.config.schema import CLUSTER_NUMBERS, Config, renamed_key
+from dpo_sweeps.config.schema import Config, renamed_key
 from dpo_sweeps.config.section import Section, setting_fields
 from dpo_sweeps.config.setting import Launch, setting_of
 from dpo_sweeps.errors import InvalidConfig
@@ -135,17 +135,11 @@ RULES = (
                  "loss.sft_weight > 0, or an sft term"),
     ReadOnlyWhen(("loss.reference_free",), _mix_without("reference_free"),
                  "no term of this mix compares with a reference", "a term such as sigmoid"),
-    ReadOnlyWhen(tuple(f"cluster.{k}" for k in (*CLUSTER_NUMBERS, "peak_tflops")),
-                 lambda c, _: c.cluster is not None and c.cluster.measured,
-                 "cluster=cpu measures its numbers on this machine (dpo_sweeps/cost/cpu_profile.py)",
-                 "a profile with cluster.measured=false (a conf/cluster file, or your own)"),
 )
 
 # Every key of the schema not made with `setting` that every run reads (with a value that is its choice: null too).
 ALWAYS_READ = (
     "model.name_or_path", "model.block_name", "model.init_from",
-    # The cost prediction and the fit check read the profile a config names (cluster=); none without one.
-    "cluster.name", "cluster.gpus_per_node", "cluster.max_nodes", "cluster.measured", "cluster.sources",
     "data.name", "data.max_length", "data.max_prompt_length", "data.truncation_mode", "data.length_grouped",
     "data.chat_template", "data.num_train_pairs", "data.num_eval_pairs", "data.num_topics", "data.prompt_letters",
     "data.response_letters", "data.noise", "data.seed", "data.prompt_column", "data.chosen_column",

@@ -426,43 +426,49 @@ CLUSTER_NUMBERS = ("device_memory_gib", "memory_bandwidth_gb_s", "intra_node_gb_
                    "inter_node_gb_s", "inter_node_latency_us")
 
 
+# cluster=cpu measures its numbers: the figures a datasheet gives are not read there.
+_MEASURED = ReadWhen(lambda c, _: c.cluster is not None and c.cluster.measured,
+                     "cluster=cpu measures its numbers on this machine (dpo_sweeps/cost/cpu_profile.py)",
+                     "a profile with cluster.measured=false (a conf/cluster file, or your own)")
+
+
 @dataclass
 class ClusterConfig(Section):
     """cluster=<conf/cluster file>: the hardware a run's cost is predicted on (dpo_sweeps/cost/). Figures
     from the vendors' datasheets, each with its source under `sources`; a custom profile is a file of the
     same keys in a config directory of your own (hydra.searchpath), chosen by its name."""
 
-    name: str = MISSING
+    at = "cluster"
+
+    name: str = setting()
     """The profile's name, as reports and the dry run show it."""
-    gpus_per_node: int = MISSING
+    gpus_per_node: int = setting(accepted=AtLeast(1))
     """Devices in one node (>= 1): resources.nproc_per_node may not exceed it."""
-    max_nodes: int | None = None
+    max_nodes: int | None = setting(None, accepted=AtLeast(1, "an integer >= 1, or null for no limit", null=True))
     """Nodes the cluster has (>= 1): resources.nodes may not exceed it; null: no limit."""
-    device_memory_gib: float | None = None
+    device_memory_gib: float | None = setting(None, read_when=_MEASURED)
     """Memory of one device, GiB (> 0): the fit check's limit unless resources.device_memory_gib is set."""
-    memory_bandwidth_gb_s: float | None = None
+    memory_bandwidth_gb_s: float | None = setting(None, read_when=_MEASURED)
     """Device memory bandwidth, GB/s (> 0): the optimizer step's time."""
-    peak_tflops: dict[str, float] | None = None
+    peak_tflops: dict[str, float] | None = setting(None, read_when=_MEASURED)
     """Dense peak TFLOP/s per precision: fp32, tf32, bf16, fp16 (each > 0; at least fp32 and bf16)."""
-    intra_node_gb_s: float | None = None
+    intra_node_gb_s: float | None = setting(None, read_when=_MEASURED)
     """Bandwidth one device has to the others of its node, one way, GB/s (> 0): NVLink or PCIe."""
-    intra_node_latency_us: float | None = None
+    intra_node_latency_us: float | None = setting(None, read_when=_MEASURED)
     """Latency of one step of a collective inside a node, microseconds (>= 0)."""
-    inter_node_gb_s: float | None = None
+    inter_node_gb_s: float | None = setting(None, read_when=_MEASURED)
     """Bandwidth one device has to other nodes, one way, GB/s (> 0): its InfiniBand or RoCE share."""
-    inter_node_latency_us: float | None = None
+    inter_node_latency_us: float | None = setting(None, read_when=_MEASURED)
     """Latency of one step of a collective across nodes, microseconds (>= 0)."""
-    measured: bool = False
+    measured: bool = setting(False)
     """true: the numbers are measured on this machine (cluster=cpu), not given; the file leaves them null."""
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = setting(default_factory=dict)
     """Where each figure comes from (a datasheet, or the measurement): key -> citation."""
 
     def check(self) -> None:
         if not self.name:
             refuse("cluster.name", "not set", "the profile's name")
-        at_least(self.gpus_per_node, 1, "cluster.gpus_per_node")
-        if self.max_nodes is not None:
-            at_least(self.max_nodes, 1, "cluster.max_nodes", "an integer >= 1, or null for no limit")
+        super().check()
         if self.measured:
             return
         for key in CLUSTER_NUMBERS:

@@ -105,7 +105,7 @@ def test_conf_config_yaml_repeats_no_default_the_schema_holds():
             assert OmegaConf.select(conf, key, default="<absent>") == "<absent>", f"{key}: its default is the schema's"
     # Converted whole: every field of train and resources is made with setting(...).
     for section in ("train.", "resources.", "fsdp.", "precision.", "peft.", "perf.", "probe.", "faults.", "checkpoint.",
-                    "tracking."):
+                    "tracking.", "cluster."):
         plain = [key for key, _, f in setting_fields(Config) if key.startswith(section) and setting_of(f) is None]
         assert plain == [], plain
 
