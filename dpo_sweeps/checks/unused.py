@@ -5,19 +5,21 @@ The schema refuses a key no config has (`train.lr_rate`); `READ_WHEN` says, for 
 has (config/schema.py, config/data_schema.py, dpo/losses/schema.py), whether a run reads it always
 (`ALWAYS`) or only under a condition (a `ReadOnlyWhen`: `fsdp.hybrid_group_size` only with
 `fsdp=hybrid_shard`). A field made with `setting(...)` (config/setting.py) says it in its own metadata
-(`read_when`; none: always), and the table is made from the schema (`read_when_table`); the fields not
-made so yet, and the conditions that need a library to decide (which losses have a reference), are
-`RULES` and `ALWAYS_READ` here. A key of neither fails tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
+(`read_when`; none: always), and the table is made from the schema (`read_when_table`). The keys of
+`model`, `data` and `loss` (typed per source and per loss), and the conditions that need a library to
+decide (which losses have a reference), are `RULES` and `ALWAYS_READ` here. A key of neither fails
+tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
 recorder of the keys they read and finds every key they left unread refused here.
+
+Who starts the ranks matters to two keys (`Launch`, config/setting.py): torchrun and a sweep launcher's
+multi-rank jobs pick their own rendezvous port, and torchrun and SLURM bind their ranks to cores themselves
+(resources.master_port and bind_cores say so in their fields).
 
 A setting is refused only when the user set it (`overrides`): the files in conf/ carry every key with a
 value. A sweep's setting may act at some of its points only (`fsdp=full_shard,hybrid_shard
 fsdp.hybrid_group_size=2`): it is refused only when no point reads it (`SettingsRead`, fed each point
 by the sweep's pre-launch check, launchers/preflight.py; an Optuna study, whose trials are drawn as it
 goes, feeds it the points its search space can produce: launchers/optuna_space.py `SearchSpace.points`).
-
-Who starts the ranks matters to two keys (`Launch`): torchrun and a sweep launcher's multi-rank jobs
-pick their own rendezvous port, and torchrun and SLURM bind their ranks to cores themselves.
 
 A probe (`probe.steps`, train/probe.py) replaces `PROBE_REPLACES` with its own values: they are not
 refused there, since a probe is the full run's own command plus probe.steps.
