@@ -24,7 +24,7 @@ goes, feeds it the points its search space can produce: launchers/optuna_space.p
 A probe (`probe.steps`, train/probe.py) replaces `PROBE_REPLACES` with its own values: they are not
 refused there, since a probe is the full run's own command plus probe.steps.
 
-A renamed key (config/schema.py RENAMED: `wandb.mode` is tracking.wandb.mode) is checked as its new name,
+A renamed key (config/tracking_schema.py RENAMED: `wandb.mode` is tracking.wandb.mode) is checked as its new name,
 with a one-line notice of the rename; its old section, read by no code, is always in `unread_keys`.
 """
 
@@ -37,9 +37,10 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-from dpo_sweeps.config.schema import Config, renamed_key
+from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.section import Section, setting_fields
 from dpo_sweeps.config.setting import Launch, setting_of
+from dpo_sweeps.config.tracking_schema import renamed_key
 from dpo_sweeps.errors import InvalidConfig
 
 __all__ = ["ALWAYS", "READ_WHEN", "Launch", "ReadOnlyWhen", "SettingsRead", "check_settings_used", "field_of",
@@ -215,7 +216,7 @@ def given_keys(overrides: list[str], config_type: type = Config) -> set[str]:
 
 
 def renamed_keys(overrides: list[str]) -> list[str]:
-    """The keys `overrides` set by a name that has changed (config/schema.py RENAMED)."""
+    """The keys `overrides` set by a name that has changed (config/tracking_schema.py RENAMED)."""
     return [k for k in (override_key(o) for o in overrides) if k is not None and renamed_key(k) != k]
 
 

@@ -14,7 +14,7 @@ from dpo_sweeps.config.setting import setting_of
 # Keys that do not change what a run computes: they are left out of config_hash, so a resumed or
 # re-launched sweep recognises its finished runs.
 NON_DEFINING_KEYS = (
-    "wandb",  # tracking.wandb before issue 49 (config/schema.py RENAMED)
+    "wandb",  # tracking.wandb before issue 49 (config/tracking_schema.py RENAMED)
     "tracking.wandb",
     "train.progress_bar",
     "resources.master_port",

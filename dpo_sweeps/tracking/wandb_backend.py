@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpo_sweeps.config.schema import Config, WandbConfig
+from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.tracking_schema import WandbConfig
 from dpo_sweeps.tracking.backend import RunEnd
 from dpo_sweeps.tracking.run_info import RunInfo
 
