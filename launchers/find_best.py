@@ -223,7 +223,7 @@ class FindBest:
         return [o for o in job.overrides if override_key(o) in self.stages.systems]
 
     def _run_stage(self, jobs: list[SweepJob]) -> list[Outcome]:
-        outcomes, _ = self.sweeper.run_plan(*self.sweeper.plan(jobs, self.sweep_dir))
+        outcomes, _ = self.sweeper.launch_pending(*self.sweeper.to_launch(jobs, self.sweep_dir))
         self.outcomes += outcomes
         return outcomes
 

@@ -49,7 +49,7 @@ from dpo_sweeps.launchers.preflight import (
     record_predicted_oom,
     refusal_message,
 )
-from dpo_sweeps.launchers.resume import ResumePlan, plan_resume, wait_for_earlier_runs
+from dpo_sweeps.launchers.resume import PendingJobs, pending_jobs, wait_for_earlier_runs
 
 log = logging.getLogger("launchers")
 
@@ -75,7 +75,7 @@ class GridSweeper(BasicSweeper):
         self.resume = resume
         self.skip_predicted_oom = skip_predicted_oom
         self.stages = stages
-        self.fit_checks: dict[int, Any] = {}  # the last plan's fit checks by job number (the cost screen's memory)
+        self.fit_checks: dict[int, Any] = {}  # the last launch's fit checks by job number (the cost screen's memory)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -106,11 +106,11 @@ class GridSweeper(BasicSweeper):
                                            whole_sweep=True)
         if invalid:
             raise InvalidSweep(refusal_message(invalid, points))
-        plan, unfit = self.plan(jobs, sweep_dir)
-        predictions = predict_jobs(plan.to_run, self.fit_checks)
+        pending, unfit = self.to_launch(jobs, sweep_dir)
+        predictions = predict_jobs(pending.to_run, self.fit_checks)
         if self.dry_run:  # the points that have run are priced too (what they would cost again)
-            done = predict_jobs([job for job, _ in plan.skipped])
-            print(dry_run_listing(sweep_dir, plan, len(points), self.launcher, unfit, predictions, self.fit_checks,
+            done = predict_jobs([job for job, _ in pending.skipped])
+            print(dry_run_listing(sweep_dir, pending, len(points), self.launcher, unfit, predictions, self.fit_checks,
                                   done))
             return []
         if total_line(predictions):
@@ -118,37 +118,37 @@ class GridSweeper(BasicSweeper):
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_multirun_yaml(sweep_dir, self.config)
-        if plan.skipped:
-            log.info("%d of %d runs already completed in %s: skipped", len(plan.skipped), len(points), sweep_dir)
+        if pending.skipped:
+            log.info("%d of %d runs already completed in %s: skipped", len(pending.skipped), len(points), sweep_dir)
         try:
-            outcomes, returns = self.run_plan(plan, unfit)
+            outcomes, returns = self.launch_pending(pending, unfit)
         except KeyboardInterrupt:
             raise SystemExit(interrupted_message(sweep_dir)) from None
         print(sweep_screen(sweep_dir, outcomes), flush=True)
         raise_if_failed(outcomes)
         return [returns]
 
-    def plan(self, jobs: list[SweepJob], sweep_dir: Path) -> tuple[ResumePlan, list[PredictedOOM]]:
+    def to_launch(self, jobs: list[SweepJob], sweep_dir: Path) -> tuple[PendingJobs, list[PredictedOOM]]:
         """Which checked jobs run: completed ones are reused (resume), unfit ones skipped (fit check)."""
-        plan = plan_resume(jobs, sweep_dir, skip_completed=self.resume)
+        pending = pending_jobs(jobs, sweep_dir, skip_completed=self.resume)
         unfit: list[PredictedOOM] = []
         self.fit_checks = {}
         if self.skip_predicted_oom:
-            plan.to_run, unfit, self.fit_checks = predicted_ooms(plan.to_run)
-        return plan, unfit
+            pending.to_run, unfit, self.fit_checks = predicted_ooms(pending.to_run)
+        return pending, unfit
 
-    def run_plan(self, plan: ResumePlan, unfit: list[PredictedOOM]) -> tuple[list[Outcome], list[JobReturn]]:
+    def launch_pending(self, pending: PendingJobs, unfit: list[PredictedOOM]) -> tuple[list[Outcome], list[JobReturn]]:
         """Record the skipped points, launch the rest; every point's outcome, by number, and the returns."""
         for point in unfit:
             record_predicted_oom(point)
             log.warning("#%d not started: %s", point.job.num, point.message)
-        wait_for_earlier_runs(plan)
+        wait_for_earlier_runs(pending)
         if hasattr(self.launcher, "forecasts_next_launch"):  # the local launcher: how long the sweep takes here
             self.launcher.forecasts_next_launch = True
-        returns = self._launch(plan.to_run)
-        outcomes = [Outcome(job, "reused", where) for job, where in plan.skipped]
+        returns = self._launch(pending.to_run)
+        outcomes = [Outcome(job, "reused", where) for job, where in pending.skipped]
         outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]
-        outcomes += [outcome_of(job, ret) for job, ret in zip(plan.to_run, returns)]
+        outcomes += [outcome_of(job, ret) for job, ret in zip(pending.to_run, returns)]
         outcomes.sort(key=lambda o: o.job.num)
         return outcomes, returns
 
@@ -166,19 +166,19 @@ def interrupted_message(sweep_dir: Path) -> str:
             f"(completed runs in {sweep_dir} are skipped; stopped runs resume from their last checkpoint).")
 
 
-def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any = None,
+def dry_run_listing(sweep_dir: Path, pending: PendingJobs, total: int, launcher: Any = None,
                     unfit: Sequence[PredictedOOM] = (), predictions: dict[int, Any] | None = None,
                     checks: dict[int, Any] | None = None, completed: dict[int, Any] | None = None) -> str:
     describe_job = getattr(launcher, "describe_job", None) or (lambda job: f"{job.world_size} ranks")
-    label = PointLabels([j.overrides for j in plan.to_run] + [j.overrides for j, _ in plan.skipped]
+    label = PointLabels([j.overrides for j in pending.to_run] + [j.overrides for j, _ in pending.skipped]
                         + [p.job.overrides for p in unfit])
-    lines = [f"dry run: {len(plan.to_run)} of {total} jobs would be launched into {sweep_dir} (none was started)"]
+    lines = [f"dry run: {len(pending.to_run)} of {total} jobs would be launched into {sweep_dir} (none was started)"]
     if hasattr(launcher, "describe"):
         lines.append(f"launcher: {launcher.describe()}")
     if label.shared:
         lines.append(f"every job: {label.shared_words}")
     predictions = predictions or {}
-    for job in plan.to_run:
+    for job in pending.to_run:
         lines.append(f"  #{job.num}  {label(job.overrides)}   [{describe_job(job)} -> {job.run_dir}]")
         if job.num in predictions:
             check = (checks or {}).get(job.num)
@@ -186,9 +186,9 @@ def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any
             lines.append(f"        predicted: {predictions[job.num].text()}; {verdict}")
     if total_line(predictions):
         lines.append(total_line(predictions))
-    if plan.skipped:
-        lines.append(f"{len(plan.skipped)} already completed (skipped):")
-        for job, where in plan.skipped:
+    if pending.skipped:
+        lines.append(f"{len(pending.skipped)} already completed (skipped):")
+        for job, where in pending.skipped:
             lines.append(f"  #{job.num}  {label(job.overrides)}   [completed in {where}]")
             if job.num in (completed or {}):
                 lines.append(f"        predicted: {completed[job.num].text()}; "
@@ -201,7 +201,7 @@ def dry_run_listing(sweep_dir: Path, plan: ResumePlan, total: int, launcher: Any
             lines.append(f"  #{p.job.num}  {label(p.job.overrides)}   [estimate {p.estimate_gib:.2f} GiB > "
                          f"limit {p.limit_gib:.2f} GiB]")
     hashes: dict[str, list[int]] = {}
-    for job in plan.to_run:
+    for job in pending.to_run:
         hashes.setdefault(job.config_hash, []).append(job.num)
     for nums in hashes.values():
         if len(nums) > 1:

@@ -24,7 +24,9 @@ from dpo_sweeps.rundir.summary import SUMMARY, Status, read_summary
 
 
 @dataclass
-class ResumePlan:
+class PendingJobs:
+    """A sweep's jobs once completed runs are set aside: what a launch starts (a resume's remainder)."""
+
     to_run: list[SweepJob] = field(default_factory=list)
     # (job, directory of its completed run) for points that are skipped.
     skipped: list[tuple[SweepJob, Path]] = field(default_factory=list)
@@ -61,15 +63,15 @@ def _holds_other_run(run_dir: Path, job: SweepJob) -> bool:
     return any(run_dir.iterdir())
 
 
-def plan_resume(jobs: list[SweepJob], sweep_dir: Path, *, skip_completed: bool = True) -> ResumePlan:
+def pending_jobs(jobs: list[SweepJob], sweep_dir: Path, *, skip_completed: bool = True) -> PendingJobs:
     """Which jobs run (renumbered where their directory holds another run) and which are skipped."""
     done = completed_runs(sweep_dir) if skip_completed else {}
-    plan = ResumePlan()
+    pending = PendingJobs()
     taken = {job.run_dir for job in jobs}
     next_num = max([job.num for job in jobs] + _numbered_children(sweep_dir), default=-1) + 1
     for job in jobs:
         if job.config_hash in done:
-            plan.skipped.append((job, done[job.config_hash]))
+            pending.skipped.append((job, done[job.config_hash]))
             continue
         if _holds_other_run(job.run_dir, job):
             moved = job.renumbered(next_num)
@@ -81,8 +83,8 @@ def plan_resume(jobs: list[SweepJob], sweep_dir: Path, *, skip_completed: bool =
             job = moved
             next_num += 1
             taken.add(job.run_dir)
-        plan.to_run.append(job)
-    return plan
+        pending.to_run.append(job)
+    return pending
 
 
 def _numbered_children(sweep_dir: Path) -> list[int]:
@@ -91,11 +93,11 @@ def _numbered_children(sweep_dir: Path) -> list[int]:
     return [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
 
 
-def wait_for_earlier_runs(plan: ResumePlan, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
-    """Wait until no run directory the plan would start is held by a live process: the runs of a sweep
+def wait_for_earlier_runs(pending: PendingJobs, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+    """Wait until no run directory of the pending jobs is held by a live process: the runs of a sweep
     that was killed stop by themselves (launchers/local.py), saving a checkpoint the new attempt resumes
     from; started before they let go, it would be refused. A run that completed meanwhile is skipped."""
-    held = [job for job in plan.to_run if (job.run_dir / LOCK).exists() and _in_use(job.run_dir)]
+    held = [job for job in pending.to_run if (job.run_dir / LOCK).exists() and _in_use(job.run_dir)]
     if not held:
         return
     logging.getLogger("launchers").info("waiting for %d runs of an earlier invocation to stop (%s)", len(held),
@@ -108,8 +110,8 @@ def wait_for_earlier_runs(plan: ResumePlan, timeout_s: float = 300.0, poll_s: fl
     for job in held:
         summary = read_summary(job.run_dir)
         if summary is not None and summary.status == Status.COMPLETED and summary.config_hash == job.config_hash:
-            plan.to_run.remove(job)
-            plan.skipped.append((job, job.run_dir))
+            pending.to_run.remove(job)
+            pending.skipped.append((job, job.run_dir))
 
 
 def _in_use(run_dir: Path) -> bool:
