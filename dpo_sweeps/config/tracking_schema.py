@@ -5,7 +5,7 @@ name W&B's section had before issue 49, is still accepted for one release (`Form
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dpo_sweeps.config.section import Section, refuse
@@ -42,8 +42,8 @@ class WandbConfig(Section):
 @dataclass
 class FormerWandbConfig(Section):
     """The keys `tracking.wandb.*` had before issue 49, as `wandb.*`: accepted for one more release. A value
-    set here (null: not set) is moved to tracking.wandb when the config is read (`Config.of`), and the
-    command-line check says the new name in a one-line notice (checks/unused.py)."""
+    set here (null: not set) is moved to tracking.wandb when the config is read (`Config.of`; a new key given
+    too wins), and the command-line check says the new name in a one-line notice (checks/unused.py)."""
 
     mode: str | None = None
     """Now tracking.wandb.mode."""
@@ -69,12 +69,18 @@ def renamed_key(key: str) -> str:
 
 def move_renamed(values: Mapping[str, Any]) -> Mapping[str, Any]:
     """A resolved config with the values set under a renamed section's old keys moved to the new ones (a
-    config from before the rename, a summary.json among them, reads as it did); the old section left empty."""
+    config from before the rename, a summary.json among them, reads as it did); the old section left empty.
+    Where both names are given, the new one wins: an old key moves only onto a new key at its default."""
     former = values.get("wandb")
     if not isinstance(former, Mapping) or all(v is None for v in former.values()):
         return values
     tracking = dict(values.get("tracking") or {})
-    tracking["wandb"] = {**(tracking.get("wandb") or {}), **{k: v for k, v in former.items() if v is not None}}
+    current = dict(tracking.get("wandb") or {})
+    defaults = {f.name: f.default for f in fields(WandbConfig)}
+    for key, value in former.items():
+        if value is not None and current.get(key, defaults.get(key)) == defaults.get(key):
+            current[key] = value
+    tracking["wandb"] = current
     return {**values, "tracking": tracking, "wandb": {}}
 
 

@@ -63,3 +63,8 @@ def test_the_cli_refuses_a_wrong_mode_under_either_name_in_one_line(tmp_path):
         assert len(errors) == 1, run.stderr[-2000:]
         assert "tracking.wandb.mode: got 'cloud' (accepted: offline, online, disabled)" in errors[0]
         assert run.stderr.count("notice: wandb.mode is now tracking.wandb.mode") == (key == "wandb.mode")
+
+
+def test_where_both_names_are_given_the_new_one_wins():
+    both = Config.of(_resolved("wandb.mode=disabled", "tracking.wandb.mode=online", "wandb.group=g"))
+    assert both.tracking.wandb.mode == "online" and both.tracking.wandb.group == "g"
