@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from dpo_sweeps.launchers.trial_slots import SlotRun, idle_slot_seconds  # noqa: E402
 
 SLOTS = 2
-QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
+QUIET = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
          "data.num_train_pairs=512", "data.num_eval_pairs=64", "resources.nproc_per_node=1"]
 
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "resources.device=cpu",
+COMMON = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "resources.device=cpu",
           "data.num_train_pairs=512", "data.num_eval_pairs=64"]
 SMOLLM2 = ["model=smollm2_135m", "resources.nproc_per_node=2", "probe.steps=12", "perf.warmup_steps=2"]
 SHAPES = {

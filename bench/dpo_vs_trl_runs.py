@@ -30,7 +30,7 @@ def ours_overrides(w: dict, extra: list[str] = ()) -> list[str]:
             f"train.lr={LR}", f"train.warmup_steps={WARMUP_STEPS}", f"train.max_grad_norm={MAX_GRAD_NORM}",
             f"train.seed={SEED}", f"train.max_steps={w['steps']}", f"perf.warmup_steps={w['warmup']}",
             "train.eval_every=0", "train.eval_max_pairs=8", "train.save_model=false", "checkpoint.every_steps=0",
-            "wandb.mode=disabled", "train.progress_bar=false",
+            "tracking.wandb.mode=disabled", "train.progress_bar=false",
             # the malloc this process was started with (bench/dpo_vs_trl.py --allocator): it trains here
             f"resources.cpu_allocator={w.get('allocator', 'glibc')}",
             *(["peft=lora", f"peft.r={w['peft_r']}", f"peft.alpha={2 * w['peft_r']}"] if w.get("peft_r") else []),

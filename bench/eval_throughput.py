@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "checkpoint.every_steps=0"]
+COMMON = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "checkpoint.every_steps=0"]
 SMOLLM2 = ["model=smollm2_135m", "data=hh", f"data.path={HH}", "resources.nproc_per_node=2", "fsdp=full_shard",
            "precision=fp32", "train.batch_size=16", "train.micro_batch_size=4", "train.warmup_steps=0"]
 SMOKE = ["model=tiny_gpt2", "resources.nproc_per_node=2", "train.batch_size=16",

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from dpo_sweeps.launchers.find_best_answer import Decision, accuracy_text, candidates_of  # noqa: E402
 
 COMMON = ["resources.nproc_per_node=2", "perf.warmup_steps=2", "train.save_model=false", "train.progress_bar=false",
-          "wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
+          "tracking.wandb.mode=disabled", "hydra.launcher.max_concurrent_jobs=1"]
 HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 # Per --model: what every run of both sweeps trains. SmolLM2 (pretrained, chat template) on HH harmless at a
 # short budget: 20 steps of 8 pairs, 128 tokens, 64 held-out pairs.

@@ -57,7 +57,7 @@ def run(workdir: Path, name: str, w: dict, precision: str, extra: list[str], dev
            f"precision={precision}", f"train.batch_size={w['batch']}", f"train.micro_batch_size={w['micro']}",
            f"train.max_steps={w['steps']}", f"perf.warmup_steps={w['warmup']}", "train.eval_every=0",
            f"train.eval_max_pairs={w['micro']}", f"data.eval_size={w['micro']}", "train.save_model=false",
-           "checkpoint.every_steps=0", "wandb.mode=disabled", "train.progress_bar=false", f"resources.device={device}",
+           "checkpoint.every_steps=0", "tracking.wandb.mode=disabled", "train.progress_bar=false", f"resources.device={device}",
            f"hydra.run.dir={run_dir}", *extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                DPO_SWEEPS_CACHE=str(workdir / "cache"))

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 PROBE_STEPS = 6
-COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false",
+COMMON = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false",
           "perf.warmup_steps=1", "data.num_train_pairs=512", "data.num_eval_pairs=64", "resources.device=cpu"]
 
 # (name, overrides): model x strategy x precision x micro-batch x activation checkpointing.

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 # every pair is cut to data.max_length (prompt at data.max_prompt_length, half of data.max_length unless a
 # config sets it, DEFAULT_LENGTH unless it sets that), where the expected step is the worst case.
 HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-COMMON = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
+COMMON = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "train.eval_every=0",
           "resources.device=cpu", "data=hh", "data.eval_split=null", "data.eval_size=16",
           "data.max_pairs=400", "cluster=cpu", "checkpoint.every_steps=0"]
 LONG_CHARS = 2000  # more than any row here takes, at one token a byte (the byte tokenizer)

@@ -60,7 +60,7 @@ def sweep(sweep_dir: Path, extra: list[str], log: Path) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "dpo_sweeps", "-m", "+sweep=quickstart", f"hydra.sweep.dir={sweep_dir}",
-           "hydra.launcher.max_concurrent_jobs=1", "wandb.mode=disabled", "train.progress_bar=false", *extra]
+           "hydra.launcher.max_concurrent_jobs=1", "tracking.wandb.mode=disabled", "train.progress_bar=false", *extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     with log.open("w") as f:
         code = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode

@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = Path(__file__).resolve().parent / "rss_timeline_hook"
-QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "resources.device=cpu",
+QUIET = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false", "resources.device=cpu",
          "perf.warmup_steps=1"]
 ESTIMATE_TERMS = ("rss_before_model", "model_states", "gathered_params", "reference", "activations", "logits",
                   "baseline", "heap_kept", "total")

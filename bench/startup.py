@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-SHORT = ["train.eval_every=0", "wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false",
+SHORT = ["train.eval_every=0", "tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false",
          "data.num_train_pairs=64", "data.num_eval_pairs=16", "train.batch_size=8",
          "train.micro_batch_size=4"]
 WORKLOADS = {

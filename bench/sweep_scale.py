@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
+QUIET = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
 
 
 def measure(args: list[str], code: Path, cwd: Path) -> tuple[float, float, float, int]:

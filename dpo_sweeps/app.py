@@ -24,6 +24,7 @@ from dpo_sweeps.checks.schema_errors import schema_refusal
 from dpo_sweeps.checks.unused import Launch, check_settings_used
 from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config
+from dpo_sweeps.config.tracking_schema import move_renamed
 from dpo_sweeps.cost.forecast import print_run_forecast
 from dpo_sweeps.errors import InvalidConfig, RunFailure, failure_of, interrupted_before_training
 from dpo_sweeps.parallel.allocator import GLIBC, allocator_in_use, run_allocator
@@ -113,7 +114,8 @@ def run_context(cfg: DictConfig, hydra_cfg: DictConfig) -> RunContext:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        # The former wandb.* keys moved to tracking.wandb.* here, so summary.json records what the run acted on.
+        config = move_renamed(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
     except OmegaConfBaseException as exc:
         raise RunRefused(schema_refusal(exc) or InvalidConfig(
             str(getattr(exc, "full_key", "") or "config"), str(exc).strip().splitlines()[0],
