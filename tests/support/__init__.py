@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 HH_PATH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 
 # Short, quiet runs: tests pass these first, then their own overrides (later ones win).
-QUIET = ["tracking.wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
+QUIET = ["wandb.mode=disabled", "train.progress_bar=false", "train.save_model=false"]
 
 
 @dataclass
