@@ -12,12 +12,10 @@ loss registry) shows the accepted values its metadata carries instead.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
 import re
 import typing
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +34,11 @@ a value of the wrong type, is refused while the config is composed, before anyth
 """
 
 
-@cache
 def _field_docs(cls: type) -> dict[str, str]:
-    """{field: the docstring under it} for `cls` and the dataclasses it inherits from."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            tree = ast.parse(inspect.getsource(klass))
-        except (OSError, TypeError, SyntaxError):  # built-ins, classes made at run time
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, after in zip(body, body[1:] + [None], strict=True):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
-    return docs
+    """{field: the docstring under it}: the --help listing's reading of the schema's source."""
+    from dpo_sweeps.config.settings_help import field_docs
+
+    return field_docs(cls)
 
 
 def _hints(cls: type) -> dict[str, Any]:

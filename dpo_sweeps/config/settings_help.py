@@ -21,8 +21,9 @@ RESOLVER = "dpo_sweeps_settings"
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: the docstring under it} for `cls` and the dataclasses it inherits from (Python keeps no
-    docstring for a field: they are read from the source)."""
+    """{field: the docstring under it, cleaned as inspect.cleandoc cleans} for `cls` and the dataclasses it
+    inherits from (Python keeps no docstring for a field: they are read from the source). The --help listing
+    and the config reference page (docs/hooks/config_reference.py) both read them here."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         try:
@@ -33,7 +34,7 @@ def field_docs(cls: type) -> dict[str, str]:
         for node, after in zip(body, body[1:] + [None], strict=True):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-                docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
 
@@ -68,7 +69,7 @@ def settings_help(config_type: type) -> str:
         for when in spec.read_when if spec is not None else ():
             lines.append(f"not read, and refused when set, where {when.why} (instead: {when.instead})")
         if doc := field_docs(cls).get(field.name):
-            lines.append(doc)
+            lines.append(" ".join(doc.split()))  # one paragraph, filled below
         entries.append("\n".join([lines[0]] + [textwrap.fill(line, 116, initial_indent="    ",
                                                               subsequent_indent="      ") for line in lines[1:]]))
     return "\n".join(entries)

@@ -15,11 +15,16 @@ WANDB_MODES = ("offline", "online", "disabled")
 TRACKING_BACKENDS = ("wandb", "mlflow", "tensorboard", "trackio")
 
 
+def _unless_backend(backend: str, name: str) -> ReadWhen:
+    """A backend's settings are read only when tracking.backends lists it."""
+    return ReadWhen(lambda c, _: backend not in c.tracking.backends, f"{name} is not among tracking.backends",
+                    f"tracking.backends=[{backend},...]")
+
+
 # tracking.wandb.project, entity and group: what W&B is told, when it is told anything.
 _NO_WANDB = (ReadWhen(lambda c, _: c.tracking.wandb.mode == "disabled", "nothing is logged to W&B with "
                       "tracking.wandb.mode=disabled", "tracking.wandb.mode=offline or online"),
-             ReadWhen(lambda c, _: "wandb" not in c.tracking.backends, "W&B is not among tracking.backends",
-                      "tracking.backends=[wandb,...]"))
+             _unless_backend("wandb", "W&B"))
 
 
 @dataclass
@@ -84,8 +89,7 @@ def move_renamed(values: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**values, "tracking": tracking, "wandb": {}}
 
 
-_NO_MLFLOW = ReadWhen(lambda c, _: "mlflow" not in c.tracking.backends, "MLflow is not among tracking.backends",
-                      "tracking.backends=[mlflow,...]")
+_NO_MLFLOW = _unless_backend("mlflow", "MLflow")
 
 
 @dataclass
@@ -107,8 +111,7 @@ class MlflowConfig(Section):
             refuse("tracking.mlflow.experiment_name", "got an empty name", "an MLflow experiment name")
 
 
-_NO_TENSORBOARD = ReadWhen(lambda c, _: "tensorboard" not in c.tracking.backends, "TensorBoard is not among tracking.backends",
-                           "tracking.backends=[tensorboard,...]")
+_NO_TENSORBOARD = _unless_backend("tensorboard", "TensorBoard")
 
 
 @dataclass
@@ -126,8 +129,7 @@ class TensorboardConfig(Section):
             refuse("tracking.tensorboard.subdir", f"got {self.subdir!r}", "a relative folder name inside the run directory")
 
 
-_NO_TRACKIO = ReadWhen(lambda c, _: "trackio" not in c.tracking.backends, "Trackio is not among tracking.backends",
-                       "tracking.backends=[trackio,...]")
+_NO_TRACKIO = _unless_backend("trackio", "Trackio")
 
 
 @dataclass
