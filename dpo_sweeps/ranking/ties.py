@@ -214,6 +214,7 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
         return QualityRanking(None, versus, 0, Resolution(None, None))
     best = max(ranked, key=lambda i: configs[i].accuracy)
     seeds = paired.seed_variance([configs[i].records.correct for i in ranked if configs[i].records is not None])
+    score_seeds = _score_seeds(configs, ranked, best) if configs[best].records is not None else None
     pairs = [(i, j) for x, i in enumerate(ranked) for j in ranked[x + 1:]]
     if len(ranked) > MAX_ALL_PAIRS:
         pairs = [(best, j) for j in ranked if j != best]
@@ -252,8 +253,7 @@ def compare_with_best(configs: list[ConfigEval], resamples: int = BOOTSTRAP_RESA
             low, high = sorted((sign * test.low + 0.0, sign * test.high + 0.0))
             result.diff_vs_best_ci95_low, result.diff_vs_best_ci95_high = low, high
             if test.method == PAIRED:
-                _paired_details(result, test, config, configs[best], _score_seeds(configs, ranked, best), resamples,
-                                seed)
+                _paired_details(result, test, config, configs[best], score_seeds, resamples, seed)
         versus.append(result)
 
     outcome = QualityRanking(best, versus, sum(1 for t in tests.values() if t.method != MEANS),
