@@ -141,6 +141,21 @@ class TrainConfig(Section):
     share_prompt: bool = setting(True)
     """One row per pair, prompt + chosen + rejected, the prompt computed once (needs logps_chunk_size > 0
     and sdpa or eager attention). false: chosen and rejected rows, [2 x batch, length]."""
+    packing: bool = setting(False, older_runs_lack=True)
+    """Pack each micro-batch's pairs into rows of up to train.micro_batch_tokens tokens, each pair laid out
+    as without packing (prompt shared or not), positions restarting at every pair and attention confined
+    to the pair's own tokens (needs logps_chunk_size > 0). The pairs of a step, its loss and its gradient
+    are the padded step's; only the padding goes. false: rows padded to the micro-batch's longest."""
+    micro_batch_tokens: int | None = setting(None, accepted=AtLeast(
+        1, "an integer >= 1, or null for the widest row one pair can take", null=True), read_when=ReadWhen(
+        lambda c, _: not c.train.packing, "rows are packed only with train.packing=true", "train.packing=true"),
+        older_runs_lack=True)
+    """With packing: the most tokens in one packed row (>= 1, at least the widest row one pair can take).
+    null: that widest row (data.max_length, or with share_prompt the prompt and both responses at their
+    longest), so no packed row is wider than a padded one."""
+    compile: bool = setting(False, older_runs_lack=True)
+    """torch.compile each transformer block (under FSDP2, block by block; on CPU through inductor, which
+    needs a C++ compiler). The first step's compile time is logged apart from the step time."""
     zero_shot_eval: bool = setting(False, older_runs_lack=True)
     """Before the first step, score the held-out pairs with the policy alone (log p(chosen) against
     log p(rejected), no reference): eval/zero_shot/{accuracy, margin, accuracy_ci95} in metrics.jsonl
@@ -170,6 +185,9 @@ class TrainConfig(Section):
             if not self.save_model:
                 refuse("train.sample_prompts", f"{self.sample_prompts} with train.save_model=false",
                        "0, or train.save_model=true (the replies after training come from the saved model)")
+        if self.packing and self.logps_chunk_size == 0:
+            refuse("train.packing", "true with train.logps_chunk_size=0",
+                   "train.logps_chunk_size > 0 (packed rows are scored on response positions)")
         if self.share_prompt and self.logps_chunk_size == 0:
             refuse("train.share_prompt", "true with train.logps_chunk_size=0",
                    "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
