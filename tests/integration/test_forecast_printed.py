@@ -6,7 +6,9 @@ that cannot be made never stops a run. Real commands, a tiny sweep of two points
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,22 +16,45 @@ from pathlib import Path
 import pytest
 from support import QUIET, REPO, cli_env
 
-pytestmark = pytest.mark.slow  # two sweeps, the dry run that measures this CPU (about 40 s), a single run
+pytestmark = pytest.mark.slow  # the dry run that measures this CPU, a sweep's first run, two short runs
 
 TWO_POINTS = ["+sweep=quickstart", "fsdp=full_shard", "precision=fp32", "loss.beta=0.1,0.5"]
 FORECAST = re.compile(r"^2 runs, about (\d+) (s|min) on this machine \(forecast, cluster=cpu; worst case "
                       r"(\d+) (s|min)(; PROVISIONAL: a timing taken on a busy machine)?\)$", re.MULTILINE)
 
 
-def dpo_sweeps(*args: str, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The command (`-m` first for a sweep), its stdout and stderr as one stream (what a terminal shows, in
-    order)."""
+def _command(args: tuple[str, ...], cache: Path) -> tuple[list[str], dict[str, str]]:
     env = {**cli_env(), "DPO_SWEEPS_CACHE": str(cache), "DPO_SWEEPS_SMOKE": "1"}
     flags = [a for a in args if a == "-m"]
     overrides = [a for a in args if a != "-m"]
-    return subprocess.run([sys.executable, "-m", "dpo_sweeps", *flags, *QUIET, *overrides], cwd=REPO, env=env,
-                          text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return [sys.executable, "-m", "dpo_sweeps", *flags, *QUIET, *overrides], env
+
+
+def dpo_sweeps(*args: str, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command (`-m` first for a sweep), its stdout and stderr as one stream (what a terminal shows, in
+    order)."""
+    command, env = _command(args, cache)
+    return subprocess.run(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=timeout)
+
+
+def printed_until(pattern: str, *args: str, cache: Path, timeout: float = 600) -> str:
+    """The command's output up to the first line matching `pattern`; then the command and its ranks are
+    killed (what follows is not this test's, and each sweep run left would cost the suite a run's time)."""
+    command, env = _command(args, cache)
+    proc = subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if re.search(pattern, line):
+                return "".join(lines)
+        raise AssertionError(f"ended ({proc.wait()}) without printing {pattern!r}:\n{''.join(lines)[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
 
 
 def before_first_job(output: str) -> str:
@@ -39,23 +64,22 @@ def before_first_job(output: str) -> str:
 
 def test_a_sweep_prints_its_forecast_before_its_first_job(tmp_path):
     cache = tmp_path / "cache"
-    first = dpo_sweeps("-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'first'}", cache=cache)
-    assert first.returncode == 0, first.stdout[-3000:]
+    first = printed_until(r"^1 run left, ", "-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'first'}",
+                          cache=cache)
     # A fresh machine: nothing to forecast from yet, said before the first job; the first run's pace after it.
     assert "2 runs; no forecast before the first run: no run like these has completed on this machine yet" \
-        in before_first_job(first.stdout)
-    after = first.stdout.split("[1/2] #0 completed", 1)[1]
+        in before_first_job(first)
+    after = first.split("[1/2] #0 completed", 1)[1]
     assert re.search(r"^1 run left, about \d+ (s|min) on this machine \(forecast at the first run's pace, \d+ s\)$",
-                     after, re.MULTILINE), first.stdout[-3000:]
+                     after, re.MULTILINE), first[-3000:]
 
     # The dry run the line names measures this CPU and times the points' passes; then the forecast is made.
     measure = dpo_sweeps("-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'second'}", "cluster=cpu",
                          "hydra.sweeper.dry_run=true", cache=cache)
     assert measure.returncode == 0, measure.stdout[-3000:]
-    second = dpo_sweeps("-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'second'}", cache=cache)
-    assert second.returncode == 0, second.stdout[-3000:]
-    found = FORECAST.search(before_first_job(second.stdout))
-    assert found, second.stdout[-3000:]
+    second = printed_until("#0 started", "-m", *TWO_POINTS, f"hydra.sweep.dir={tmp_path / 'second'}", cache=cache)
+    found = FORECAST.search(before_first_job(second))
+    assert found, second[-3000:]
     expected, worst = (int(n) * (60 if unit == "min" else 1) for n, unit in (found.group(1, 2), found.group(3, 4)))
     assert 0 < expected <= worst
 
