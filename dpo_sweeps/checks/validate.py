@@ -27,6 +27,7 @@ from dpo_sweeps.config.data_schema import DataConfig, chat_template_setting
 from dpo_sweeps.config.schema import Config, ModelConfig
 from dpo_sweeps.config.section import refuse
 from dpo_sweeps.data.encoding import no_chat_template
+from dpo_sweeps.data.rows import longest_rows
 from dpo_sweeps.data.sources import DATA_SOURCES, looks_local
 from dpo_sweeps.errors import DataError, InvalidConfig
 from dpo_sweeps.models.gguf import resolve_gguf_file
@@ -57,6 +58,7 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     cfg.check()
     _check_cluster_size(cfg)  # before the batch split: more ranks than the cluster has is the first fault
     _check_batch_split(cfg)
+    _check_row_budget(cfg)
     # auto is decided on the job's node (a sweep may be launched from a machine without the GPUs).
     device = cfg.resources.device
     check_fsdp_config(cfg.fsdp, cfg.world_size, cfg.resources.nproc_per_node, None if device == "auto" else device)
@@ -111,6 +113,23 @@ def _check_batch_split(cfg: Config) -> None:
             f"{batch} is not a multiple of train.micro_batch_size ({micro}) x ranks ({world})",
             f"a multiple of {micro * world}, e.g. {micro * world * max(1, round(batch / (micro * world)))}",
         )
+
+
+def _check_row_budget(cfg: Config) -> None:
+    """train.micro_batch_tokens takes the widest row one pair can take at the data limits (data/rows.py):
+    packing never splits a pair. (A prefix-shared pair with a short prompt can be wider still; the pairs
+    loaded are checked against it in train/setup.py.)"""
+    budget = cfg.train.micro_batch_tokens
+    if not cfg.train.packing or budget is None:
+        return
+    widest = longest_rows(1, cfg.data.max_length, cfg.data.max_prompt_length,
+                          share_prompt=cfg.train.share_prompt).length
+    if budget < widest:
+        row = ("the prompt and both responses at data.max_prompt_length and data.max_length"
+               if cfg.train.share_prompt else "data.max_length")
+        refuse("train.micro_batch_tokens", f"{budget} with train.packing=true is narrower than the widest row one "
+               f"pair can take ({widest} tokens: {row}); packing never splits a pair",
+               f"an integer >= {widest}, or null")
 
 
 def _check_cluster_size(cfg: Config) -> None:

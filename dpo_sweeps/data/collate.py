@@ -15,7 +15,9 @@ def collate(pairs: list[EncodedPair], pad_id: int, *, share_prompt: bool = False
     one row per pair, prompt + chosen + rejected ([B, L'], see `collate_shared_prompt`). Either way
     `token_rows`/`token_positions` index the hidden state that predicts each response token,
     `token_targets` is that token and `token_sequences` the sequence it counts for (chosen i: i,
-    rejected i: B + i); `num_tokens` counts the non-padding tokens of the [2B, L] form.
+    rejected i: B + i); `num_tokens` counts the non-padding tokens of the [2B, L] form (what tokens/s
+    counts, whatever the layout), `num_row_tokens` those the rows hold (the prompt once where it is shared)
+    and `num_pairs` the pairs. Packed rows (train.packing) are data/packing.py's.
     """
     if share_prompt:
         return collate_shared_prompt(pairs, pad_id)
@@ -37,8 +39,9 @@ def collate(pairs: list[EncodedPair], pad_id: int, *, share_prompt: bool = False
     rows, positions = (labels[:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
              "token_rows": rows, "token_positions": positions, "token_targets": labels[rows, positions + 1],
-             "token_sequences": rows, "num_tokens": attention_mask.sum()}
-    return _with_reference_logps(batch, pairs)
+             "token_sequences": rows, "num_tokens": attention_mask.sum(), "num_row_tokens": attention_mask.sum(),
+             "num_pairs": torch.tensor(len(pairs))}
+    return with_reference_logps(batch, pairs)
 
 
 def collate_shared_prompt(pairs: list[EncodedPair], pad_id: int) -> dict[str, torch.Tensor]:
@@ -57,7 +60,7 @@ def collate_shared_prompt(pairs: list[EncodedPair], pad_id: int) -> dict[str, to
     mask = torch.zeros((b, 1, width, width), dtype=torch.bool)
     mask[:, :, :, 0] = True
     rows, positions, targets, sequences = [], [], [], []
-    num_tokens = 0
+    num_tokens = num_row_tokens = 0
     for i, pair in enumerate(pairs):
         p, c, r = len(pair.prompt), len(pair.chosen), len(pair.rejected)
         n = p + c + r
@@ -74,14 +77,16 @@ def collate_shared_prompt(pairs: list[EncodedPair], pad_id: int) -> dict[str, to
         targets += pair.chosen + pair.rejected
         sequences += [i] * c + [b + i] * r
         num_tokens += 2 * p + c + r
+        num_row_tokens += n
     batch = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids,
              "token_rows": torch.tensor(rows), "token_positions": torch.tensor(positions),
              "token_targets": torch.tensor(targets), "token_sequences": torch.tensor(sequences),
-             "num_tokens": torch.tensor(num_tokens)}
-    return _with_reference_logps(batch, pairs)
+             "num_tokens": torch.tensor(num_tokens), "num_row_tokens": torch.tensor(num_row_tokens),
+             "num_pairs": torch.tensor(b)}
+    return with_reference_logps(batch, pairs)
 
 
-def _with_reference_logps(batch: dict[str, torch.Tensor], pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
+def with_reference_logps(batch: dict[str, torch.Tensor], pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
     """Add `reference_logps` [2B] (chosen then rejected) when every pair carries precomputed ones."""
     if pairs and all(p.reference_logps is not None for p in pairs):
         batch["reference_logps"] = torch.tensor(

@@ -12,8 +12,8 @@ Only the pairs the run will reach (within `train.max_steps`) are scored.
 
 The cache (`$DPO_SWEEPS_CACHE/reference_logps/`) is keyed by everything that decides those numbers:
 the reference weights and model config, the tokenized pairs (data and tokenization), the batch layout
-(batch and micro-batch size, ranks, seed, length grouping, steps reached), the scoring path and the
-dtype. Runs of a sweep that differ in beta, loss or sharding strategy share one entry.
+(batch and micro-batch size, ranks, seed, length grouping, steps reached), the scoring path (chunked,
+prefix-shared, packed rows and their budget: train/reference_pass.py) and the dtype. Runs of a sweep that differ in beta, loss or sharding strategy share one entry.
 """
 
 from __future__ import annotations

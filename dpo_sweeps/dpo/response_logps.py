@@ -6,7 +6,8 @@ Two ways, the same numbers up to float rounding (tests/integration/test_techniqu
 - response positions only (`train.logps_chunk_size=K`): the backbone's hidden states at the positions
   that predict a response token, through the LM head K rows at a time (`chunked_token_logps`). Prompt
   and padding positions never reach the LM head, and no [N, L, V] tensor exists. This is also the only
-  way to score a prefix-shared batch (`train.share_prompt`), whose response positions are not a shift.
+  way to score a prefix-shared batch (`train.share_prompt`) or a packed one (`train.packing`,
+  data/packing.py), whose response positions are not a shift.
 
 Either way the per-token values are kept beside the sums (`ResponseLogps`), for LD-DPO's weighting.
 Under FSDP2 the second way runs as a registered forward method of the root module, so the root's
@@ -38,23 +39,34 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier
 def _response_token_logps(self, input_ids, attention_mask, position_ids, token_rows, token_positions, token_targets,
                           chunk_size):
     if attention_mask.dim() == 4:
-        attention_mask = _shared_prompt_mask_for(self, attention_mask)
+        attention_mask = _dense_mask_for(self, attention_mask)
     hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=False).last_hidden_state
     head = self.get_output_embeddings()
     return chunked_token_logps(hidden[token_rows, token_positions], head.weight, head.bias, token_targets, chunk_size)
 
 
-def _shared_prompt_mask_for(model: torch.nn.Module, mask: torch.Tensor) -> torch.Tensor:
-    """The boolean [B, 1, L, L] mask in the form the model's attention takes: SDPA a boolean, eager additive."""
-    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+def attention_implementation(model: torch.nn.Module) -> str:
+    return getattr(model.config, "_attn_implementation", None) or "sdpa"
+
+
+def attention_path(model: torch.nn.Module, *, dense_mask: bool) -> str:
+    """How the model's attention runs the batches (summary.json's perf/attention): its implementation and
+    the mask it is given, a dense 4-D one (prefix-shared or packed rows) or the 2-D padding mask."""
+    return f"{attention_implementation(model)}_{'dense_mask' if dense_mask else 'padding_mask'}"
+
+
+def _dense_mask_for(model: torch.nn.Module, mask: torch.Tensor) -> torch.Tensor:
+    """The boolean [R, 1, L, L] mask (prefix-shared or packed rows) in the form the model's attention takes:
+    SDPA a boolean, eager additive."""
+    impl = attention_implementation(model)
     if impl == "sdpa":
         return mask
     if impl == "eager":
         dtype = model.get_input_embeddings().weight.dtype
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-    raise InvalidConfig("train.share_prompt", f"true with attention implementation '{impl}' (needs a 4-D mask)",
-                        "false, or a model using sdpa or eager attention")
+    raise InvalidConfig("train.share_prompt", f"or train.packing true with attention implementation '{impl}' "
+                        "(needs a 4-D mask)", "both false, or a model using sdpa or eager attention")
 
 
 def check_chunked_logps_support(model: torch.nn.Module) -> None:
@@ -98,10 +110,11 @@ class ResponseLogps:
 
 def response_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_size: int) -> ResponseLogps:
     """Score every response token of a collated batch under `model` (see the module docstring for the two ways)."""
-    if chunk_size == 0:  # full logits; never a prefix-shared batch (checks/validate.py refuses share_prompt with it)
+    # The batch says how many pairs it holds: its rows do not (one per pair shared, packed any number).
+    num_sequences = 2 * int(batch["num_pairs"])
+    if chunk_size == 0:  # full logits; never a prefix-shared or packed batch (the schema refuses both with it)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         token_logps, sequences = labelled_token_logps(logits, batch["labels"])
-        num_sequences = batch["input_ids"].shape[0]
     else:
         enable_chunked_logps(model)
         token_logps = getattr(model, METHOD)(
@@ -109,9 +122,6 @@ def response_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
             batch["token_positions"], batch["token_targets"], chunk_size,
         )
         sequences = batch["token_sequences"]
-        rows = batch["input_ids"].shape[0]
-        shared = batch["attention_mask"].dim() == 4  # one row per pair: prompt + chosen + rejected
-        num_sequences = 2 * rows if shared else rows
     sums, counts = sum_by_sequence(token_logps, sequences, num_sequences)
     return ResponseLogps(sums, counts, token_logps, sequences)
 

@@ -16,7 +16,9 @@ et al. 2022 (arXiv 2205.05198, sec. 4.1), for attention without a materialised s
 with the counts measured on the Hugging Face blocks (saved-tensor hooks, bench_gpt2): about 8 h
 values for attention and norms and 5 i for the MLP (an activation written as several elementwise
 ops, such as GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the
-[rows, 1, L, L] fp32 padding mask each layer's SDPA keeps. With activation checkpointing
+[rows, 1, L, L] fp32 padding mask each layer's SDPA keeps (one boolean mask for all layers where rows are
+prefix-shared or packed). Packed rows (`train.packing`) are counted as the padded rows of the same
+pairs: at the longest pairs, which the estimate sizes a step by, a row holds one pair either way. With activation checkpointing
 (`fsdp.activation_checkpointing`) a block keeps only its input, and one block's activations exist at
 a time, while backward recomputes it. Backward adds a few intermediate-sized gradients at once.
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
@@ -113,6 +115,7 @@ class RunShape:
     precompute_reference_logps: bool = False
     logps_chunk_size: int = 0  # 0: full [rows, L, V] logits
     share_prompt: bool = False
+    packing: bool = False  # train.packing: rows of whole pairs under one dense boolean mask (data/packing.py)
     response_fraction: float = 0.5  # share of a row's tokens that are response tokens (scored)
     cpu_offload: bool = False  # fsdp.cpu_offload: parameter shards, gradients and optimizer state in CPU memory
     activation_checkpointing: bool = False  # each block keeps only its input; backward recomputes one at a time
@@ -185,7 +188,7 @@ def activations(model: ModelShape, run: RunShape) -> int:
         total += tokens * model.num_layers * model.hidden * pb
     total += tokens * model.hidden * pb * 2  # embeddings output and final norm
     total += 4 * tokens * model.intermediate * pb  # backward's working gradients
-    if run.share_prompt:
+    if run.share_prompt or run.packing:
         total += rows * run.seq_len * run.seq_len  # one 4-D boolean mask, shared by the layers
     else:
         total += saving_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
@@ -220,7 +223,8 @@ def eval_pass(model: ModelShape, run: RunShape, tokens: int) -> int:
     states entering and leaving it, the padding mask, and the LM head's output without its gradient."""
     pb = DTYPES[run.param_dtype].bytes
     block = tokens * (6 * model.hidden + 3 * model.intermediate) * pb + 2 * tokens * model.hidden * pb
-    mask = tokens * run.seq_len * (1 if run.share_prompt else 4)  # [rows, 1, L, L]: bool shared, else fp32
+    dense = run.share_prompt or run.packing
+    mask = tokens * run.seq_len * (1 if dense else 4)  # [rows, 1, L, L]: bool shared or packed, else fp32
     if run.logps_chunk_size:
         scored = int(tokens * run.response_fraction)
         head = scored * model.hidden * pb + 2 * min(run.logps_chunk_size, scored) * model.vocab * 4
@@ -374,7 +378,7 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         seq_len=seq_len,
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=train.precompute_reference_logps,
-        logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt,
+        logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt, packing=train.packing,
         response_fraction=response_fraction, adapters=plan.adapters is not None,
         allocator=allocator or run_allocator(cfg.resources),
         eval_micro_batch_size=train.eval_micro_batch_size,

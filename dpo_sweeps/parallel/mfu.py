@@ -6,7 +6,10 @@ row's length per position (forward and backward); recomputation (activation chec
 padding are not counted. A DPO step applies the blocks to every position the model runs (a prompt
 shared by chosen and rejected once, `train.share_prompt`), but the LM head only to the positions it
 scores (the response positions, `train.logps_chunk_size` > 0; every position with full logits); a
-reference scored in the step adds its forward pass. The input embedding is a lookup: no FLOPs.
+reference scored in the step adds its forward pass. The input embedding is a lookup: no FLOPs. Packed
+rows (`train.packing`) need the same FLOPs: each segment attends only to itself, so a row's attention
+is the sum over its segments, the padded rows' count; what a dense mask computes beyond that is not
+model FLOPs, like padding.
 
 The peak is the GPU's dense (no sparsity) tensor-core peak for the plan's compute dtype (plan.py: what
 the run computes in, whatever the precision preset is called) from NVIDIA's data sheets; fp32 is compared with the plain fp32 peak unless TF32 matmuls are enabled

@@ -21,7 +21,7 @@ from dpo_sweeps.models.quantize import quantization_settings
 from dpo_sweeps.parallel.rank_env import RankEnv
 from dpo_sweeps.runtime.signals import RunInterrupted, StopRequests
 from dpo_sweeps.train.phase_progress import PhaseProgress
-from dpo_sweeps.train.scoring import batch_logps, collate_pairs
+from dpo_sweeps.train.scoring import batch_logps, batch_to, collate_pairs
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,19 @@ def precompute_reference_logps(data: Any, reference: torch.nn.Module, cfg: Confi
                                eval_batching: EvalBatching, eval_batches: list[list[int]]) -> float:
     """Score every pair under the reference once and attach the numbers to `data`'s pairs (a
     train/setup.py TrainingData), the held-out ones in this rank's eval passes (`eval_batches`, cut as
-    `eval_batching` says); returns the seconds it took. The caller then frees the reference."""
+    `eval_batching` says), laid out as the steps lay them out (padded or packed: train/scoring.py);
+    returns the seconds it took. The caller then frees the reference."""
     share_prompt = cfg.train.share_prompt
+    # Packed rows score the same pairs to float rounding, not bit for bit: a packed run's entry is its own
+    # (and unpacked runs keep the keys their entries were written under).
+    packing = {"packing": True, "micro_batch_tokens": cfg.train.micro_batch_tokens} if cfg.train.packing else {}
     layout = reference_logps.BatchLayout(cfg.train.batch_size, cfg.train.micro_batch_size, env.world_size,
                                          cfg.train.max_steps, eval_batching)
     key = reference_logps.cache_key(
         reference, data.train_pairs, data.eval_pairs, data.sampler, layout, seed=cfg.train.seed,
         scoring={"logps_chunk_size": cfg.train.logps_chunk_size, "share_prompt": share_prompt,
                  "param_dtype": cfg.precision.param_dtype, "device": device.type,
-                 "ld_alpha": ld_alpha_of(cfg.loss), "quantization": quantization_settings(cfg.peft)},
+                 "ld_alpha": ld_alpha_of(cfg.loss), "quantization": quantization_settings(cfg.peft), **packing},
     ) if not probing else {}
     if probing:  # the values cannot change a step's speed or memory: skip the scoring pass
         found = reference_logps.placeholder(len(data.train_pairs), len(data.eval_pairs))
@@ -79,7 +83,7 @@ def reference_batch_logps(reference: torch.nn.Module, pairs: list[EncodedPair], 
             f"{stop_requests.describe(reason)}: stopped while scoring the reference log-probs, before "
             f"training (re)started; the same command in the same run directory starts it again",
             kind=stop_requests.failure_kind(reason), step=0, reason=reason)
-    batch = {k: v.to(device, non_blocking=True) for k, v in collate_pairs(pairs, tokenizer, cfg).items()}
+    batch = batch_to(collate_pairs(pairs, tokenizer, cfg), device)
     return batch_logps(reference, batch, cfg)[0]
 
 

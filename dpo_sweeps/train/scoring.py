@@ -1,5 +1,5 @@
-"""How the step, the evaluation and the reference pass score pairs: a collated micro-batch, and its
-response log-probs as the loss takes them."""
+"""How the step, the evaluation and the reference pass score pairs: a collated micro-batch (padded, or
+packed under train.packing), and its response log-probs as the loss takes them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,36 @@ import torch
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair
+from dpo_sweeps.data.packing import collate_packed, widest_segment
+from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.dpo.response_logps import response_logps
 
+# A batch's counts, read on the host (by the step's accounting and to size the per-sequence sums): they
+# stay on the CPU, so that reading them never waits for the device.
+COUNTS = ("num_tokens", "num_row_tokens", "num_pairs")
+
 
 def collate_pairs(pairs: list[EncodedPair], tokenizer: Any, cfg: Config) -> dict[str, torch.Tensor]:
-    return collate(pairs, tokenizer.pad_token_id, share_prompt=cfg.train.share_prompt)
+    train = cfg.train
+    if train.packing:
+        return collate_packed(pairs, tokenizer.pad_token_id, row_tokens=row_tokens(pairs, cfg),
+                              share_prompt=train.share_prompt)
+    return collate(pairs, tokenizer.pad_token_id, share_prompt=train.share_prompt)
+
+
+def row_tokens(pairs: list[EncodedPair], cfg: Config) -> int:
+    """The packed rows' budget: train.micro_batch_tokens, or (null) the widest row one pair takes at the data
+    limits (data/rows.py), or this micro-batch's widest pair where it is wider (a prefix-shared pair with a
+    short prompt and two long responses): never a row a padded micro-batch of these pairs would not have."""
+    if cfg.train.micro_batch_tokens is not None:
+        return cfg.train.micro_batch_tokens
+    return max(longest_rows_of(cfg).length, widest_segment(pairs, share_prompt=cfg.train.share_prompt))
+
+
+def batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch's tensors on `device`, its counts (COUNTS) left on the host."""
+    return {k: v if k in COUNTS else v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def batch_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor],

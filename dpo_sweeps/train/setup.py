@@ -25,6 +25,7 @@ from dpo_sweeps.data.encoding import (
     eval_micro_batch_indices,
     pair_tokens,
 )
+from dpo_sweeps.data.packing import check_pairs_fit
 from dpo_sweeps.data.row_checks import DroppedRows
 from dpo_sweeps.data.sources import load_preference_rows
 from dpo_sweeps.dpo.adapter_reference import AdapterReference
@@ -142,6 +143,8 @@ def build_data(cfg: Config, base_dir: Path, env: RankEnv) -> TrainingData:
                  encoded.eval_source, counts["eval_truncated"])
         for line in encoded.dropped.lines(encoded.described):
             log.warning("%s", line)
+    if cfg.train.packing and cfg.train.micro_batch_tokens is not None:  # no pair wider than a packed row
+        check_pairs_fit([*train_pairs, *eval_pairs], cfg.train.micro_batch_tokens, share_prompt=share_prompt)
     if len(train_pairs) < cfg.train.batch_size:
         raise DataError(f"train.batch_size: {cfg.train.batch_size} exceeds the {len(train_pairs)} "
                         f"training pairs of data.path (use a batch size <= {len(train_pairs)})")

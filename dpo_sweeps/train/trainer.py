@@ -2,7 +2,8 @@
 
 Every rank runs this, over the one record train/setup.py builds (`TrainingSetup`). The step reads top
 to bottom: a global batch of pairs is split across ranks and micro-batches; chosen and rejected go
-through one concatenated forward pass (or one prefix-shared row per pair); the frozen reference's
+through one concatenated forward pass (or one prefix-shared row per pair, or rows packed with whole
+pairs: data/packing.py); the frozen reference's
 log-probs come precomputed with the pairs, or from a reference pass over the same batch without grad;
 gradients accumulate to the global batch; fp16 steps go through the rank-consistent loss scaler; the
 optimizer steps.
@@ -24,6 +25,7 @@ from dpo_sweeps.config.schema import Config
 from dpo_sweeps.data.encoding import EncodedPair, rank_micro_batch_indices
 from dpo_sweeps.dpo.losses import metric_names, uses_reference
 from dpo_sweeps.dpo.losses.pairwise import PairLogps, preference_loss
+from dpo_sweeps.dpo.response_logps import attention_path
 from dpo_sweeps.errors import NonFiniteLoss, RunPruned
 from dpo_sweeps.models.build import save_model
 from dpo_sweeps.parallel.distributed import all_reduce, gather_rows
@@ -45,7 +47,7 @@ from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.reference_sync import due, sync_reference
 from dpo_sweeps.train.samples import write_samples
-from dpo_sweeps.train.scoring import batch_logps, collate_pairs
+from dpo_sweeps.train.scoring import batch_logps, batch_to, collate_pairs
 from dpo_sweeps.train.setup import SetupSummary, TrainingSetup, build_training
 from dpo_sweeps.train.state import TrainState
 from dpo_sweeps.train.zero_shot import zero_shot_from_reference, zero_shot_record, zero_shot_stats
@@ -74,6 +76,10 @@ class Trainer:
         self.metrics_log = MetricsLog(ctx.run_dir) if env.is_main else None
         self.eval_pairs_log: EvalPairsLog | None = None  # rank 0's eval_pairs.parquet, once the pairs are known
         self.perf = PerfMeter(device, cfg.perf.warmup_steps)
+        # Positions the training micro-batches computed (rows x width) and how many of them were padding,
+        # this attempt's steps: perf/padding_fraction.
+        self.computed_positions = 0
+        self.padding_positions = 0
         self.stat_names = PAIR_STATS + metric_names(cfg.loss)  # and the loss's own metrics
         self.checkpointer = Checkpointer(ctx.run_dir, cfg.checkpoint, rank=env.rank, world_size=env.world_size,
                                          config=ctx.config, device=device)
@@ -128,7 +134,7 @@ class Trainer:
     def _pair_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses (with grad) and per-pair statistics (detached), for one micro-batch."""
         built = self.built
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        batch = batch_to(batch, self.device)
         logps, counts, sums = batch_logps(built.policy, batch, self.cfg)
         ref_logps = None
         if "reference_logps" in batch:  # precomputed (train.precompute_reference_logps)
@@ -173,6 +179,8 @@ class Trainer:
             self.heartbeat(step + 1, "forward")
             batch = self._collate(pairs)
             tokens += int(batch["num_tokens"])
+            self.computed_positions += batch["input_ids"].numel()
+            self.padding_positions += batch["input_ids"].numel() - int(batch["num_row_tokens"])
             flops += self._model_flops(pairs)
             losses, stats = self._pair_losses(batch)
             losses = self._inject_fault(step, losses)
@@ -335,9 +343,19 @@ class Trainer:
             self.tracker.log(record, step=record["step"])
 
     def final_metrics(self) -> dict[str, Any]:
-        """summary.json metrics (train/final_metrics.py; collective)."""
-        return final_metrics(self.cfg, self.plan, self.built, self.state, self.perf, device=self.device,
-                             world_size=self.env.world_size, probing=self.probing, is_main=self.env.is_main)
+        """summary.json metrics (train/final_metrics.py; collective), with how the rows were laid out."""
+        metrics = final_metrics(self.cfg, self.plan, self.built, self.state, self.perf, device=self.device,
+                                world_size=self.env.world_size, probing=self.probing, is_main=self.env.is_main)
+        return {**metrics, **self.layout_metrics()}
+
+    def layout_metrics(self) -> dict[str, Any]:
+        """perf/padding_fraction: the share of the positions the training micro-batches computed (rows x
+        width, all ranks) that were padding; perf/attention: the attention path the rows ran through
+        (collective)."""
+        computed, padding = all_reduce([float(self.computed_positions), float(self.padding_positions)])
+        train = self.cfg.train
+        return {"perf/padding_fraction": padding / computed if computed else None,
+                "perf/attention": attention_path(self.built.policy, dense_mask=train.share_prompt or train.packing)}
 
     # ------------------------------------------------------------------ checkpoints
     def _resume_from_checkpoint(self) -> None:
