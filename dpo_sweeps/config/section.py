@@ -12,9 +12,9 @@ from dataclasses import Field, FrozenInstanceError, fields
 from typing import Any, ClassVar
 
 # refuse, at_least, positive_number: the helpers every section's check uses, re-exported.
-from dpo_sweeps.config.setting import at_least, positive_number, refuse, setting_of
+from dpo_sweeps.config.setting import CHOICES, at_least, positive_number, refuse, setting_of
 
-__all__ = ["Section", "at_least", "positive_number", "refuse", "section_types", "setting_fields"]
+__all__ = ["Section", "at_least", "choice_fields", "positive_number", "refuse", "section_types", "setting_fields"]
 
 
 class Section:
@@ -78,10 +78,33 @@ def _unless_none(hint: Any) -> Any:
 
 def setting_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, type, Field]]:
     """Every field of `cls` that is a value, not a section, as (dotted key, its section's class, the field),
-    walking the sections inside it (a section typed per choice, `data` or `loss`, is one field here)."""
+    walking the sections inside it. A key of a section typed per choice (`data`, `loss`) comes once, as the
+    first choice that has it declares it (its read_when and default are every choice's; a loss's accepted
+    range may differ: `choice_fields`)."""
+    seen = set()
+    for key, _, owner, f in choice_fields(cls, prefix):
+        if key not in seen:
+            seen.add(key)
+            yield key, owner, f
+
+
+def choice_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, str | None, type, Field]]:
+    """Every value field of `cls` as (dotted key, the choice whose schema has it or None, its class, the
+    field): a key of a section typed per choice once per choice that has it."""
+    for key, owner, f in _fields(cls, prefix):
+        schemas = f.metadata.get(CHOICES)
+        if schemas is None:
+            yield key, None, owner, f
+            continue
+        for choice, schema in schemas.items():
+            for inner_key, inner_owner, inner in _fields(schema, f"{key}."):
+                yield inner_key, choice, inner_owner, inner
+
+
+def _fields(cls: type, prefix: str) -> Iterator[tuple[str, type, Field]]:
     for f in fields(cls):
         inner = section_types(cls)[f.name]
         if inner is not None:
-            yield from setting_fields(inner, f"{prefix}{f.name}.")
+            yield from _fields(inner, f"{prefix}{f.name}.")
         else:
             yield f"{prefix}{f.name}", cls, f

@@ -8,9 +8,12 @@ From these, with nothing else to edit: `Section.check` refuses a value the field
 InvalidConfig line naming it and what is accepted), checks/unused.py refuses the setting on a command line
 whose config would not read it (`read_when`), the `--help` listing (config/settings_help.py) and the config
 reference page show it, conf/config.yaml need not repeat its default, and a setting added to a released
-schema (`older_runs_lack=True`) leaves the older runs' config_hash as it was (rundir/hashing.py). A field made with plain
-`dataclasses.field` or a bare default (the sections not converted yet) is checked by its section's own
-`check` and declared in checks/unused.py's table.
+schema (`older_runs_lack=True`) leaves the older runs' config_hash as it was (rundir/hashing.py). Every value
+field of the schema is made this way (tests/unit/test_one_place_per_setting.py), the per-choice sections'
+too (`data` per source, `loss` per loss: `choices` names their schemas).
+
+A read condition that needs a library to decide (whether the loss has a reference, whether a path is local)
+is a `Rule`, named beside the field and decided by checks/unused.py, so that config/ imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from omegaconf import MISSING
 
 from dpo_sweeps.errors import InvalidConfig
 
-# A field's metadata key for its Setting (dpo/losses/schema.py's loss fields use "accepted" for theirs).
+# A field's metadata key for its Setting.
 SETTING = "setting"
+# A `Config` field's metadata key for the schemas of a section typed per choice ({choice: its dataclass}).
+CHOICES = "choices"
 
 
 class Launch(StrEnum):
@@ -39,11 +44,21 @@ class Launch(StrEnum):
 
 
 @dataclass(frozen=True)
-class ReadWhen:
-    """A setting is read only when `unused(config, launch)` is false; set where it is not, it is refused
-    with `why` and `instead` (what would make it act, or what acts instead)."""
+class Rule:
+    """A read condition named, not written, here: deciding it needs library code above config/ (the loss
+    registry's reference use, the data sources' idea of a local path, an adapter folder on disk), so
+    checks/unused.py CONDITIONS maps the name to its test when it checks (unknown names fail its table)."""
 
-    unused: Callable[[Any, Launch], bool]
+    name: str
+
+
+@dataclass(frozen=True)
+class ReadWhen:
+    """A setting is read only when `unused(config, launch)` is false (a `Rule`: the test checks/unused.py
+    registers under its name); set where it is not, it is refused with `why` and `instead` (what would make
+    it act, or what acts instead)."""
+
+    unused: Callable[[Any, Launch], bool] | Rule
     why: str
     instead: str
 
@@ -165,3 +180,11 @@ def setting(default: Any = MISSING, *, accepted: Accepted | None = None,
 def setting_of(field: dataclasses.Field) -> Setting | None:
     """The field's Setting; None for a field not made with `setting`."""
     return field.metadata.get(SETTING)
+
+
+def choices(schemas: dict[str, type]) -> Any:
+    """A `Config` field typed per choice (`data` per source, `loss` per loss): MISSING until conf/'s group file
+    sets it, typed by the schema of the choice (`schemas`, {choice: dataclass}; a module may fill it later, as
+    dpo/losses/schema.py fills the losses'). Its keys are the settings of those schemas (section.py
+    setting_fields)."""
+    return dataclasses.field(default=MISSING, metadata={CHOICES: schemas})

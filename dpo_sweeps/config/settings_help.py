@@ -1,19 +1,20 @@
-"""The settings listing of `python -m dpo_sweeps --help`, generated from the schema: every key, its type and
-default, what it accepts, when it is read (a field made with `setting`, config/setting.py) and the docstring
-under its field. conf/config.yaml's `hydra.help.template` asks for it as `${dpo_sweeps_settings:}`."""
+"""The settings listing of `python -m dpo_sweeps --help`, generated from the schema: every key (those of every
+data source and every loss too), its type and default, what it accepts, when it is read (its `setting`,
+config/setting.py) and the docstring under its field (a loss's keys are documented in their conf/loss file). conf/config.yaml's `hydra.help.template` asks for it as `${dpo_sweeps_settings:}`."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 import typing
 from functools import cache
 
 from omegaconf import MISSING, OmegaConf
 
-from dpo_sweeps.config.section import setting_fields
+from dpo_sweeps.config.section import choice_fields, setting_fields
 from dpo_sweeps.config.setting import setting_of
 
 RESOLVER = "dpo_sweeps_settings"
@@ -54,18 +55,42 @@ def _default(field: dataclasses.Field) -> str:
 def _type(cls: type, field: dataclasses.Field) -> str:
     hint = typing.get_type_hints(cls).get(field.name, field.type)
     text = str(hint) if typing.get_origin(hint) else getattr(hint, "__name__", str(hint))
-    return text.replace("typing.", "").replace("NoneType", "None")
+    text = re.sub(r"\b(?:[a-z_]\w*\.)+(?=[A-Za-z_]\w*)", "", text)  # typing.Any, dpo_sweeps...MixTerm: the name
+    return re.sub(r"Optional\[(.+)\]", r"\1 | None", text.replace("NoneType", "None"))
+
+
+def _choices(config_type: type) -> dict[str, tuple[list[str], dict[str | None, list[str]]]]:
+    """{key of a section typed per choice: (the choices whose schema has it, {what it accepts: the choices
+    that accept that})}: a key not every choice has says which have it, and a loss whose range of a shared
+    key is its own says so (exo_pair's label_smoothing)."""
+    found: dict[str, tuple[list[str], dict[str | None, list[str]]]] = {}
+    every: dict[str, set[str]] = {}
+    for key, choice, _, field in choice_fields(config_type):
+        if choice is None:
+            continue
+        spec = setting_of(field)
+        have, accepted = found.setdefault(key, ([], {}))
+        have.append(choice)
+        accepted.setdefault(spec.accepted if spec is not None else None, []).append(choice)
+        every.setdefault(key.split(".", 1)[0], set()).add(choice)
+    return {key: (have if set(have) != every[key.split(".", 1)[0]] else [], accepted)
+            for key, (have, accepted) in found.items()}
 
 
 def settings_help(config_type: type) -> str:
     """One entry per setting of `config_type` (the schema's Config): `key: type = default`, then what it
     accepts, when it is read and what it does, indented."""
     entries = []
+    per_choice = _choices(config_type)
     for key, cls, field in setting_fields(config_type):
         lines = [f"{key}: {_type(cls, field)} = {_default(field)}"]
         spec = setting_of(field)
+        have, variants = per_choice.get(key, ([], {}))
+        if have:
+            lines.append(f"only in the {key.split('.', 1)[0]} schemas {', '.join(have)}")
         if spec is not None and spec.accepted is not None:
-            lines.append(f"accepted: {spec.accepted}")
+            others = [f"{', '.join(choices)}: {text}" for text, choices in list(variants.items())[1:]]
+            lines.append(f"accepted: {spec.accepted}" + "".join(f"; with {other}" for other in others))
         for when in spec.read_when if spec is not None else ():
             lines.append(f"not read, and refused when set, where {when.why} (instead: {when.instead})")
         if doc := field_docs(cls).get(field.name):
