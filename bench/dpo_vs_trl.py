@@ -8,6 +8,8 @@
     python bench/dpo_vs_trl.py --model smollm2_135m --peft lora --frameworks ours,trl,trl_precompute
         # LoRA r=16 (alpha 32) on every linear layer of the blocks, ours (peft=lora) against TRL's
         # DPOTrainer with the same peft_config, at its defaults and with precomputed reference log-probs
+    python bench/dpo_vs_trl.py --model smollm2_135m --max-length 512 --max-prompt-length 256 \
+        --variant packed:train.packing=true,data.length_grouped=false   # HH at its natural lengths, packed too
     python bench/dpo_vs_trl.py --allocator tcmalloc   # every framework's process with gperftools' tcmalloc
 
 The workload (the issue's): a GPT-2-style model, 4 layers x 256 wide, with the 4,096-token BPE
@@ -165,6 +167,9 @@ def main() -> None:
     parser.add_argument("--lora-r", type=int, default=16, help="with --peft lora: the adapters' rank (alpha 2r)")
     parser.add_argument("--allocator", choices=("glibc", "tcmalloc"), default="glibc",
                         help="the malloc of every framework's process (ours: resources.cpu_allocator)")
+    parser.add_argument("--max-length", type=int, help="data.max_length of every run (HH's natural: 512)")
+    parser.add_argument("--max-prompt-length", type=int, help="data.max_prompt_length (HH's natural: 256)")
+    parser.add_argument("--pairs", type=int, help="training pairs (steps = pairs / batch)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
@@ -187,6 +192,11 @@ def main() -> None:
              peft_r=args.lora_r if args.peft == "lora" else None, allocator=args.allocator)
     if args.rounds:
         w["rounds"] = args.rounds
+    for key in ("max_length", "max_prompt_length", "pairs"):
+        if getattr(args, key):
+            w[key] = getattr(args, key)
+    if args.pairs:  # one epoch, as the presets
+        w["steps"] = args.pairs // w["batch"]
     kinds = [k.strip() for k in args.frameworks.split(",") if k.strip()]
     if w["peft_r"] and "bare" in kinds:  # the bare loop trains every weight
         print("--peft lora: no bare run (it trains every weight)", file=sys.stderr)
