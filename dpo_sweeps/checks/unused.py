@@ -4,12 +4,13 @@ Settings given on the command line that the chosen config would not read are ref
 The schema refuses a key no config has (`train.lr_rate`); `READ_WHEN` says, for every key the schema
 has (config/schema.py, config/data_schema.py, dpo/losses/schema.py), whether a run reads it always
 (`ALWAYS`) or only under a condition (a `ReadOnlyWhen`: `fsdp.hybrid_group_size` only with
-`fsdp=hybrid_shard`). A field made with `setting(...)` (config/setting.py) says it in its own metadata
-(`read_when`; none: always), and the table is made from the schema (`read_when_table`). The keys of
-`model`, `data` and `loss` (typed per source and per loss), and the conditions that need a library to
-decide (which losses have a reference), are `RULES` and `ALWAYS_READ` here. A key of neither fails
-tests/unit/test_settings_table.py; tests/integration/test_settings_read.py runs real configs with a
-recorder of the keys they read and finds every key they left unread refused here.
+`fsdp=hybrid_shard`). Every field is made with `setting(...)` (config/setting.py) and says it in its own
+metadata (`read_when`; none: always); the table is made from the schema (`read_when_table`), the keys of
+`data` and `loss` from every source's and every loss's schema. A condition that needs a library to decide
+(which losses have a reference, whether data.path is local, whether model.init_from saved adapters) is
+named in the field (`Rule`) and decided here (`CONDITIONS`), so that config/ imports none of them.
+tests/unit/test_settings_table.py checks that every key is in the table; tests/integration/test_settings_read.py
+runs real configs with a recorder of the keys they read and finds every key they left unread refused here.
 
 Who starts the ranks matters to two keys (`Launch`, config/setting.py): torchrun and a sweep launcher's
 multi-rank jobs pick their own rendezvous port, and torchrun and SLURM bind their ranks to cores themselves
@@ -39,14 +40,12 @@ from pathlib import Path
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.config.section import Section, setting_fields
-from dpo_sweeps.config.setting import Launch, setting_of
+from dpo_sweeps.config.setting import Launch, ReadWhen, Rule, setting_of
 from dpo_sweeps.config.tracking_schema import renamed_key
 from dpo_sweeps.errors import InvalidConfig
 
-__all__ = ["ALWAYS", "READ_WHEN", "Launch", "ReadOnlyWhen", "SettingsRead", "check_settings_used", "field_of",
-           "given_keys", "read_when_table", "unread_keys", "unread_rule"]
-
-SYNTHETIC_OWN_SPLIT = "the synthetic task generates its own train and eval pairs"
+__all__ = ["ALWAYS", "CONDITIONS", "READ_WHEN", "Launch", "ReadOnlyWhen", "SettingsRead", "check_settings_used",
+           "field_of", "given_keys", "read_when_table", "unread_keys", "unread_rule"]
 
 
 @dataclass(frozen=True)
@@ -62,47 +61,18 @@ class ReadOnlyWhen:
 ALWAYS = "always"
 
 
-def _local_path(cfg: Config, _: Launch) -> bool:
-    from dpo_sweeps.data.sources import looks_local
-
-    path = cfg.data.path
-    return bool(path) and (looks_local(str(path)) or Path(str(path)).expanduser().exists())
-
-
-def _mix_terms(cfg: Config) -> list[str]:
-    """A mix's term names (terms the loss schema could not type, which validation refuses, as given)."""
-    if cfg.loss.name != "mix":
-        return []
-    return [term.name if isinstance(term, Section) else term.get("name") if isinstance(term, Mapping) else None
-            for term in cfg.loss.terms]
-
-
-def _nll_unused(cfg: Config, _: Launch) -> bool:
-    """No NLL term: sft_weight 0 (a loss with an NLL modifier), or a mix without an sft term."""
-    loss = cfg.loss
-    if loss.name == "mix":
-        return "sft" not in _mix_terms(cfg)
-    return getattr(loss, "sft_weight", None) == 0  # a loss without sft_weight has no nll_average either
-
-
-def _mix_without(key: str) -> Callable[[Config, Launch], bool]:
-    """A mix none of whose terms takes `key` (their specs in the loss registry)."""
-    def unused(cfg: Config, _: Launch) -> bool:
-        from dpo_sweeps.dpo.losses.registry import LOSSES
-
-        return cfg.loss.name == "mix" and not any(t in LOSSES and key in LOSSES[t].keys for t in _mix_terms(cfg))
-    return unused
-
-
-def _alpha_unused(cfg: Config, launch: Launch) -> bool:
-    return getattr(cfg.loss, "f_divergence", None) != "alpha_divergence" or _mix_without("f_divergence")(cfg, launch)
-
-
-def _init_from_full_model(cfg: Config) -> bool:
+def _init_from_full_model(cfg: Config, _: Launch) -> bool:
     """model.init_from names a run that saved a whole model (not adapters, whose base model.* builds)."""
     from dpo_sweeps.models.adapters import start_adapter
 
     return cfg.model.init_from is not None and start_adapter(cfg.model) is None
+
+
+def _local_data_path(cfg: Config, _: Launch) -> bool:
+    from dpo_sweeps.data.sources import looks_local
+
+    path = cfg.data.path
+    return bool(path) and (looks_local(str(path)) or Path(str(path)).expanduser().exists())
 
 
 def _no_reference(cfg: Config, _: Launch) -> bool:
@@ -111,45 +81,25 @@ def _no_reference(cfg: Config, _: Launch) -> bool:
     return not uses_reference(cfg.loss)
 
 
-RULES = (
-    ReadOnlyWhen(("model.from_config", "model.gguf_file", "model.tokenizer.kind", "model.tokenizer.vocab_size",
-                  "model.install_hint"), lambda c, _: _init_from_full_model(c),
-                 "model.init_from's saved model brings its own architecture and tokenizer", "model.init_from=null"),
-    ReadOnlyWhen(("model.tokenizer.vocab_size",), lambda c, _: c.model.tokenizer.kind != "bpe",
-                 "only a trained BPE has a vocabulary size to choose", "model.tokenizer.kind=bpe"),
-    ReadOnlyWhen(("model.install_hint",), lambda c, _: c.model.gguf_file is None,
-                 "it is shown only when a model.gguf_file cannot be found", "a model.gguf_file"),
-    ReadOnlyWhen(("data.length_group_window",), lambda c, _: not c.data.length_grouped,
-                 "windows group pairs by length only with data.length_grouped", "data.length_grouped=true"),
-    ReadOnlyWhen(("data.data_dir",), _local_path, "a local data.path has no subset folders of a hub dataset",
-                 "a hub dataset name in data.path, or the subset's own folder as data.path"),
-    ReadOnlyWhen(("data.path", "data.split", "data.eval_split", "data.eval_size", "data.split_seed", "data.max_pairs"),
-                 lambda c, _: c.data.name == "synthetic", SYNTHETIC_OWN_SPLIT,
-                 "data=hh or data=preference to read files; data.num_train_pairs and data.num_eval_pairs"),
-    ReadOnlyWhen(("train.precompute_reference_logps",), _no_reference,
-                 "this loss has no reference model to score", "a loss with a reference, reference_free=false"),
-    ReadOnlyWhen(("train.reference_sync.every_steps", "train.reference_sync.alpha"), _no_reference,
-                 "this loss has no reference model to sync", "a loss with a reference, reference_free=false"),
-    ReadOnlyWhen(("loss.f_divergence",), _mix_without("f_divergence"),
-                 "no term of this mix has an f-divergence form", "a term such as sigmoid"),
-    ReadOnlyWhen(("loss.f_alpha_divergence_coef",), _alpha_unused,
-                 "it is alpha_divergence's alpha", "loss.f_divergence=alpha_divergence"),
-    ReadOnlyWhen(("loss.nll_average",), _nll_unused, "there is no NLL term (loss.sft_weight=0, or a mix without sft)",
-                 "loss.sft_weight > 0, or an sft term"),
-    ReadOnlyWhen(("loss.reference_free",), _mix_without("reference_free"),
-                 "no term of this mix compares with a reference", "a term such as sigmoid"),
-)
+# The read conditions a schema field names (`Rule`, config/setting.py) rather than writes: each needs library
+# code that config/ must not import (torch with the adapters, the data sources, the loss registry), imported
+# here only when a rule is decided.
+CONDITIONS: dict[str, Callable[[Config, Launch], bool]] = {
+    "init_from_full_model": _init_from_full_model,
+    "local_data_path": _local_data_path,
+    "no_reference": _no_reference,
+}
 
-# Every key of the schema not made with `setting` that every run reads (with a value that is its choice: null too).
-ALWAYS_READ = (
-    "model.name_or_path", "model.block_name", "model.init_from",
-    "data.name", "data.max_length", "data.max_prompt_length", "data.truncation_mode", "data.length_grouped",
-    "data.chat_template", "data.num_train_pairs", "data.num_eval_pairs", "data.num_topics", "data.prompt_letters",
-    "data.response_letters", "data.noise", "data.seed", "data.prompt_column", "data.chosen_column",
-    "data.rejected_column",
-    "loss.name", "loss.terms", "loss.beta", "loss.label_smoothing", "loss.length_normalized", "loss.discopop_tau",
-    "loss.gamma", "loss.sft_weight", "loss.ld_alpha",
-)
+
+def condition(when: ReadWhen) -> Callable[[Config, Launch], bool]:
+    """The test of a field's read condition: its own, or the one CONDITIONS registers under its Rule's name."""
+    if not isinstance(when.unused, Rule):
+        return when.unused
+    if when.unused.name not in CONDITIONS:
+        raise KeyError(f"read_when names Rule({when.unused.name!r}), which checks/unused.py CONDITIONS does not "
+                       f"decide (it decides: {', '.join(CONDITIONS)})")
+    return CONDITIONS[when.unused.name]
+
 
 # Keys a probe run replaces (train/probe.py); not refused there (see above).
 PROBE_REPLACES = ("train.max_steps", "train.eval_every", "train.save_model", "train.eval_max_pairs",
@@ -163,26 +113,20 @@ def _renamed(cfg: Config, _: Launch) -> bool:
 
 @cache
 def read_when_table(config_type: type = Config) -> dict[str, str | list[ReadOnlyWhen]]:
-    """Every key of `config_type`'s schema: ALWAYS, or the rules under which a run does not read it: the
-    `read_when` of a field made with `setting`, after RULES' (a field with neither is read always), and the
-    table above for the rest."""
-    table: dict[str, str | list[ReadOnlyWhen]] = {key: ALWAYS for key in ALWAYS_READ}
-    for rule in RULES:
-        for key in rule.keys:
-            rules = table.setdefault(key, [])
-            assert rules != ALWAYS, f"{key}: both always read and read only when"
-            rules.append(rule)
+    """Every key of `config_type`'s schema (the keys of every source and every loss too): ALWAYS, or the
+    rules under which a run does not read it, its field's `read_when` (config/setting.py); a renamed key's
+    old name is never read."""
+    table: dict[str, str | list[ReadOnlyWhen]] = {}
     for key, _, field in setting_fields(config_type):
         spec = setting_of(field)
         if renamed_key(key) != key:
             table[key] = [ReadOnlyWhen((key,), _renamed, f"it is {renamed_key(key)} now",
                                        f"{renamed_key(key)}; the old name is accepted for one release")]
-        elif spec is not None:
-            assert table.get(key) != ALWAYS, f"{key}: made with setting(), and in ALWAYS_READ"
-            rules = table.setdefault(key, [])
-            rules.extend(ReadOnlyWhen((key,), w.unused, w.why, w.instead) for w in spec.read_when)
-            if not rules:
-                table[key] = ALWAYS
+        elif spec is None:
+            raise TypeError(f"{key}: not made with setting(...) (config/setting.py), so when it is read is unknown")
+        else:
+            rules = [ReadOnlyWhen((key,), condition(w), w.why, w.instead) for w in spec.read_when]
+            table[key] = rules or ALWAYS
     return table
 
 

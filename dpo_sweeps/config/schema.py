@@ -35,7 +35,17 @@ from omegaconf import MISSING
 
 from dpo_sweeps.config.data_schema import DATA_SCHEMAS, data_config
 from dpo_sweeps.config.section import Section, at_least, positive_number, refuse, section_types
-from dpo_sweeps.config.setting import AtLeast, Launch, NumberAtLeast, OneOf, Positive, ReadWhen, setting
+from dpo_sweeps.config.setting import (
+    AtLeast,
+    Launch,
+    NumberAtLeast,
+    OneOf,
+    Positive,
+    ReadWhen,
+    Rule,
+    choices,
+    setting,
+)
 from dpo_sweeps.config.settings_help import register_resolver as register_settings_help
 from dpo_sweeps.config.smoke import smoke_cut
 from dpo_sweeps.config.tracking_schema import FormerWandbConfig, TrackingConfig, move_renamed
@@ -49,6 +59,12 @@ MIN_BPE_VOCAB = 259
 STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 
+# The reference's settings: a loss without a reference (simpo, orpo, sft; reference_free=true) reads none.
+# Which losses have one is the loss registry's (dpo/losses), so checks/unused.py decides the rule.
+_NO_REFERENCE_TO_SYNC = ReadWhen(Rule("no_reference"), "this loss has no reference model to sync",
+                                 "a loss with a reference, reference_free=false")
+
+
 @dataclass
 class ReferenceSyncConfig(Section):
     """TR-DPO (Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment"; TRL's
@@ -57,11 +73,13 @@ class ReferenceSyncConfig(Section):
 
     at = "train.reference_sync"
 
-    every_steps: int = setting(0, accepted=AtLeast(0, "an integer >= 0 (0: no sync)"), read_when=ReadWhen(
-        lambda c, _: c.train.precompute_reference_logps, "the reference is scored once before training, so it "
-        "cannot move", "train.precompute_reference_logps=false"))
+    every_steps: int = setting(0, accepted=AtLeast(0, "an integer >= 0 (0: no sync)"), read_when=(
+        _NO_REFERENCE_TO_SYNC, ReadWhen(lambda c, _: c.train.precompute_reference_logps, "the reference is scored "
+                                        "once before training, so it cannot move",
+                                        "train.precompute_reference_logps=false")))
     """Optimizer steps between two syncs (>= 0); 0: the reference stays as it starts (plain DPO)."""
     alpha: float = setting(0.6, read_when=(
+        _NO_REFERENCE_TO_SYNC,
         ReadWhen(lambda c, _: c.train.precompute_reference_logps, "the reference is scored once before training, "
                  "so it cannot move", "train.precompute_reference_logps=false"),
         ReadWhen(lambda c, _: not c.train.reference_sync.every_steps, "no sync at train.reference_sync.every_steps=0",
@@ -132,7 +150,8 @@ class TrainConfig(Section):
     time_limit_min: float | None = setting(None, accepted=Positive("a number of minutes > 0, or null for none"))
     """Wall-time limit of one attempt, in minutes (> 0); when reached the run saves a checkpoint and
     ends failed with kind `timeout` (the same command resumes it). null: none."""
-    precompute_reference_logps: bool = setting(True)
+    precompute_reference_logps: bool = setting(True, read_when=ReadWhen(
+        Rule("no_reference"), "this loss has no reference model to score", "a loss with a reference, reference_free=false"))
     """Score every pair under the frozen reference once before training, cache the scores on disk
     ($DPO_SWEEPS_CACHE/reference_logps) and free the reference model. false: a reference forward per step."""
     logps_chunk_size: int = setting(1024, accepted=AtLeast(0, "an integer >= 1, or 0 for full logits"))
@@ -193,17 +212,30 @@ class TrainConfig(Section):
                    "train.logps_chunk_size > 0 (prefix-shared batches are scored on response positions)")
 
 
+# The keys model.init_from's saved model brings with it (its architecture and tokenizer): read only where
+# init_from is null or names adapters. Whether it names adapters is decided on disk (models/adapters.py).
+_SAVED_MODEL = ReadWhen(Rule("init_from_full_model"), "model.init_from's saved model brings its own architecture "
+                        "and tokenizer", "model.init_from=null")
+
+
 @dataclass
 class TokenizerConfig(Section):
-    kind: str = MISSING
+    """How text becomes tokens (models/tokenizers: built by dpo-sweeps, or the pretrained model's)."""
+
+    at = "model.tokenizer"
+
+    # A model's conf/model file always sets both: they stay MISSING here (`???`), as in ModelConfig.
+    kind: str = setting(accepted=OneOf(TOKENIZER_KINDS, unknown="kind"), read_when=_SAVED_MODEL)
     """byte: 256 byte tokens + specials; bpe: a byte-level BPE trained on the run's training text
     (cached); pretrained: AutoTokenizer.from_pretrained(model.name_or_path)."""
-    vocab_size: int | None = MISSING
+    vocab_size: int | None = setting(read_when=(_SAVED_MODEL, ReadWhen(
+        lambda c, _: c.model.tokenizer.kind != "bpe", "only a trained BPE has a vocabulary size to choose",
+        "model.tokenizer.kind=bpe")))
     """bpe only: the vocabulary size (> 258); null for byte and pretrained."""
 
     def check(self) -> None:
-        if self.kind not in TOKENIZER_KINDS:
-            refuse("model.tokenizer.kind", f"unknown kind '{self.kind}'", ", ".join(TOKENIZER_KINDS))
+        """The kind (its `setting`), then a BPE's vocabulary size: only a BPE reads it."""
+        super().check()
         if self.kind == "bpe":
             at_least(self.vocab_size, MIN_BPE_VOCAB, "model.tokenizer.vocab_size",
                      f"an integer >= {MIN_BPE_VOCAB} for kind=bpe")
@@ -211,27 +243,36 @@ class TokenizerConfig(Section):
 
 @dataclass
 class ModelConfig(Section):
-    name_or_path: str = MISSING
+    """The network a run trains: a hub model, a transformers config's random init, a GGUF file, or the model an
+    earlier run saved (init_from)."""
+
+    at = "model"
+
+    # The keys left MISSING (`???`) are those every conf/model file sets: a model is chosen as a whole, so the
+    # schema holds no default of its own for them.
+    name_or_path: str = setting()
     """A hub model name or local folder for from_pretrained, or a label when from_config builds it."""
-    block_name: str = MISSING
+    block_name: str = setting()
     """The transformer block class FSDP wraps, one FSDP unit per block (e.g. GPT2Block)."""
-    init_from: str | None = MISSING
+    init_from: str | None = setting()
     """A run directory of an earlier run (e.g. loss=sft) whose saved model is the policy's start and
     the reference; when it saved a LoRA adapter (peft=lora), the base is built as the other model.* keys
     say and, with peft=lora, the policy trains a copy of the adapter against a frozen one (docs/lora.md).
     null: name_or_path / from_config."""
-    from_config: dict[str, Any] | None = MISSING
+    from_config: dict[str, Any] | None = setting(read_when=_SAVED_MODEL)
     """transformers config kwargs (model_type and its family's keys) of a random-init model;
     null: load name_or_path with from_pretrained."""
     tokenizer: TokenizerConfig = MISSING
     """How text becomes tokens."""
-    gguf_file: str | None = None
+    gguf_file: str | None = setting(None, read_when=_SAVED_MODEL, older_runs_lack=True)
     """A GGUF model file (any architecture transformers reads from GGUF) whose weights, tokenizer and
     chat template the run loads, or pkg://PACKAGE/FILE for a file inside an installed Python package
     (found without importing it). Dequantized once and cached as safetensors under
     $DPO_SWEEPS_CACHE/gguf/<content hash> (models/gguf.py). Needs from_config null and tokenizer.kind
     pretrained; null: name_or_path / from_config."""
-    install_hint: str | None = None
+    install_hint: str | None = setting(None, read_when=(_SAVED_MODEL, ReadWhen(
+        lambda c, _: c.model.gguf_file is None, "it is shown only when a model.gguf_file cannot be found",
+        "a model.gguf_file")))
     """How to get the model's files where they are missing (e.g. a pip command), shown in the error."""
 
     def check(self) -> None:
@@ -584,15 +625,20 @@ class CheckpointConfig(Section):
     """Keep the checkpoints of a run that completed (false: delete them; the model stays in model/)."""
 
 
+# Each loss's dataclass by its name: dpo/losses/schema.py fills it from the loss registry when it is imported
+# (as `import dpo_sweeps` does), since config/ imports nothing of the losses.
+LOSS_SCHEMAS: dict[str, type] = {}
+
+
 @dataclass
 class Config(Section):
     """The whole task config a run receives (`hydra` is Hydra's own node, typed by Hydra)."""
 
     model: ModelConfig = MISSING
     """model=<conf/model file>: the network and its tokenizer."""
-    data: Any = MISSING
+    data: Any = choices(DATA_SCHEMAS)
     """data=<conf/data file>: typed per source (data_schema.py: synthetic, hh, preference)."""
-    loss: Any = MISSING
+    loss: Any = choices(LOSS_SCHEMAS)
     """loss=<conf/loss file>: `name` and exactly that loss's hyperparameters, typed per loss (dpo/losses/schema.py)."""
     fsdp: FsdpConfig = MISSING
     """fsdp=<conf/fsdp file>: how parameters are sharded."""

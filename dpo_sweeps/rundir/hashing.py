@@ -27,11 +27,10 @@ NON_DEFINING_KEYS = (
 )
 
 # Keys added after runs were written, with the value that trains as those runs did: dropped at that
-# value, so that the runs' sweep directories still resume. A field made with `setting(...,
-# older_runs_lack=True)` (config/setting.py) is added from the schema, at its default.
-ADDED_KEYS = {"model.gguf_file": None, "data.chat_template": "auto",
-              **{key: f.default for key, _, f in setting_fields(Config)
-                 if (spec := setting_of(f)) is not None and spec.older_runs_lack}}
+# value, so that the runs' sweep directories still resume. Each is a field made with `setting(...,
+# older_runs_lack=True)` (config/setting.py), at its default.
+ADDED_KEYS = {key: f.default for key, _, f in setting_fields(Config)
+              if (spec := setting_of(f)) is not None and spec.older_runs_lack}
 
 
 def _drop_key(tree: dict, dotted: str) -> None:

@@ -43,7 +43,7 @@ def schema_keys() -> set[str]:
 
 def test_every_schema_key_is_declared_always_read_or_read_only_when():
     keys = schema_keys()
-    assert sorted(keys - READ_WHEN.keys()) == [], "add these to checks/unused.py: ALWAYS_READ or a rule"
+    assert sorted(keys - READ_WHEN.keys()) == [], "make these fields with setting(...) (config/setting.py)"
     assert sorted(READ_WHEN.keys() - keys) == [], "checks/unused.py names keys the schema does not have"
     for key, rules in READ_WHEN.items():
         assert rules == ALWAYS or (rules and all(rule.why and rule.instead for rule in rules)), key

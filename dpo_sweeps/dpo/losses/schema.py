@@ -5,8 +5,10 @@ modifiers it takes (registry.py says which). The dataclass of each is made here 
 stored in Hydra's ConfigStore as `schema/loss/NAME`; conf/config.yaml's defaults list types the chosen
 loss with it (`schema/loss@loss: ${loss}`), so Hydra refuses a key the loss does not have
 (`loss.gamma=0.5` with loss=sigmoid) and a value of the wrong type (`loss.beta=abc`) while composing.
-Every field carries its accepted values (`Hyperparameter`, the registry's) beside its type:
-`LossConfig.check` and the grid check before launch read them there.
+Every field is a `setting` (config/setting.py): its accepted values (`InRange` of the registry's
+`Hyperparameter`) and the condition under which a run reads it (`READ_WHEN`: `loss.nll_average` only with an
+NLL term) beside its type; `LossConfig.check`, the grid check before launch, checks/unused.py, `--help` and the
+config reference page read them there.
 
 Values and their documentation live in conf/loss/NAME.yaml, once: that file is what a user reads to
 learn a loss (its paper, formula and each key's meaning) and what a sweep overrides, as every other
@@ -23,16 +25,17 @@ key it lacks, a value out of its field's range, a mix whose weights are all 0.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from functools import cache
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
 
 from dpo_sweeps.config.schema import BUILDERS
+from dpo_sweeps.config.schema import LOSS_SCHEMAS as CONFIG_LOSS_SCHEMAS
 from dpo_sweeps.config.section import Section, refuse
+from dpo_sweeps.config.setting import Accepted, OneOf, ReadWhen, setting, setting_of
 from dpo_sweeps.dpo.losses.registry import (
     F_DIVERGENCE_TERMS,
     HYPERPARAMETERS,
@@ -46,25 +49,83 @@ from dpo_sweeps.dpo.losses.registry import (
 )
 from dpo_sweeps.errors import InvalidConfig
 
-# A field's metadata key for its accepted values (a registry Hyperparameter).
-ACCEPTED = "accepted"
+
+@dataclass(frozen=True)
+class InRange(Accepted):
+    """A loss hyperparameter's accepted values, the registry's `Hyperparameter`, as a setting carries them."""
+
+    hyperparameter: Hyperparameter
+
+    @property
+    def text(self) -> str:
+        return self.hyperparameter.accepted
+
+    def check(self, value: Any, setting: str) -> None:
+        if not self.hyperparameter.check(value):
+            refuse(setting, f"got {value!r}", self.text)
 
 
-def hyperparameter(hp: Hyperparameter) -> Any:
-    """A loss field: MISSING until its conf/loss file sets it, with its accepted values beside it."""
-    return field(default=MISSING, metadata={ACCEPTED: hp})
+# ------------------------------------------------------------------ when a loss key is read (checks/unused.py)
+def _mix_terms(cfg: Any) -> list[str]:
+    """A mix's term names (terms the loss schema could not type, which validation refuses, as given)."""
+    if cfg.loss.name != MIX:
+        return []
+    return [term.name if isinstance(term, Section) else term.get("name") if isinstance(term, Mapping) else None
+            for term in cfg.loss.terms]
+
+
+def _mix_without(key: str) -> Callable[[Any, Any], bool]:
+    """A mix none of whose terms takes `key` (their specs in the loss registry)."""
+    def unused(cfg: Any, _: Any) -> bool:
+        return cfg.loss.name == MIX and not any(t in LOSSES and key in LOSSES[t].keys for t in _mix_terms(cfg))
+    return unused
+
+
+def _nll_unused(cfg: Any, _: Any) -> bool:
+    """No NLL term: sft_weight 0 (a loss with an NLL modifier), or a mix without an sft term."""
+    loss = cfg.loss
+    if loss.name == MIX:
+        return "sft" not in _mix_terms(cfg)
+    return getattr(loss, "sft_weight", None) == 0  # a loss without sft_weight has no nll_average either
+
+
+def _alpha_unused(cfg: Any, launch: Any) -> bool:
+    return getattr(cfg.loss, "f_divergence", None) != "alpha_divergence" or _mix_without("f_divergence")(cfg, launch)
+
+
+# The loss keys a run reads only beside other choices; every other key of a loss is read whenever it is the loss's.
+READ_WHEN: dict[str, ReadWhen] = {
+    "f_divergence": ReadWhen(_mix_without("f_divergence"), "no term of this mix has an f-divergence form",
+                             "a term such as sigmoid"),
+    "f_alpha_divergence_coef": ReadWhen(_alpha_unused, "it is alpha_divergence's alpha",
+                                        "loss.f_divergence=alpha_divergence"),
+    "nll_average": ReadWhen(_nll_unused, "there is no NLL term (loss.sft_weight=0, or a mix without sft)",
+                            "loss.sft_weight > 0, or an sft term"),
+    "reference_free": ReadWhen(_mix_without("reference_free"), "no term of this mix compares with a reference",
+                               "a term such as sigmoid"),
+}
+
+
+def hyperparameter(key: str, hp: Hyperparameter) -> Any:
+    """The field of `loss.<key>`: MISSING until its conf/loss file sets it (a loss's values and their
+    documentation live there, once), what it accepts (`hp`: the loss's range) and when it is read."""
+    return setting(accepted=InRange(hp), read_when=READ_WHEN.get(key, ()))
 
 
 @dataclass
 class LossConfig(Section):
     """`loss.*` of one loss: `name` and exactly its hyperparameters (a subclass per loss, LOSS_SCHEMAS)."""
 
-    name: str = MISSING
+    at = "loss"
+
+    name: str = setting(accepted=OneOf(NAMES, unknown="loss"))
     """The conf/loss file chosen (`loss=NAME`), as the registry names it."""
 
     @classmethod
     def accepted(cls, key: str) -> Hyperparameter | None:
-        return next((f.metadata.get(ACCEPTED) for f in fields(cls) if f.name == key), None)
+        """The registry's range of `loss.<key>` for this loss (its field's setting)."""
+        spec = next((setting_of(f) for f in fields(cls) if f.name == key), None)
+        return spec.accepted_values.hyperparameter if spec is not None and isinstance(spec.accepted_values, InRange) else None
 
     def check(self) -> None:
         """check_loss_config of the keys the config gave (`given`: a key added with `+` that the loss does not
@@ -84,9 +145,9 @@ class LossConfig(Section):
 class MixTerm(Section):
     """One term of `loss=mix`: a TRL loss type and its weight in the sum."""
 
-    name: str = MISSING
+    name: str = setting()
     """A loss of registry.MIX_TERMS."""
-    weight: float = MISSING
+    weight: float = setting()
     """Its weight (>= 0)."""
 
 
@@ -104,7 +165,7 @@ def _schema_of(spec: LossSpec) -> type[LossConfig]:
     keys = spec.keys[1:]  # after `name`, which LossConfig has
     return make_dataclass(
         _class_name(spec.name),
-        [(key, _field_type(spec.hyperparameter(key)), hyperparameter(spec.hyperparameter(key))) for key in keys],
+        [(key, _field_type(spec.hyperparameter(key)), hyperparameter(key, spec.hyperparameter(key))) for key in keys],
         bases=(LossConfig,),
         namespace={"__module__": __name__, "__doc__": f"`loss={spec.name}`: {spec.paper} (conf/loss/{spec.name}.yaml)."},
     )
@@ -115,8 +176,8 @@ def _mix_schema() -> type[LossConfig]:
     shared = [key for key in mix_keys([]) if key not in ("name", "terms")]
     return make_dataclass(
         "MixLoss",
-        [("terms", list[MixTerm], field(default=MISSING))]
-        + [(key, _field_type(HYPERPARAMETERS[key]), hyperparameter(HYPERPARAMETERS[key])) for key in shared],
+        [("terms", list[MixTerm], setting())]
+        + [(key, _field_type(HYPERPARAMETERS[key]), hyperparameter(key, HYPERPARAMETERS[key])) for key in shared],
         bases=(LossConfig,),
         namespace={"__module__": __name__, "__doc__": "`loss=mix`: a weighted sum of TRL loss types (conf/loss/mix.yaml)."},
     )
@@ -134,7 +195,7 @@ def mix_schema(terms: tuple[str, ...]) -> type[LossConfig]:
     own = [key for key in mix_keys(list(terms)) if key not in have]
     return make_dataclass(
         "MixLoss_" + "_".join(dict.fromkeys(terms)),
-        [(key, _field_type(HYPERPARAMETERS[key]), hyperparameter(HYPERPARAMETERS[key])) for key in own],
+        [(key, _field_type(HYPERPARAMETERS[key]), hyperparameter(key, HYPERPARAMETERS[key])) for key in own],
         bases=(base,), namespace={"__module__": __name__, "__doc__": f"`loss=mix` of {', '.join(terms)}."},
     )
 
@@ -171,6 +232,9 @@ def register() -> None:
 
 
 # ------------------------------------------------------------------ checks (LossConfig.check runs them)
+_NAME = next(f for f in fields(LossConfig) if f.name == "name")
+
+
 def _refuse(key: str, problem: str, accepted: str) -> None:
     raise InvalidConfig(f"loss.{key}", problem, accepted)
 
@@ -217,9 +281,8 @@ def foreign_key(key: str, name: str, keys: Sequence[str]) -> InvalidConfig:
 def check_loss_config(given: Mapping) -> None:
     """Refuse an unknown loss, a key that is not this loss's (or one it lacks), and values out of range, in
     `loss.*` as the config gives it (LossConfig.check)."""
-    name = given.get("name")  # absent or unknown: refused just below
-    if name not in NAMES:
-        _refuse("name", f"unknown loss '{name}'", ", ".join(NAMES))
+    name = given.get("name")  # absent or unknown: refused by its field's setting
+    setting_of(_NAME).accepted_values.check(name, "loss.name")
     terms = _check_terms(given.get("terms")) if name == MIX else []
     expected = mix_keys(terms) if name == MIX else LOSSES[name].keys
     where = _where(name, terms)
@@ -244,5 +307,6 @@ def check_loss_config(given: Mapping) -> None:
                     f"reverse_kl, or terms among {', '.join(F_DIVERGENCE_TERMS)}")
 
 
-# A resolved config's `loss` is read by its loss (Config.of).
+# A resolved config's `loss` is read by its loss (Config.of), and its keys are the losses' (Config.loss's choices).
 BUILDERS["loss"] = loss_config
+CONFIG_LOSS_SCHEMAS.update(LOSS_SCHEMAS)
