@@ -81,9 +81,9 @@ def _no_reference(cfg: Config, _: Launch) -> bool:
     return not uses_reference(cfg.loss)
 
 
-# The read conditions a schema field names (`Rule`, config/setting.py) rather than writes: each needs library
-# code that config/ must not import (torch with the adapters, the data sources, the loss registry), imported
-# here only when a rule is decided.
+# The read conditions a schema field names (`Rule`, config/setting.py) rather than writes: each needs code of a
+# layer above config/ (pyproject.toml's import-linter layers): models/adapters (torch), data/sources, the
+# losses' reference use (dpo/losses). Each is imported here only when a rule is decided.
 CONDITIONS: dict[str, Callable[[Config, Launch], bool]] = {
     "init_from_full_model": _init_from_full_model,
     "local_data_path": _local_data_path,
@@ -101,7 +101,9 @@ def condition(when: ReadWhen) -> Callable[[Config, Launch], bool]:
     return CONDITIONS[when.unused.name]
 
 
-# Keys a probe run replaces (train/probe.py); not refused there (see above).
+# Keys a probe run replaces (train/probe.py); not refused there (see above). Not a condition under which the
+# key is read (a probe reads them: its own values), so not the fields' read_when: what a probe replaces is
+# train/probe.py's choice, listed here beside the one check that exempts them.
 PROBE_REPLACES = ("train.max_steps", "train.eval_every", "train.save_model", "train.eval_max_pairs",
                   "train.zero_shot_eval", "train.sample_prompts", "train.sample_max_new_tokens",
                   "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.keep_when_completed")
