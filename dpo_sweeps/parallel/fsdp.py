@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from dpo_sweeps.models.build import check_block_name
+from dpo_sweeps.parallel.compile import compile_blocks
 from dpo_sweeps.parallel.plan import ParallelPlan, check_dtype, check_fsdp_config, torch_dtype
 
 __all__ = ["build_mesh", "casts_dtype", "check_fsdp_config", "dtype_of", "needs_fully_shard", "shard_model"]
@@ -49,6 +50,7 @@ def shard_model(
     mp_policy: MixedPrecisionPolicy,
     device: torch.device,
     trainable: bool = True,
+    compiled: bool = False,
 ) -> torch.nn.Module:
     """Apply fully_shard to each `block_name` module, then to the root; returns the model on `device`.
 
@@ -56,10 +58,15 @@ def shard_model(
     device on GPUs, which select_device sets), except under CPU offload, where they stay in CPU memory
     and only the gathered compute copies reach the GPU. A model that needs no FSDP
     (`needs_fully_shard`) is moved to `device` here, so a one-GPU run computes on its GPU.
+
+    `compiled` (train.compile): each block's forward is compiled first (parallel/compile.py), wrapped or
+    not; a frozen model (`trainable=False`, the reference copy) is left eager, as compile.py says why.
     """
     blocks = check_block_name(model, block_name)
     if trainable and plan.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compiled and trainable:  # before fully_shard, as torchtitan: FSDP2's hooks stay outside the graph
+        compile_blocks(blocks, device)
     if not needs_fully_shard(mesh.size(), mp_policy, plan.cpu_offload):
         return model.to(device)
     if mesh.device_type != device.type:
