@@ -17,8 +17,8 @@ with the counts measured on the Hugging Face blocks (saved-tensor hooks, bench_g
 values for attention and norms and 5 i for the MLP (an activation written as several elementwise
 ops, such as GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the
 [rows, 1, L, L] fp32 padding mask each layer's SDPA keeps (one boolean mask for all layers where rows are
-prefix-shared or packed). Packed rows (`train.packing`) are counted as the padded rows of the same
-pairs: at the longest pairs, which the estimate sizes a step by, a row holds one pair either way. With activation checkpointing
+prefix-shared or packed). Packed rows (`train.packing`) are counted at the longest pairs too, as many
+to a row as `train.micro_batch_tokens` takes: fewer, wider rows, the same tokens, a larger mask. With activation checkpointing
 (`fsdp.activation_checkpointing`) a block keeps only its input, and one block's activations exist at
 a time, while backward recomputes it. Backward adds a few intermediate-sized gradients at once.
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
@@ -116,6 +116,7 @@ class RunShape:
     logps_chunk_size: int = 0  # 0: full [rows, L, V] logits
     share_prompt: bool = False
     packing: bool = False  # train.packing: rows of whole pairs under one dense boolean mask (data/packing.py)
+    row_tokens: int | None = None  # train.micro_batch_tokens: a packed row's budget (None: one pair a row)
     response_fraction: float = 0.5  # share of a row's tokens that are response tokens (scored)
     cpu_offload: bool = False  # fsdp.cpu_offload: parameter shards, gradients and optimizer state in CPU memory
     activation_checkpointing: bool = False  # each block keeps only its input; backward recomputes one at a time
@@ -179,8 +180,8 @@ def activations(model: ModelShape, run: RunShape) -> int:
     """Saved activations (Korthikanti et al. 2022, sec. 4.1; counts measured on the Hugging Face blocks):
     8 h + 5 i values per token and layer, the padding masks, and backward's working gradients."""
     pb = DTYPES[run.param_dtype].bytes
-    rows = _rows(run)
-    tokens = rows * run.seq_len
+    rows, width = _row_layout(run)
+    tokens = rows * width
     # A checkpointed block saves only its input; its own activations exist for one block at a time, in backward.
     saving_layers = 1 if run.activation_checkpointing else model.num_layers
     total = tokens * saving_layers * (8 * model.hidden + 5 * model.intermediate) * pb
@@ -189,9 +190,9 @@ def activations(model: ModelShape, run: RunShape) -> int:
     total += tokens * model.hidden * pb * 2  # embeddings output and final norm
     total += 4 * tokens * model.intermediate * pb  # backward's working gradients
     if run.share_prompt or run.packing:
-        total += rows * run.seq_len * run.seq_len  # one 4-D boolean mask, shared by the layers
+        total += rows * width * width  # one 4-D boolean mask, shared by the layers
     else:
-        total += saving_layers * rows * run.seq_len * run.seq_len * 4  # per-layer fp32 padding mask
+        total += saving_layers * rows * width * width * 4  # per-layer fp32 padding mask
     return total
 
 
@@ -199,7 +200,8 @@ def logits(model: ModelShape, run: RunShape) -> int:
     """The LM head's output: [rows, L, V] logits, their fp32 log-softmax and its gradient; or, chunked
     (train.logps_chunk_size), the scored positions' hidden states and three fp32 chunks of logits."""
     pb = DTYPES[run.param_dtype].bytes
-    tokens = _rows(run) * run.seq_len
+    rows, width = _row_layout(run)
+    tokens = rows * width
     if run.logps_chunk_size:
         scored = int(tokens * run.response_fraction)
         return scored * model.hidden * pb + 3 * min(run.logps_chunk_size, scored) * model.vocab * 4
@@ -207,8 +209,18 @@ def logits(model: ModelShape, run: RunShape) -> int:
 
 
 def _rows(run: RunShape) -> int:
-    """Rows of a micro-batch: chosen and rejected each, or one prefix-shared row per pair."""
+    """Rows of a padded micro-batch: chosen and rejected each, or one prefix-shared row per pair."""
     return run.micro_batch_size * (1 if run.share_prompt else 2)
+
+
+def _row_layout(run: RunShape) -> tuple[int, int]:
+    """(rows, width) of a micro-batch of rows `seq_len` long: padded, or packed (train.packing) as many to a
+    row as the budget takes, so fewer and wider rows, whose mask grows with the width squared."""
+    units = _rows(run)
+    if not run.packing or run.row_tokens is None:
+        return units, run.seq_len
+    per_row = max(1, min(units, run.row_tokens // max(1, run.seq_len)))
+    return -(-units // per_row), per_row * run.seq_len
 
 
 def training_pass(model: ModelShape, run: RunShape) -> int:
@@ -224,7 +236,7 @@ def eval_pass(model: ModelShape, run: RunShape, tokens: int) -> int:
     pb = DTYPES[run.param_dtype].bytes
     block = tokens * (6 * model.hidden + 3 * model.intermediate) * pb + 2 * tokens * model.hidden * pb
     dense = run.share_prompt or run.packing
-    mask = tokens * run.seq_len * (1 if dense else 4)  # [rows, 1, L, L]: bool shared or packed, else fp32
+    mask = tokens * _row_layout(run)[1] * (1 if dense else 4)  # [rows, 1, L, L]: bool shared or packed, else fp32
     if run.logps_chunk_size:
         scored = int(tokens * run.response_fraction)
         head = scored * model.hidden * pb + 2 * min(run.logps_chunk_size, scored) * model.vocab * 4
@@ -240,7 +252,8 @@ def eval_batching(model: ModelShape, run: RunShape) -> EvalBatching:
     so several times the pairs fit in the memory training already peaks at, and the estimate's peak holds."""
     if run.eval_micro_batch_size is not None:
         return EvalBatching(max_pairs=run.eval_micro_batch_size)
-    limit, low = training_pass(model, run), _rows(run) * run.seq_len  # a training micro-batch's rows fit
+    rows, width = _row_layout(run)
+    limit, low = training_pass(model, run), rows * width  # a training micro-batch's rows fit
     high = 1024 * low
     while low < high:  # eval_pass grows with the tokens: the most that stay within the limit
         middle = (low + high + 1) // 2
@@ -253,7 +266,8 @@ def eval_excess(model: ModelShape, run: RunShape) -> int:
     micro-batch's forward and backward: the peak then rises by it. 0 for the derived size (eval_batching)."""
     if run.eval_micro_batch_size is None:
         return 0
-    tokens = _rows(dataclasses.replace(run, micro_batch_size=run.eval_micro_batch_size)) * run.seq_len
+    rows, width = _row_layout(dataclasses.replace(run, micro_batch_size=run.eval_micro_batch_size))
+    tokens = rows * width
     return max(0, eval_pass(model, run, tokens) - training_pass(model, run))
 
 
@@ -379,6 +393,7 @@ def run_shape_of(cfg, plan: ParallelPlan, seq_len: int | None = None, response_f
         uses_reference=uses_reference(cfg.loss),
         precompute_reference_logps=train.precompute_reference_logps,
         logps_chunk_size=train.logps_chunk_size, share_prompt=train.share_prompt, packing=train.packing,
+        row_tokens=train.micro_batch_tokens,
         response_fraction=response_fraction, adapters=plan.adapters is not None,
         allocator=allocator or run_allocator(cfg.resources),
         eval_micro_batch_size=train.eval_micro_batch_size,

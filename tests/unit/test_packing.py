@@ -229,3 +229,17 @@ def test_packed_log_probs_and_gradients_equal_the_padded_ones(preset, attention,
     torch.testing.assert_close(packed_logps, logps, rtol=1e-5, atol=1e-5)
     for g_packed, g in zip(packed_grads, grads, strict=True):
         torch.testing.assert_close(g_packed, g, rtol=1e-5, atol=1e-5)
+
+
+def test_the_memory_estimate_counts_packed_rows_as_fewer_wider_rows_with_a_larger_mask():
+    from dpo_sweeps.parallel.memory_estimate import ModelShape, RunShape, activations, logits
+
+    model = ModelShape(num_params=134_515_008, num_layers=30, hidden=576, intermediate=1536, vocab=49152)
+    padded = RunShape(shard_group_size=1, param_dtype="float32", optimizer="adamw", micro_batch_size=8, seq_len=100,
+                      logps_chunk_size=1024, share_prompt=True)
+    one_a_row = RunShape(**{**padded.__dict__, "packing": True, "row_tokens": None})
+    two_a_row = RunShape(**{**padded.__dict__, "packing": True, "row_tokens": 250})  # 2 pairs of 100 fit, not 3
+    assert activations(model, one_a_row) == activations(model, padded)
+    # The same tokens in 4 rows of 200: the blocks' activations and the head unchanged, the boolean mask doubled.
+    assert logits(model, two_a_row) == logits(model, padded)
+    assert activations(model, two_a_row) - activations(model, padded) == 4 * 200 * 200 - 8 * 100 * 100
