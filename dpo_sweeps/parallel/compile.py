@@ -2,8 +2,8 @@
 
 torchtitan's approach (`apply_compile`): the blocks of a model are identical code, so compiling each
 block on its own yields one graph that every block reuses (parameters are graph inputs, not
-constants), compiles in a fraction of the whole model's time, and leaves the embeddings, the LM head
-and the log-prob scoring eager. It is applied before `fully_shard` (parallel/fsdp.py), and also to a
+constants), so the compile is paid once however deep the model, and the embeddings, the LM head and
+the log-prob scoring stay eager. It is applied before `fully_shard` (parallel/fsdp.py), and also to a
 model that runs unwrapped. On a CPU inductor generates C++ and builds it with the C++ compiler it finds
 (`torch._inductor.cpp_builder.get_cpp_compiler`); on CUDA it generates Triton kernels.
 
