@@ -29,7 +29,7 @@ import os
 import socket
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dpo_sweeps.rundir.atomic import write_json_atomic
@@ -38,7 +38,7 @@ from dpo_sweeps.rundir.paths import cache_root
 RECORDS = 5  # the rests of the last runs of a kind that a forecast reads
 
 
-BEFORE_FIRST = "no forecast before the first run"
+BEFORE_FIRST = "no forecast before the first"  # run, trial
 
 
 class NoForecast(Exception):
@@ -57,11 +57,20 @@ class Forecast:
     worst_seconds: float
     provisional: bool  # a timing behind it was taken on a busy machine (cost/load.py)
 
-    def text(self) -> str:
-        runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+    worst_basis: str = ""  # what the worst case rests on where that is not the forecast's basis (", the ...")
+
+    def text(self, noun: str = "run", basis: str = "") -> str:
+        """The line; `noun`: what it counts ("run", "trial"); `basis`: what the forecast rests on where that
+        is not every run's own settings ("at trial 0's settings, 2 at once")."""
         note = "; PROVISIONAL: a timing taken on a busy machine" if self.provisional else ""
-        return (f"{runs}, {_minutes(self.seconds)} on this machine (forecast, cluster=cpu; worst case "
-                f"{_minutes(self.worst_seconds).removeprefix('about ')}{note})")
+        return (f"{counted(self.runs, noun)}, {_minutes(self.seconds)} on this machine (forecast"
+                f"{' ' + basis if basis else ''}, cluster=cpu; worst case "
+                f"{_minutes(self.worst_seconds).removeprefix('about ')}"
+                f"{self.worst_basis}{note})")
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def _minutes(seconds: float) -> str:
@@ -99,18 +108,27 @@ def forecast(runs: Sequence[Planned], argv: Sequence[str]) -> Forecast:
         if not maybe_measured(rank_threads(run.config)):
             raise NoForecast(f"this machine's CPU is not measured yet (once, about 40 s on 2 cores: "
                              f"{timing_command(argv)})")
-    predicted = {key: _predicted(run, argv) for key, run in kinds.items()}
+    predicted: dict[str, object] = {}  # by the settings the step depends on: one prediction per plan
     seconds = worst = 0.0
     provisional = False
     for run in runs:
-        key = rest_key(run.config, run.world_size, run.launched)
-        prediction, rests = predicted[key], recorded_rests(key)
+        key, plan = rest_key(run.config, run.world_size, run.launched), _step_key(run)
+        if plan not in predicted:
+            predicted[plan] = _predicted(run, argv)
+        prediction, rests = predicted[plan], recorded_rests(key)
         steps = run.config.probe.steps or run.config.train.max_steps
         worst_step = prediction.worst_step_time_s or prediction.step_time_s
         seconds += (steps * prediction.step_time_s.value + statistics.median(rests)) / run.at_once
         worst += (steps * worst_step.high + max(rests)) / run.at_once
         provisional |= prediction.provisional
     return Forecast(len(runs), seconds, worst, provisional)
+
+
+def _step_key(run: Planned) -> str:
+    """What a run's step time depends on: the settings its fit check reads (not its lr, beta or steps)."""
+    from dpo_sweeps.parallel.fit import fit_key
+
+    return fit_key(_plain(run.config), run.world_size)
 
 
 def _predicted(run: Planned, argv: Sequence[str]):
@@ -141,17 +159,37 @@ def _predicted(run: Planned, argv: Sequence[str]):
                          "times them)") from None
 
 
-def forecast_text(runs: Sequence[Planned], argv: Sequence[str]) -> str:
+def forecast_text(runs: Sequence[Planned], argv: Sequence[str], noun: str = "run", basis: str = "") -> str:
     """The forecast's line, or the line saying there is none and why; never raises. `argv`: the command's
-    arguments (sys.argv[1:])."""
-    count = f"{len(runs)} run{'s' if len(runs) != 1 else ''}"
+    arguments (sys.argv[1:]); `noun` and `basis`: Forecast.text's."""
+    count = counted(len(runs), noun)
     try:
-        return forecast(runs, argv).text()
+        return forecast(runs, argv).text(noun, basis)
     except NoForecast as exc:
-        return f"{count}; {BEFORE_FIRST if exc.until_first_run else 'no forecast'}: {exc}"
+        return f"{count}; {f'{BEFORE_FIRST} {noun}' if exc.until_first_run else 'no forecast'}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a forecast that fails never stops a run
         first = str(exc).splitlines()[0] if str(exc) else ""
         return f"{count}; no forecast ({type(exc).__name__}: {first})"
+
+
+def trials_forecast_text(first: Planned, trials: int, others: Sequence[Planned], argv: Sequence[str],
+                         basis: str, first_name: str = "the first trial's settings") -> str:
+    """A study's line: `trials` trials, each at the settings of the first (`first`: the only trial asked for
+    before the study starts), the worst case the costliest of it and of `others` (points of the search space)
+    at their worst, those that can be priced here; never raises."""
+    try:
+        expected = forecast([first] * trials, argv)
+    except Exception:  # noqa: BLE001 - forecast_text says why
+        return forecast_text([first] * trials, argv, "trial", basis)
+    worst, priced = expected.worst_seconds, 0
+    for other in others:
+        try:
+            worst = max(worst, forecast([other] * trials, argv).worst_seconds)
+            priced += 1
+        except Exception:  # noqa: BLE001, S112 - a point not timed here (or not valid) is left out of the worst case
+            continue
+    where = f", the costliest of {first_name} and {counted(priced, 'point')} of the search space" if priced else ""
+    return replace(expected, worst_seconds=worst, worst_basis=where).text("trial", basis)
 
 
 def timing_command(argv: Sequence[str]) -> str:
@@ -163,10 +201,10 @@ def timing_command(argv: Sequence[str]) -> str:
     return shlex.join(["python", "-m", "dpo_sweeps", "-m", *kept, "cluster=cpu", "hydra.sweeper.dry_run=true"])
 
 
-def pace_text(first_s: float, runs_left: int, at_once: int) -> str:
+def pace_text(first_s: float, runs_left: int, at_once: int, noun: str = "run") -> str:
     """The forecast after a sweep's first run where there was none before it: the rest at its pace."""
-    return (f"{runs_left} run{'s' if runs_left != 1 else ''} left, {_minutes(runs_left * first_s / at_once)} "
-            f"on this machine (forecast at the first run's pace, {first_s:.0f} s)")
+    return (f"{counted(runs_left, noun)} left, {_minutes(runs_left * first_s / at_once)} "
+            f"on this machine (forecast at the first {noun}'s pace, {first_s:.0f} s)")
 
 
 def rest_key(cfg, world_size: int, launched: str) -> str:

@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from omegaconf import OmegaConf
 
 from dpo_sweeps import api
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.cost.forecast import Planned, forecast_text, pace_text, record_run, timing_command
+from dpo_sweeps.cost.forecast import (
+    Forecast,
+    Planned,
+    forecast_text,
+    pace_text,
+    record_run,
+    timing_command,
+    trials_forecast_text,
+)
 
 ARGV = ["-m", "+sweep=quickstart", "hydra.sweep.dir=/tmp/qs"]
 
@@ -72,3 +81,28 @@ def test_the_dry_run_that_measures_is_the_command_itself_on_cluster_cpu():
 def test_after_the_first_run_the_rest_goes_at_its_pace():
     assert pace_text(25.0, 7, 1) == "7 runs left, about 3 min on this machine (forecast at the first run's pace, 25 s)"
     assert pace_text(25.0, 1, 1) == "1 run left, about 20 s on this machine (forecast at the first run's pace, 25 s)"
+
+
+def test_a_study_says_its_trials_are_priced_at_the_first_ones_settings():
+    """An Optuna study knows one trial's settings before it starts: the line names them, and the trials run
+    at once; the worst case names the points of the search space it also priced."""
+    forecast = Forecast(runs=20, seconds=240.0, worst_seconds=540.0, provisional=False)
+    assert forecast.text("trial", "at trial 0's settings, 2 at once") == (
+        "20 trials, about 4 min on this machine (forecast at trial 0's settings, 2 at once, cluster=cpu; "
+        "worst case 9 min)")
+    wider = replace(forecast, worst_seconds=900.0, worst_basis=", the costliest of trial 0's settings and 3 points "
+                    "of the search space")
+    assert wider.text("trial", "at trial 0's settings, 2 at once") == (
+        "20 trials, about 4 min on this machine (forecast at trial 0's settings, 2 at once, cluster=cpu; "
+        "worst case 15 min, the costliest of trial 0's settings and 3 points of the search space)")
+
+
+def test_a_study_on_a_machine_that_never_ran_such_a_trial_says_why_in_trials(quickstart_point, tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
+    line = trials_forecast_text(Planned(quickstart_point, 2, at_once=2), 20, [Planned(quickstart_point, 2)], ARGV,
+                                "at trial 0's settings, 2 at once")
+    assert line == ("20 trials; no forecast before the first trial: no run like these has completed on this machine "
+                    "yet (the first one records its start-up and evaluations)")
+    assert pace_text(30.0, 19, 2, "trial") == \
+        "19 trials left, about 5 min on this machine (forecast at the first trial's pace, 30 s)"
