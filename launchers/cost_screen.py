@@ -16,6 +16,7 @@ from typing import Any
 
 from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.launchers.preflight import CheckedConfig
+from dpo_sweeps.rundir.summary import read_summary
 
 log = logging.getLogger("launchers")
 
@@ -57,18 +58,95 @@ def total_line(predictions: dict[int, Any]) -> str | None:
     return total_text(list(predictions.values()))
 
 
-def forecast_line(jobs: Sequence[SweepJob], at_once: Callable[[SweepJob], int]) -> str:
+def forecast_line(jobs: Sequence[SweepJob], at_once: Callable[[SweepJob], int], noun: str = "run",
+                  basis: str = "") -> str:
     """How long the jobs take on this machine's CPU, run `at_once(job)` at a time (cost/forecast.py), or why
-    there is no forecast; never raises: a forecast never stops a sweep."""
+    there is no forecast; never raises: a forecast never stops a sweep. `noun`, `basis`: Forecast.text's."""
     from dpo_sweeps.config.schema import Config
-    from dpo_sweeps.cost.forecast import Planned, forecast_text
+    from dpo_sweeps.cost.forecast import Planned, counted, forecast_text
 
     try:  # Config.of, as the run reads it (DPO_SWEEPS_SMOKE's cut included)
         runs = [Planned(Config.of(job.task_config), job.world_size, at_once(job)) for job in jobs]
     except Exception as exc:  # noqa: BLE001
         first = str(exc).splitlines()[0] if str(exc) else ""
-        return f"{len(jobs)} runs; no forecast ({type(exc).__name__}: {first})"
-    return forecast_text(runs, sys.argv[1:])
+        return f"{counted(len(jobs), noun)}; no forecast ({type(exc).__name__}: {first})"
+    return forecast_text(runs, sys.argv[1:], noun, basis)
+
+
+class SweepTiming:
+    """A local sweep's forecast on this machine, said before its first job starts (cost/forecast.py), or after
+    its first completed run where nothing could be said before; and each completed run's time recorded for
+    the next forecasts. A grid sweep's launch (launchers/local.py: a find_best stage's too) and an Optuna
+    study (optuna_loop.py) each make one. `noun`: what the lines count ("run", "trial")."""
+
+    def __init__(self, line: str, at_once: Callable[[SweepJob], int], on_cpu: bool = True, noun: str = "run"):
+        from dpo_sweeps.cost.forecast import BEFORE_FIRST
+
+        self.at_once, self.on_cpu, self.noun = at_once, on_cpu, noun
+        self.paced = BEFORE_FIRST not in line  # said already, or nothing to say after the first run
+        print(line, flush=True)
+
+    @classmethod
+    def of_jobs(cls, jobs: Sequence[SweepJob], on_gpus: list[bool], at_once: Callable[[SweepJob], int]) -> SweepTiming:
+        """The forecast of a launch's jobs, each at its own settings."""
+        if any(on_gpus):
+            return cls(gpu_line(len(jobs), "run"), at_once, on_cpu=False)
+        return cls(forecast_line(jobs, at_once), at_once)
+
+    @classmethod
+    def of_trials(cls, first: SweepJob, trials: int, at_once: int | None, tag: Any,
+                  others: Sequence[SweepJob] = ()) -> SweepTiming:
+        """The forecast of a study's `trials`, each priced at the settings of its first (`first`, trial `tag`):
+        the rest are not asked for yet; the worst case also at `others`, points of the search space. `at_once`:
+        how many run at once here; None: on the GPUs."""
+        if at_once is None:
+            return cls(gpu_line(trials, "trial"), lambda job: 1, on_cpu=False, noun="trial")
+        from dpo_sweeps.config.schema import Config
+        from dpo_sweeps.cost.forecast import Planned, trials_forecast_text
+
+        def planned(job: SweepJob) -> Planned | None:
+            try:  # Config.of, as the run reads it (DPO_SWEEPS_SMOKE's cut included)
+                return Planned(Config.of(job.task_config), job.world_size, at_once)
+            except Exception:  # noqa: BLE001 - a point the run would refuse: not priced
+                return None
+
+        basis = f"at trial {tag}'s settings, {at_once} at once"
+        first_run = planned(first)
+        if first_run is None:  # forecast_line says why
+            line = forecast_line([first] * trials, lambda job: at_once, "trial", basis)
+        else:
+            line = trials_forecast_text(first_run, trials, [p for job in others if (p := planned(job)) is not None],
+                                        sys.argv[1:], basis, f"trial {tag}'s settings")
+        return cls(line, lambda job: at_once, noun="trial")
+
+    def ended(self, job: SweepJob, took_s: float, left: int) -> None:
+        """A run of the sweep ended, `took_s` after it started, `left` runs to go: its time recorded if it
+        completed, and the first one's pace said where there was no forecast before it."""
+        if not self.on_cpu:
+            return
+        try:
+            summary = read_summary(job.run_dir)
+            metrics = summary.metrics if summary is not None and summary.completed else {}
+            steps, step_s = metrics.get("steps"), metrics.get("perf/step_time_s")
+            if summary is None or summary.resumed_from_step is not None or not isinstance(steps, int) \
+                    or not isinstance(step_s, (int, float)):
+                return
+            from dpo_sweeps.config.schema import Config
+            from dpo_sweeps.cost.forecast import pace_text, record_run
+
+            record_run(Config.of(job.task_config), job.world_size, "sweep", took_s, steps, step_s)
+            if not self.paced and left:
+                self.paced = True
+                print(pace_text(took_s, left, self.at_once(job), self.noun), flush=True)
+        except Exception as exc:  # noqa: BLE001 - a forecast never stops a sweep
+            log.warning("the %s's time was not recorded for the forecast (%s: %s)", self.noun, type(exc).__name__, exc)
+
+
+def gpu_line(count: int, noun: str) -> str:
+    from dpo_sweeps.cost.forecast import counted
+
+    return (f"{counted(count, noun)}; no forecast on this machine: they run on its GPUs, and the forecast is of "
+            "its CPU (a dry run with cluster= the GPU's profile prices them)")
 
 
 def measured_beside(job: SweepJob, run_dir: Path, prediction: Any) -> str:

@@ -44,6 +44,7 @@ from dpo_sweeps.launchers.base import (
     probes_per_job_of,
 )
 from dpo_sweeps.launchers.collect import collect_unit, runs_written
+from dpo_sweeps.launchers.cost_screen import SweepTiming
 from dpo_sweeps.launchers.jobs import PointLabels, SweepJob, probe_batches
 from dpo_sweeps.launchers.placement import DevicePool, usable_cpus, visible_gpus
 from dpo_sweeps.launchers.progress import progress_line
@@ -111,8 +112,8 @@ class LocalLauncher(SweepLauncher):
         self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
         self._sweep_process: tuple[int, str] | None = None  # (pid, start time) of the process that launched
         self._terminal_signals: list[int] = []  # those the sweep process does not ignore: its ranks catch them
-        # The grid sweeper's launch is the whole sweep: it says how long it will take here (SweepTiming). An
-        # Optuna trial or a find_best stage is launched alone, and a line per launch would say little.
+        # The grid sweeper's launch (a find_best stage's too) is the whole sweep, or stage: it says how long it
+        # will take here (SweepTiming). An Optuna trial is launched alone: its study says it (optuna_loop.py).
         self.forecasts_next_launch = False
 
     def __getstate__(self) -> dict:
@@ -167,6 +168,12 @@ class LocalLauncher(SweepLauncher):
             return "resources.device: cuda, but this machine has no visible GPU (accepted here: cpu or auto)"
         return pool.cannot_hold(job.world_size, self._uses_gpus(job, pool))
 
+    def jobs_at_once(self, job: SweepJob) -> int | None:
+        """How many jobs like `job` this machine runs at once, for a forecast of its CPU (an Optuna study's);
+        None where they run on its GPUs."""
+        pool = self._pool()
+        return None if self._uses_gpus(job, pool) else self._slots(job, pool)
+
     def _slots(self, job: SweepJob, pool: DevicePool) -> int:
         """How many jobs like this one run at once on `pool` (probe batches are spread over them)."""
         slots = pool.slots(job.world_size, self._uses_gpus(job, pool))
@@ -192,8 +199,8 @@ class LocalLauncher(SweepLauncher):
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
                  f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
                  self.config.hydra.sweep.dir)
-        timing = SweepTiming(jobs, [self._uses_gpus(job, pool) for job in jobs], lambda job: self._slots(job, pool)) \
-            if self.forecasts_next_launch else None
+        timing = SweepTiming.of_jobs(jobs, [self._uses_gpus(job, pool) for job in jobs],
+                                     lambda job: self._slots(job, pool)) if self.forecasts_next_launch else None
         self.forecasts_next_launch = False
         try:
             while pending or running:
@@ -276,45 +283,6 @@ class LocalLauncher(SweepLauncher):
                 log.info("#%s started in turn, sharing one start-up: %s  (%d ranks; %s; job %s)",
                          ", #".join(str(m.num) for m in members), "; ".join(label(m.overrides) for m in members),
                          job.world_size, placement.describe(), submitted.job_id)
-
-
-class SweepTiming:
-    """The sweep's forecast on this machine, said before its first job starts (cost/forecast.py), or after
-    its first run where there was none before; and each completed run's time recorded for the next ones."""
-
-    def __init__(self, jobs: Sequence[SweepJob], on_gpus: list[bool], at_once: Any) -> None:
-        from dpo_sweeps.cost.forecast import BEFORE_FIRST
-        from dpo_sweeps.launchers.cost_screen import forecast_line
-
-        self.at_once = at_once
-        self.on_cpu = not any(on_gpus)
-        if self.on_cpu:
-            line = forecast_line(jobs, at_once)
-        else:
-            line = (f"{len(jobs)} runs; no forecast on this machine: they run on its GPUs, and the forecast is "
-                    "of its CPU (a dry run with cluster= the GPU's profile prices them)")
-        self.paced = BEFORE_FIRST not in line  # said already, or nothing to say after the first run
-        print(line, flush=True)
-
-    def ended(self, job: SweepJob, took_s: float, runs_left: int) -> None:
-        if not self.on_cpu:
-            return
-        try:
-            summary = read_summary(job.run_dir)
-            metrics = summary.metrics if summary is not None and summary.completed else {}
-            steps, step_s = metrics.get("steps"), metrics.get("perf/step_time_s")
-            if summary is None or summary.resumed_from_step is not None or not isinstance(steps, int) \
-                    or not isinstance(step_s, (int, float)):
-                return
-            from dpo_sweeps.config.schema import Config
-            from dpo_sweeps.cost.forecast import pace_text, record_run
-
-            record_run(Config.of(job.task_config), job.world_size, "sweep", took_s, steps, step_s)
-            if not self.paced and runs_left:
-                self.paced = True
-                print(pace_text(took_s, runs_left, self.at_once(job)), flush=True)
-        except Exception as exc:  # noqa: BLE001 - a forecast never stops a sweep
-            log.warning("the run's time was not recorded for the forecast (%s: %s)", type(exc).__name__, exc)
 
 
 def _ranks_of(submitted: Any) -> list[int]:
