@@ -16,6 +16,11 @@ How a trial ends, as the study records it:
 - invalid, failed, or without a finite objective: FAIL (samplers ignore it).
 Every trial records its memory constraint (estimated peak minus the device's memory, in GiB) as a
 user attribute when the fit check had a limit.
+
+On the local launcher the study says how long its trials will take here before the first one starts, as
+a grid sweep does (launchers/cost_screen.py `SweepTiming`): every trial priced at the first one's
+settings, the only ones known before the sampler has seen a result; each completed trial's time is
+recorded for later forecasts.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from typing import Any
 from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 
+from dpo_sweeps.launchers.cost_screen import SweepTiming
+from dpo_sweeps.launchers.jobs import SweepJob
 from dpo_sweeps.launchers.optuna_sampler import constraints_per_trial
 from dpo_sweeps.launchers.optuna_space import SearchSpace
 from dpo_sweeps.launchers.trial_slots import SlotRun, TrialSlots
@@ -42,6 +49,9 @@ from dpo_sweeps.train.pruning import TrialLink
 from dpo_sweeps.train.study_storage import MEMORY_CONSTRAINT
 
 log = logging.getLogger("launchers")
+
+# The most points of the search space the forecast's worst case prices, before the first trial starts.
+FORECAST_POINTS = 8
 
 
 @dataclass
@@ -88,6 +98,8 @@ class AsyncStudy:
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.slots: TrialSlots | None = None
+        self.timing: SweepTiming | None = None  # the forecast, said before the first trial starts
+        self._forecast_said = False
 
     def study(self) -> Any:
         """A fresh handle on the study: the storage, which every worker and trial process writes, is the truth."""
@@ -154,12 +166,45 @@ class AsyncStudy:
         name, settings = self.settings.pruner_spec
         TrialLink(storage=self.settings.storage_spec, study_name=self.settings.study_name, trial_number=trial.number,
                   objective=self.settings.objective, pruner=name, pruner_settings=settings).write(job.run_dir)
+        if not self._forecast_said:
+            self._forecast_said = True
+            self.timing = self._timing(job, trial.number, slots.size)
         log.info("trial %d: %s", trial.number, " ".join(overrides))
         slots.start(job, trial.number)
+
+    def _timing(self, first: SweepJob, number: int, size: int) -> SweepTiming | None:
+        """The study's forecast on this machine, at its first trial's settings: on the local launcher only
+        (SLURM's jobs run elsewhere, as a grid sweep's); never stops the study."""
+        jobs_at_once = getattr(self.trials.inner, "jobs_at_once", None)
+        if jobs_at_once is None:
+            return None
+        try:
+            here = jobs_at_once(first)
+            return SweepTiming.of_trials(first, self.settings.n_trials, None if here is None else min(here, size),
+                                         number, self._costliest_points(first.num) if here is not None else [])
+        except Exception as exc:  # noqa: BLE001 - a forecast never stops a study
+            log.warning("no forecast of the trials' time (%s: %s)", type(exc).__name__, exc)
+            return None
+
+    def _costliest_points(self, num: int) -> list[SweepJob]:
+        """Points of the search space the forecast's worst case prices: every categorical key's values (up to
+        FORECAST_POINTS combinations), intervals and ranges at their top; composed, not checked (about a
+        third of a second each): one the run would refuse is left out, as one that cannot be composed."""
+        from dpo_sweeps.launchers.jobs import JobCompositionError, compose_job
+
+        jobs = []
+        for overrides in self.space.points(self.config, limit=FORECAST_POINTS, at_top=True):
+            try:
+                jobs.append(compose_job(self.trials.hydra_context, self.config, overrides, num))
+            except JobCompositionError:
+                continue
+        return jobs
 
     def _tell(self, run: SlotRun) -> None:
         TrialState = self.optuna.trial.TrialState
         self.trials.history.append((run.job, run.job_return))
+        if self.timing is not None and run.ended is not None:  # a completed trial's time, for later forecasts
+            self.timing.ended(run.job, run.ended - run.started, max(0, self.settings.n_trials - self.told - 1))
         summary = read_summary(run.job.run_dir)
         if summary is not None and summary.status == Status.PRUNED:
             self._finish(run.tag, TrialState.PRUNED)

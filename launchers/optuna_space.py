@@ -14,7 +14,9 @@ suggestions, which may suggest more (`trial.suggest_float("+w", 0.0, 1.0)`: `+` 
 Before a study starts, `SearchSpace.points` gives the points the sweeper checks for settings none of them
 reads (launchers/preflight.py `refuse_unread_settings`, as a grid checks all of its own): every combination
 of the categorical keys when there are at most `MAX_POINTS`, else each of their values at least once and
-combinations drawn at random to fill `MAX_POINTS`; an interval or range at its middle.
+combinations drawn at random to fill `MAX_POINTS`; an interval or range at its middle. The forecast a study
+prints before its first trial prices a few of them with intervals and ranges at their top as its worst case
+(launchers/optuna_loop.py).
 """
 
 from __future__ import annotations
@@ -165,14 +167,16 @@ class SearchSpace:
         return [override_text(name, value) for name, value in trial.params.items()] + self.fixed
 
     def points(self, config: Any, grid: dict[str, list[Any]] | None = None, enqueued: Sequence[dict] = (),
-               limit: int = MAX_POINTS) -> list[list[str]]:
+               limit: int = MAX_POINTS, at_top: bool = False) -> list[list[str]]:
         """The overrides of points this space can produce, as trials get them (`suggest`, the custom
         function included, on an in-memory study): the categorical keys' combinations (`grid`: every
-        key's grid values, the grid sampler's points) with intervals and ranges at their middle, then the
+        key's grid values, the grid sampler's points) with intervals and ranges at their middle (`at_top`:
+        their top, where a key that sets a size, a batch, a length, steps, costs the most), then the
         `enqueued` trials. A point the custom function cannot make is left out."""
         import optuna
 
-        fixed = {name: d.middle() for name, d in self.dimensions.items() if d.kind != "categorical" and not grid}
+        fixed = {name: d.high if at_top else d.middle() for name, d in self.dimensions.items()
+                 if d.kind != "categorical" and not grid}
         values = self._combined(grid)
         level = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created in memory" is not news

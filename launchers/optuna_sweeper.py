@@ -253,8 +253,9 @@ class OptunaSweeper(Sweeper):
         except SearchSpaceError as exc:
             raise InvalidSweep(str(exc)) from None
         # Settings no trial would read are refused before the study starts, as a grid refuses its own.
-        refuse_unread_settings(self.hydra_context, self.config, space.points(self.config, grid, self.enqueue_trials),
-                               self.trials.inner, only_point="at the one point of the search space checked",
+        points = space.points(self.config, grid, self.enqueue_trials)
+        refuse_unread_settings(self.hydra_context, self.config, points, self.trials.inner,
+                               only_point="at the one point of the search space checked",
                                sample=not space.every_point_checked(grid))
         storage = self._open_storage()
         numbered = numbered_runs(sweep_dir)  # before the count: another worker may be adding trials and runs
@@ -265,6 +266,7 @@ class OptunaSweeper(Sweeper):
                   + "\n".join(f"  {line}" for line in space.describe())
                   + f"\nobjectives: {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, self.directions))}"
                   + f"\npruner: {self.pruner} {self.pruner_settings or ''}".rstrip())
+            self._price(points)
             return
         refuse_foreign_runs(sweep_dir, numbered, existing, self.study_name)
         from dpo_sweeps.launchers.optuna_loop import AsyncStudy, StudySettings  # optuna loads here, when a study runs
@@ -301,6 +303,23 @@ class OptunaSweeper(Sweeper):
                 print(sweep_screen(sweep_dir, outcomes, title="optuna sweep", retry_hint=hint), flush=True)
         study.save_results(sweep_dir / "optimization_results.yaml")
         raise_if_failed(outcomes)
+
+    def _price(self, points: list[list[str]]) -> None:
+        """With a cluster named (`cluster=`): the dry run prices the points the search space was checked on,
+        as a grid's dry run prices its own (launchers/cost_screen.py). On cluster=cpu that measures this
+        machine and times their passes: what the forecast a study prints before its first trial reads."""
+        if not self.config.get("cluster"):
+            return
+        from dpo_sweeps.launchers.cost_screen import predict_jobs
+        from dpo_sweeps.launchers.jobs import PointLabels
+
+        jobs, _ = compose_and_check(self.hydra_context, self.config, points, 0, self.trials.inner)
+        predictions = predict_jobs(jobs)
+        label = PointLabels([job.overrides for job in jobs])
+        lines = [f"  {label(job.overrides)}: {predictions[job.num].text()}" for job in jobs if job.num in predictions]
+        if lines:
+            print(f"predicted, a trial at each of {len(lines)} points of the search space:\n" + "\n".join(lines),
+                  flush=True)
 
     def _storage_spec(self) -> str | None:
         """What trial processes open (trial.json): the storage, redacted where it holds a password."""

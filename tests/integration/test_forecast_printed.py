@@ -1,7 +1,8 @@
 """The command prints its own forecast before it starts (issue 48, "Honest times"): a local sweep before its
 first job, "2 runs, about N s on this machine (forecast, cluster=cpu; ...)", once this machine has measured
 what the forecast reads; before that, why not, and a forecast at the first run's pace after it; a forecast
-that cannot be made never stops a run. Real commands, a tiny sweep of two points cut by DPO_SWEEPS_SMOKE."""
+that cannot be made never stops a run; an Optuna study the same before its first trial. Real commands, a tiny
+sweep of two points (a study of two trials) cut by DPO_SWEEPS_SMOKE."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from support import QUIET, REPO, cli_env
 
-pytestmark = pytest.mark.slow  # the dry run that measures this CPU, a sweep's first run, two short runs
+pytestmark = pytest.mark.slow  # the dry run that measures this CPU, a sweep's first run, a study's, short runs
 
 TWO_POINTS = ["+sweep=quickstart", "fsdp=full_shard", "precision=fp32", "loss.beta=0.1,0.5"]
 FORECAST = re.compile(r"^2 runs, about (\d+) (s|min) on this machine \(forecast, cluster=cpu; worst case "
@@ -100,3 +101,26 @@ def test_a_forecast_that_cannot_be_made_never_stops_the_run(tmp_path):
     before_training = single.stdout.split("[rank0]", 1)[0]
     assert f"1 run; no forecast: the cache folder DPO_SWEEPS_CACHE={cache}" in before_training, single.stdout[:3000]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+TWO_TRIALS = ["hydra/sweeper=optuna", "+sweep=optuna_dpo", "resources.nproc_per_node=1", "hydra.sweeper.n_trials=2"]
+
+
+def test_an_optuna_study_prints_its_forecast_before_its_first_trial_and_records_its_trials(tmp_path):
+    cache = tmp_path / "cache"
+    study = printed_until(r"^1 trial left, ", "-m", *TWO_TRIALS, f"hydra.sweep.dir={tmp_path / 'study'}", cache=cache)
+    # A fresh machine: why there is no forecast, before trial 0 starts; its pace once it has completed.
+    before = study.split("trial 0: ", 1)[0]
+    assert "2 trials; no forecast before the first trial: no run like these has completed on this machine yet" \
+        in before, study[-3000:]
+    assert re.search(r"^1 trial left, about \d+ (s|min) on this machine \(forecast at the first trial's pace, "
+                     r"\d+ s\)$", study, re.MULTILINE), study[-3000:]
+    assert len(list((cache / "cluster" / "run-rest").glob("*.json"))) == 1  # trial 0's time, for the next forecast
+
+    # The dry run the line would name prices the search space's points on the cluster named (here a datasheet's,
+    # which measures nothing; on cluster=cpu it measures this machine and times their passes).
+    priced = dpo_sweeps("-m", *TWO_TRIALS, f"hydra.sweep.dir={tmp_path / 'dry'}", "cluster=h100_sxm",
+                        "hydra.sweeper.dry_run=true", cache=cache)
+    assert priced.returncode == 0, priced.stdout[-3000:]
+    assert "predicted, a trial at each of 3 points of the search space:" in priced.stdout, priced.stdout[-3000:]
+    assert re.search(r"^  train\.batch_size=64: step ", priced.stdout, re.MULTILINE), priced.stdout[-3000:]

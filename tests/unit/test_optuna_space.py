@@ -133,3 +133,12 @@ def test_the_middle_of_an_interval_or_range_is_inside_it_and_on_its_step():
     d = dims("a=interval(0, 1)", "b=range(0.1, 0.6, step=0.25)", "c=int(interval(1, 8))", "e=range(4, 5)")
     assert [d[k].middle() for k in "abce"] == [0.5, 0.35, 5, 4]
     assert dims("x=tag(log, interval(1e-4, 1e-2))")["x"].middle() == pytest.approx(1e-3)
+
+
+def test_the_forecasts_worst_case_points_take_intervals_and_ranges_at_their_top():
+    """A study's forecast prices its worst case at these points (launchers/optuna_loop.py): a key that sets a
+    size (batch, length, steps) costs the most at its top."""
+    space = SearchSpace.parse(None, ["train.batch_size=choice(16,32)", "data.max_length=int(interval(64, 256))",
+                                     "train.lr=tag(log, interval(1e-4, 1e-2))", "train.max_steps=range(10, 40, step=10)"])
+    assert sorted(space.points(config=None, at_top=True)) == sorted(
+        [f"train.batch_size={b}", "data.max_length=256", "train.lr=0.01", "train.max_steps=30"] for b in (16, 32))
