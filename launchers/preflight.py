@@ -93,28 +93,13 @@ def check_job(job: SweepJob, base_dir: Path,
               checked: CheckedConfig | None = None) -> InvalidPoint | None:
     """The reason this composed job cannot run, or None."""
     checked = checked or CheckedConfig()
-    failure = checked.validate(job.task_config, base_dir) or compile_refusal(checked.of(job.task_config))
+    failure = checked.validate(job.task_config, base_dir)
     if failure is not None:
         return InvalidPoint(job.num, job.overrides, failure.kind, str(failure), job)
     if launcher_check is not None:
         problem = launcher_check(job)
         if problem:
             return InvalidPoint(job.num, job.overrides, "invalid_config", problem, job)
-    return None
-
-
-def compile_refusal(cfg: Config) -> InvalidConfig | None:
-    """train.compile=true where torch.compile cannot build its kernels on this machine (no C++ compiler,
-    a Python it refuses: parallel/compile.py), refused before any job starts. A job on another node (SLURM)
-    is checked again on its node, before its first step; so is a GPU's Triton, which needs the GPU."""
-    if not cfg.train.compile:
-        return None
-    from dpo_sweeps.parallel.compile import check_compile_support  # imports torch._inductor: only when asked
-
-    try:
-        check_compile_support(cfg.resources.device, on_device=False)
-    except InvalidConfig as exc:
-        return exc
     return None
 
 

@@ -70,6 +70,10 @@ def validate_config(cfg: Config, base_dir: Path) -> None:
     _check_probe(cfg)
     _check_trackers(cfg)
     _check_peft(cfg)
+    if cfg.train.compile:  # what torch.compile needs here; a rank checks its own node again (parallel/fsdp.py)
+        from dpo_sweeps.parallel.compile import check_compile_support  # imports torch._inductor: only when asked
+
+        check_compile_support(cfg.resources.device, on_device=False)
     if problem := missing_allocator(cfg.resources.cpu_allocator):
         refuse("resources.cpu_allocator", f"{cfg.resources.cpu_allocator}: {problem}",
                "auto (the default: tcmalloc where it is installed) or glibc")

@@ -66,6 +66,7 @@ def compile_problem(device_type: str, on_device: bool = True) -> str | None:
         get_cpp_compiler()
     except exc.InvalidCxxCompiler:
         tried = ", ".join(c for c in config.cpp.cxx if c) if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx
+        tried = tried or "CXX, set empty"
         return (f"inductor finds no C++ compiler (tried {tried}); install g++ (apt install g++) or set CXX "
                 f"to a C++ compiler")
     if device_type == "cuda" and on_device:

@@ -176,7 +176,7 @@ def build_models(cfg: Config, env: RankEnv, plan: ParallelPlan, device: torch.de
     # with the malloc the ranks run with (each checked it is the config's: train/lifecycle.py)
     layout = {**rank_layout(mesh, env.local_rank), "cpu_allocator": allocator_in_use()}
     mp_policy = mixed_precision_policy(plan)
-    shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device)
+    shard = dict(plan=plan, block_name=cfg.model.block_name, mesh=mesh, device=device, compiled=cfg.train.compile)
     if cfg.peft.method != "none":  # adapters: the reference is the base with them switched off, no second model
         quantized = 0
         if cfg.peft.method == "qlora":  # the frozen base's linear layers in 4-bit (bitsandbytes)
