@@ -79,19 +79,22 @@ class SweepTiming:
     the next forecasts. A grid sweep's launch (launchers/local.py: a find_best stage's too) and an Optuna
     study (optuna_loop.py) each make one. `noun`: what the lines count ("run", "trial")."""
 
-    def __init__(self, line: str, at_once: Callable[[SweepJob], int], on_cpu: bool = True, noun: str = "run"):
+    def __init__(self, line: str, at_once: Callable[[SweepJob], int], on_cpu: bool = True, noun: str = "run",
+                 stage: str = ""):
         from dpo_sweeps.cost.forecast import BEFORE_FIRST
 
         self.at_once, self.on_cpu, self.noun = at_once, on_cpu, noun
+        self.prefix = f"stage '{stage}': " if stage else ""
         self.paced = BEFORE_FIRST not in line  # said already, or nothing to say after the first run
-        print(line, flush=True)
+        print(self.prefix + line, flush=True)
 
     @classmethod
-    def of_jobs(cls, jobs: Sequence[SweepJob], on_gpus: list[bool], at_once: Callable[[SweepJob], int]) -> SweepTiming:
-        """The forecast of a launch's jobs, each at its own settings."""
+    def of_jobs(cls, jobs: Sequence[SweepJob], on_gpus: list[bool], at_once: Callable[[SweepJob], int],
+                stage: str = "") -> SweepTiming:
+        """The forecast of a launch's jobs, each at its own settings; `stage`: the find_best stage they are."""
         if any(on_gpus):
-            return cls(gpu_line(len(jobs), "run"), at_once, on_cpu=False)
-        return cls(forecast_line(jobs, at_once), at_once)
+            return cls(gpu_line(len(jobs), "run"), at_once, on_cpu=False, stage=stage)
+        return cls(forecast_line(jobs, at_once), at_once, stage=stage)
 
     @classmethod
     def of_trials(cls, first: SweepJob, trials: int, at_once: int | None, tag: Any,
@@ -137,7 +140,7 @@ class SweepTiming:
             record_run(Config.of(job.task_config), job.world_size, "sweep", took_s, steps, step_s)
             if not self.paced and left:
                 self.paced = True
-                print(pace_text(took_s, left, self.at_once(job), self.noun), flush=True)
+                print(self.prefix + pace_text(took_s, left, self.at_once(job), self.noun), flush=True)
         except Exception as exc:  # noqa: BLE001 - a forecast never stops a sweep
             log.warning("the %s's time was not recorded for the forecast (%s: %s)", self.noun, type(exc).__name__, exc)
 

@@ -151,18 +151,18 @@ class FindBest:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         write_multirun_yaml(self.sweep_dir, self.sweeper.config)
 
-        probe_outcomes = self._run_stage(probes)
+        probe_outcomes = self._run_stage(probes, "probes")
         best_plans = self._best_plans(probe_outcomes)
         log.info("stage 3: the %d plans with the best speed per memory (and of each peft variant): %s", len(best_plans),
                  "; ".join(" ".join(p) for p in best_plans))
         train_points = [point for plan in best_plans for point in self.sweeper.grid(
             base + plan + _sweep_values(self.stages.algorithm) + [_subdir("train")])]
         train = self._compose("train", train_points, len(probes))
-        train_outcomes = self._run_stage(train)
+        train_outcomes = self._run_stage(train, "train")
         decision = Decision.of(candidates_of(runs_of(train_outcomes)))
         replicate_outcomes: list[Outcome] = []
         if self.stages.replicates > 1 and len(decision.tied) > 1:
-            replicate_outcomes = self._run_stage(self._replicates(decision.tied, len(probes) + len(train)))
+            replicate_outcomes = self._run_stage(self._replicates(decision.tied, len(probes) + len(train)), "replicates")
             decision = Decision.of(candidates_of(runs_of(train_outcomes + replicate_outcomes)),
                                    f"replicates stage, {self.stages.replicates} seeds")
         result = self._write_result(probe_outcomes, train_outcomes, replicate_outcomes, best_plans, decision)
@@ -222,8 +222,11 @@ class FindBest:
         """The systems overrides of a point: what its parallel plan is."""
         return [o for o in job.overrides if override_key(o) in self.stages.systems]
 
-    def _run_stage(self, jobs: list[SweepJob]) -> list[Outcome]:
-        outcomes, _ = self.sweeper.launch_pending(*self.sweeper.to_launch(jobs, self.sweep_dir))
+    def _run_stage(self, jobs: list[SweepJob], stage: str) -> list[Outcome]:
+        """Launch a stage's jobs; on the local launcher its forecast line comes first, the stage's alone: the
+        next stage's runs are not known until this one has run (stage 3's plans are the probes' best, how many
+        of them depends on which probes completed and on their peft variants; stage 4 runs only on a tie)."""
+        outcomes, _ = self.sweeper.launch_pending(*self.sweeper.to_launch(jobs, self.sweep_dir), stage=stage)
         self.outcomes += outcomes
         return outcomes
 

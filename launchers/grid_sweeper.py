@@ -137,14 +137,16 @@ class GridSweeper(BasicSweeper):
             pending.to_run, unfit, self.fit_checks = predicted_ooms(pending.to_run)
         return pending, unfit
 
-    def launch_pending(self, pending: PendingJobs, unfit: list[PredictedOOM]) -> tuple[list[Outcome], list[JobReturn]]:
-        """Record the skipped points, launch the rest; every point's outcome, by number, and the returns."""
+    def launch_pending(self, pending: PendingJobs, unfit: list[PredictedOOM],
+                       stage: str = "") -> tuple[list[Outcome], list[JobReturn]]:
+        """Record the skipped points, launch the rest; every point's outcome, by number, and the returns.
+        `stage`: the find_best stage they are, which the forecast line names."""
         for point in unfit:
             record_predicted_oom(point)
             log.warning("#%d not started: %s", point.job.num, point.message)
         wait_for_earlier_runs(pending)
         if hasattr(self.launcher, "forecasts_next_launch"):  # the local launcher: how long the sweep takes here
-            self.launcher.forecasts_next_launch = True
+            self.launcher.forecasts_next_launch = stage or True
         returns = self._launch(pending.to_run)
         outcomes = [Outcome(job, "reused", where) for job, where in pending.skipped]
         outcomes += [Outcome(p.job, "skipped", p.job.run_dir, "oom_predicted", p.message) for p in unfit]

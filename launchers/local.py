@@ -112,9 +112,9 @@ class LocalLauncher(SweepLauncher):
         self._checked: dict[str, str | None] = {}  # check_job's verdict by the job's resources
         self._sweep_process: tuple[int, str] | None = None  # (pid, start time) of the process that launched
         self._terminal_signals: list[int] = []  # those the sweep process does not ignore: its ranks catch them
-        # The grid sweeper's launch (a find_best stage's too) is the whole sweep, or stage: it says how long it
-        # will take here (SweepTiming). An Optuna trial is launched alone: its study says it (optuna_loop.py).
-        self.forecasts_next_launch = False
+        # The grid sweeper's launch is the whole sweep, or a find_best stage (its name, then): it says how long
+        # it will take here (SweepTiming). An Optuna trial is launched alone: its study says it (optuna_loop.py).
+        self.forecasts_next_launch: bool | str = False
 
     def __getstate__(self) -> dict:
         # submitit pickles the launcher into every job; the job side needs neither the pool nor its lock.
@@ -199,8 +199,9 @@ class LocalLauncher(SweepLauncher):
                  f" and {len(pool.gpus)} GPUs" if pool.gpus else "",
                  f", at most {self.max_concurrent_jobs} at once" if self.max_concurrent_jobs else "",
                  self.config.hydra.sweep.dir)
-        timing = SweepTiming.of_jobs(jobs, [self._uses_gpus(job, pool) for job in jobs],
-                                     lambda job: self._slots(job, pool)) if self.forecasts_next_launch else None
+        timing = SweepTiming.of_jobs(jobs, [self._uses_gpus(job, pool) for job in jobs], lambda job: self._slots(job, pool),
+                                     stage=self.forecasts_next_launch if isinstance(self.forecasts_next_launch, str)
+                                     else "") if self.forecasts_next_launch else None
         self.forecasts_next_launch = False
         try:
             while pending or running:
@@ -221,8 +222,12 @@ class LocalLauncher(SweepLauncher):
                     for i, ret in zip(job.unit, returns):
                         results[i] = ret
                         log.info(progress_line(jobs[i], ret, job.elapsed(jobs[i]), len(results), len(jobs)))
-                    if timing is not None and len(job.unit) == 1:  # a probe batch's runs share one start-up
-                        timing.ended(jobs[job.unit[0]], job.elapsed(jobs[job.unit[0]]), len(jobs) - len(results))
+                    if timing is not None:
+                        ran = [i for p, i in enumerate(job.unit) if p not in not_run]
+                        # The runs of a probe batch share one start-up: each is timed at its share of the job.
+                        share = (time.monotonic() - job.started) / max(1, len(ran)) if len(job.unit) > 1 else None
+                        for i in ran:
+                            timing.ended(jobs[i], share or job.elapsed(jobs[i]), len(jobs) - len(results))
                     if not_run:  # a probe batch stopped at a failed run: the rest get processes of their own
                         pending.appendleft([job.unit[p] for p in not_run])
                 if pending or running:

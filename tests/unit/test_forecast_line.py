@@ -106,3 +106,13 @@ def test_a_study_on_a_machine_that_never_ran_such_a_trial_says_why_in_trials(qui
                     "yet (the first one records its start-up and evaluations)")
     assert pace_text(30.0, 19, 2, "trial") == \
         "19 trials left, about 5 min on this machine (forecast at the first trial's pace, 30 s)"
+
+
+def test_a_find_best_stage_line_names_its_stage(capsys):
+    from dpo_sweeps.launchers.cost_screen import SweepTiming, gpu_line
+
+    timing = SweepTiming(gpu_line(4, "run"), lambda job: 2, on_cpu=False, stage="probes")
+    assert capsys.readouterr().out == ("stage 'probes': 4 runs; no forecast on this machine: they run on its GPUs, "
+                                       "and the forecast is of its CPU (a dry run with cluster= the GPU's profile "
+                                       "prices them)\n")
+    assert timing.paced  # nothing to say at the first run's pace: GPU runs are not forecast here
