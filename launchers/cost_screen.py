@@ -3,7 +3,8 @@ and device-hours on the cluster it names (`cluster=`, dpo_sweeps/cost/), beside 
 and the sweep's total. The dry run lists them, for the points that have run too (with the step they
 measured beside the prediction where they ran on the cluster's hardware); a real sweep prints the total
 before its first job. A local sweep also says how long its jobs take on this machine (`forecast_line`,
-cost/forecast.py)."""
+cost/forecast.py), and records each completed job's time for the next forecasts (`SweepTiming`: a grid
+sweep's launch, each find_best stage, an Optuna study)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ and adds:
 - pruning (`pruner`, `pruner_settings`): each evaluation of a trial is reported to the study and a
   hopeless trial stops there, with summary status `pruned` (dpo_sweeps/train/pruning.py);
 - `enqueue_trials`: trials to run first, with the values given;
+- on the local launcher, the study's forecast on this machine before its first trial (launchers/optuna_loop.py);
+  the dry run with `cluster=` prices the search space's points (on cluster=cpu: what that forecast reads);
 - the end-of-sweep screen and a nonzero exit when any trial of this invocation failed.
 Works with any launcher (`hydra/launcher=local` or `slurm`); `n_jobs` trials run at a time.
 """
