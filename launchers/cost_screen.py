@@ -99,10 +99,10 @@ class SweepTiming:
 
     @classmethod
     def of_trials(cls, first: SweepJob, trials: int, at_once: int | None, tag: Any,
-                  others: Sequence[SweepJob] = ()) -> SweepTiming:
+                  others: Callable[[], Sequence[SweepJob]] = tuple) -> SweepTiming:
         """The forecast of a study's `trials`, each priced at the settings of its first (`first`, trial `tag`):
-        the rest are not asked for yet; the worst case also at `others`, points of the search space. `at_once`:
-        how many run at once here; None: on the GPUs."""
+        the rest are not asked for yet; the worst case also at `others()`, points of the search space, composed
+        only where the first has a forecast. `at_once`: how many run at once here; None: on the GPUs."""
         if at_once is None:
             return cls(gpu_line(trials, "trial"), lambda job: 1, on_cpu=False, noun="trial")
         from dpo_sweeps.config.schema import Config
@@ -119,7 +119,8 @@ class SweepTiming:
         if first_run is None:  # forecast_line says why
             line = forecast_line([first] * trials, lambda job: at_once, "trial", basis)
         else:
-            line = trials_forecast_text(first_run, trials, [p for job in others if (p := planned(job)) is not None],
+            line = trials_forecast_text(first_run, trials,
+                                        lambda: [p for job in others() if (p := planned(job)) is not None],
                                         sys.argv[1:], basis, f"trial {tag}'s settings")
         return cls(line, lambda job: at_once, noun="trial")
 

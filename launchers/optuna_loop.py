@@ -181,7 +181,7 @@ class AsyncStudy:
         try:
             here = jobs_at_once(first)
             return SweepTiming.of_trials(first, self.settings.n_trials, None if here is None else min(here, size),
-                                         number, self._costliest_points(first.num) if here is not None else [])
+                                         number, lambda: self._costliest_points(first.num))
         except Exception as exc:  # noqa: BLE001 - a forecast never stops a study
             log.warning("no forecast of the trials' time (%s: %s)", type(exc).__name__, exc)
             return None

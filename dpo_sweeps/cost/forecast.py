@@ -28,7 +28,7 @@ import json
 import os
 import socket
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -172,17 +172,22 @@ def forecast_text(runs: Sequence[Planned], argv: Sequence[str], noun: str = "run
         return f"{count}; no forecast ({type(exc).__name__}: {first})"
 
 
-def trials_forecast_text(first: Planned, trials: int, others: Sequence[Planned], argv: Sequence[str],
-                         basis: str, first_name: str = "the first trial's settings") -> str:
+def trials_forecast_text(first: Planned, trials: int, others: Callable[[], Sequence[Planned]],
+                         argv: Sequence[str], basis: str, first_name: str = "the first trial's settings") -> str:
     """A study's line: `trials` trials, each at the settings of the first (`first`: the only trial asked for
-    before the study starts), the worst case the costliest of it and of `others` (points of the search space)
-    at their worst, those that can be priced here; never raises."""
+    before the study starts), the worst case the costliest of it and of `others()` (points of the search
+    space, made only where the first has a forecast) at their worst, those that can be priced here; never
+    raises."""
     try:
         expected = forecast([first] * trials, argv)
     except Exception:  # noqa: BLE001 - forecast_text says why
         return forecast_text([first] * trials, argv, "trial", basis)
     worst, priced = expected.worst_seconds, 0
-    for other in others:
+    try:
+        points = others()
+    except Exception:  # noqa: BLE001 - the worst case at the first trial's settings alone
+        points = []
+    for other in points:
         try:
             worst = max(worst, forecast([other] * trials, argv).worst_seconds)
             priced += 1

@@ -100,8 +100,8 @@ def test_a_study_says_its_trials_are_priced_at_the_first_ones_settings():
 def test_a_study_on_a_machine_that_never_ran_such_a_trial_says_why_in_trials(quickstart_point, tmp_path,
                                                                               monkeypatch):
     monkeypatch.setenv("DPO_SWEEPS_CACHE", str(tmp_path / "cache"))
-    line = trials_forecast_text(Planned(quickstart_point, 2, at_once=2), 20, [Planned(quickstart_point, 2)], ARGV,
-                                "at trial 0's settings, 2 at once")
+    line = trials_forecast_text(Planned(quickstart_point, 2, at_once=2), 20, lambda: [Planned(quickstart_point, 2)],
+                                ARGV, "at trial 0's settings, 2 at once")
     assert line == ("20 trials; no forecast before the first trial: no run like these has completed on this machine "
                     "yet (the first one records its start-up and evaluations)")
     assert pace_text(30.0, 19, 2, "trial") == \
