@@ -99,6 +99,7 @@ class AsyncStudy:
         self.ended_at: float | None = None
         self.slots: TrialSlots | None = None
         self.timing: SweepTiming | None = None  # the forecast, said before the first trial starts
+        self.asked = 0  # trials asked for by this invocation
         self._forecast_said = False
 
     def study(self) -> Any:
@@ -121,12 +122,12 @@ class AsyncStudy:
 
         self.slots = slots = TrialSlots(self.trials.inner, n_jobs)
         self.started_at = time.time()
-        asked = 0
+        self.asked = 0
         try:
             while True:
-                while (asked < self.settings.n_trials and slots.free and not self._too_many_failures()
+                while (self.asked < self.settings.n_trials and slots.free and not self._too_many_failures()
                        and not self.sampler.exhausted(self.study())):
-                    asked += 1
+                    self.asked += 1
                     self._start_one(slots)
                 if not slots.running:
                     break
@@ -180,11 +181,17 @@ class AsyncStudy:
             return None
         try:
             here = jobs_at_once(first)
-            return SweepTiming.of_trials(first, self.settings.n_trials, None if here is None else min(here, size),
+            return SweepTiming.of_trials(first, 1 + self._to_ask(), None if here is None else min(here, size),
                                          number, lambda: self._costliest_points(first.num))
         except Exception as exc:  # noqa: BLE001 - a forecast never stops a study
             log.warning("no forecast of the trials' time (%s: %s)", type(exc).__name__, exc)
             return None
+
+    def _to_ask(self) -> int:
+        """How many more trials this invocation asks for: n_trials's rest, or fewer points left to a grid."""
+        left = self.settings.n_trials - self.asked
+        points = self.sampler.points_left(self.study())
+        return left if points is None else min(left, points)
 
     def _costliest_points(self, num: int) -> list[SweepJob]:
         """Points of the search space the forecast's worst case prices: every categorical key's values (up to
@@ -204,7 +211,7 @@ class AsyncStudy:
         TrialState = self.optuna.trial.TrialState
         self.trials.history.append((run.job, run.job_return))
         if self.timing is not None and run.ended is not None:  # a completed trial's time, for later forecasts
-            self.timing.ended(run.job, run.ended - run.started, max(0, self.settings.n_trials - self.told - 1))
+            self.timing.ended(run.job, run.ended - run.started, self._to_ask() + len(self.slots.running))
         summary = read_summary(run.job.run_dir)
         if summary is not None and summary.status == Status.PRUNED:
             self._finish(run.tag, TrialState.PRUNED)

@@ -114,6 +114,12 @@ def trial_seeded_sampler(name: str, make: Callable[[int | None], Any], seed: int
         def reseed_rng(self) -> None:
             self.current.reseed_rng()
 
+        def points_left(self, study: Any) -> int | None:
+            """How many points the grid sampler has yet to start (None: other samplers never run out)."""
+            if name != "GridSampler":
+                return None
+            return max(0, math.prod(len(values) for values in grid_space.values()) - len(study.get_trials(deepcopy=False)))
+
         def exhausted(self, study: Any) -> bool:
             """The grid sampler has started every point of its grid (other samplers never do)."""
             if name != "GridSampler":

@@ -103,7 +103,9 @@ def test_a_forecast_that_cannot_be_made_never_stops_the_run(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
 
 
-TWO_TRIALS = ["hydra/sweeper=optuna", "+sweep=optuna_dpo", "resources.nproc_per_node=1", "hydra.sweeper.n_trials=2"]
+# A grid of two points asked for 20 trials: the study runs two, and its line counts two.
+TWO_TRIALS = ["hydra/sweeper=optuna", "+sweep=optuna_dpo", "resources.nproc_per_node=1", "hydra/sweeper/sampler=grid",
+              "hydra.sweeper.n_trials=20", "loss.beta=0.1", "train.lr=0.001", "train.batch_size=choice(16,32)"]
 
 
 def test_an_optuna_study_prints_its_forecast_before_its_first_trial_and_records_its_trials(tmp_path):
@@ -122,5 +124,5 @@ def test_an_optuna_study_prints_its_forecast_before_its_first_trial_and_records_
     priced = dpo_sweeps("-m", *TWO_TRIALS, f"hydra.sweep.dir={tmp_path / 'dry'}", "cluster=h100_sxm",
                         "hydra.sweeper.dry_run=true", cache=cache)
     assert priced.returncode == 0, priced.stdout[-3000:]
-    assert "predicted, a trial at each of 3 points of the search space:" in priced.stdout, priced.stdout[-3000:]
-    assert re.search(r"^  train\.batch_size=64: step ", priced.stdout, re.MULTILINE), priced.stdout[-3000:]
+    assert "predicted, a trial at each of 2 points of the search space:" in priced.stdout, priced.stdout[-3000:]
+    assert re.search(r"^  train\.batch_size=32: step ", priced.stdout, re.MULTILINE), priced.stdout[-3000:]
