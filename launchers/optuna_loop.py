@@ -122,7 +122,6 @@ class AsyncStudy:
 
         self.slots = slots = TrialSlots(self.trials.inner, n_jobs)
         self.started_at = time.time()
-        self.asked = 0
         try:
             while True:
                 while (self.asked < self.settings.n_trials and slots.free and not self._too_many_failures()
@@ -187,6 +186,14 @@ class AsyncStudy:
             log.warning("no forecast of the trials' time (%s: %s)", type(exc).__name__, exc)
             return None
 
+    def _timed(self, run: SlotRun) -> None:
+        try:
+            left = self._to_ask() + len(self.slots.running if self.slots is not None else ())
+        except Exception as exc:  # noqa: BLE001 - a forecast never stops a study
+            log.warning("the trial's time was not recorded for the forecast (%s: %s)", type(exc).__name__, exc)
+            return
+        self.timing.ended(run.job, run.ended - run.started, left)
+
     def _to_ask(self) -> int:
         """How many more trials this invocation asks for: n_trials's rest, or fewer points left to a grid."""
         left = self.settings.n_trials - self.asked
@@ -195,8 +202,8 @@ class AsyncStudy:
 
     def _costliest_points(self, num: int) -> list[SweepJob]:
         """Points of the search space the forecast's worst case prices: every categorical key's values (up to
-        FORECAST_POINTS combinations), intervals and ranges at their top; composed, not checked (about a
-        third of a second each): one the run would refuse is left out, as one that cannot be composed."""
+        FORECAST_POINTS combinations), intervals and ranges at their top; composed, not checked (a check
+        would cost more than the line is worth): one the run would refuse is left out when it is priced."""
         from dpo_sweeps.launchers.jobs import JobCompositionError, compose_job
 
         jobs = []
@@ -211,7 +218,7 @@ class AsyncStudy:
         TrialState = self.optuna.trial.TrialState
         self.trials.history.append((run.job, run.job_return))
         if self.timing is not None and run.ended is not None:  # a completed trial's time, for later forecasts
-            self.timing.ended(run.job, run.ended - run.started, self._to_ask() + len(self.slots.running))
+            self._timed(run)
         summary = read_summary(run.job.run_dir)
         if summary is not None and summary.status == Status.PRUNED:
             self._finish(run.tag, TrialState.PRUNED)
