@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -41,6 +42,9 @@ def test_find_best_probes_the_plans_trains_the_best_and_recommends_a_command_tha
         assert summary["started_at"] < summary["ended_at"] and summary["wall_s"] > 0 and summary["device_kind"] == "cpu"
         assert summary["device_seconds"] == pytest.approx(summary["wall_s"])  # one rank each
     assert "cost       " in result.stdout
+    # Each stage says how long it will take here (or why it cannot yet) before its first job, naming the stage.
+    for stage in ("probes", "train"):
+        assert re.search(rf"^stage '{stage}': 2 runs[,;] ", result.stdout, re.MULTILINE), result.stdout[-3000:]
 
     answer = json.loads((sweep_dir / "find_best.json").read_text())
     spent = answer["stages"]["probes"]["device_seconds"]["cpu"] + answer["stages"]["train"]["device_seconds"]["cpu"]
