@@ -11,7 +11,10 @@ and sharded, the evaluations, the summary written):
   records its time less its steps (`record_run`, under $DPO_SWEEPS_CACHE/cluster/run-rest/), for runs of
   the same model, data, evaluation, ranks and launch (`rest_key`); the forecast takes the median of the last
   RECORDS, the worst case the longest.
-Jobs that the machine runs at once share the time (`at_once`).
+Jobs that the machine runs at once share the time (`at_once`). Each distinct plan (the settings the step
+depends on) is predicted once. An Optuna study knows one trial's settings before it starts: its line prices
+every trial at them and says so, its worst case also priced at points of the search space
+(`trials_forecast_text`).
 
 It reads caches only and times nothing: measuring the profile takes tens of seconds (about 40 s on 2 cores,
 mostly FSDP's and gloo's costs in fresh processes), which a sweep must not add before its first job. Where
