@@ -6,8 +6,9 @@ oneDNN picks, the hand-offs between a rank's threads), and a rate read off squar
 step by a factor (bench/README.md). So cluster=cpu profiles each point at its shapes, as vTrain profiles
 operators on GPUs: its architecture itself, built with 1 and with 3 blocks (random weights: the time does
 not depend on their values), in its compute dtype, with its adapters, scores one micro-batch of its
-longest pairs (predict.py's micro_batch_rows) through the step's own code, collated as a run collates
-them (data/collate.py: padding, a prefix-shared batch's 4-D mask) and scored by dpo/response_logps.py
+longest pairs (data_lengths.py's longest_micro_batch) through the step's own code, collated as a run collates
+them (data/collate.py: padding, a prefix-shared batch's 4-D mask; under train.packing data/packing.py's
+packed rows and their dense [R, 1, L, L] mask) and scored by dpo/response_logps.py
 (the LM head on the response positions or full logits), on the threads a rank gets:
 - one block's training pass, (T3 - T1) / 2, forward and backward (weight gradients of what trains only;
   with activation checkpointing, as a run wraps it, the recompute too), and its forward without autograd
@@ -64,11 +65,18 @@ class PassShape:
     # A micro-batch of the run's own data: (prompt, chosen, rejected) tokens of each pair, collated as the run
     # collates them; empty: `pairs` pairs at their longest (prompt, response).
     lengths: tuple[tuple[int, int, int], ...] = ()
+    packing: bool = False  # train.packing: the pairs packed into rows (data/packing.py collate_packed)
+    # Packed: the rows' budget (train.micro_batch_tokens, or for `lengths` the one the run resolves for them);
+    # None: the widest row one of the pairs takes.
+    row_tokens: int | None = None
 
     def cache_file(self):
         import torch
 
-        digest = hashlib.sha256(json.dumps([asdict(self), torch.__version__, CACHE_VERSION]).encode()).hexdigest()[:20]
+        fields = asdict(self)
+        if not self.packing:  # a padded shape keeps the key it had before packing existed: its timings stay
+            del fields["packing"], fields["row_tokens"]
+        digest = hashlib.sha256(json.dumps([fields, torch.__version__, CACHE_VERSION]).encode()).hexdigest()[:20]
         return cache_root() / "cluster" / "passes" / f"{digest}.json"
 
 
@@ -81,7 +89,7 @@ def pass_shape(cfg, plan, threads: int) -> PassShape:
                      pairs=train.micro_batch_size, prompt=data.max_prompt_length,
                      response=data.max_length - data.max_prompt_length, share_prompt=train.share_prompt,
                      chunk_size=train.logps_chunk_size, checkpointing=plan.activation_checkpointing,
-                     threads=threads)
+                     threads=threads, packing=train.packing, row_tokens=train.micro_batch_tokens)
 
 
 CACHE_VERSION = 2  # of a cached timing's form: 2 records the load it was taken under
@@ -239,21 +247,28 @@ def _model(shape: PassShape, blocks: int):
 def micro_batch(shape: PassShape, vocab: int) -> dict:
     """One micro-batch of `shape.pairs` pairs at their longest, collated as a run collates them; the last
     pair's rejected response a quarter shorter, so that the batch is padded as real ones are. With
-    `shape.lengths`: pairs of exactly those token counts (a micro-batch of the run's own data)."""
+    `shape.lengths`: pairs of exactly those token counts (a micro-batch of the run's own data). Packed
+    (`shape.packing`): the rows collate_packed builds of them under `shape.row_tokens`."""
     import torch
 
     from dpo_sweeps.data.collate import collate
     from dpo_sweeps.data.encoding import EncodedPair
+    from dpo_sweeps.data.packing import collate_packed, widest_segment
 
     def tokens(n: int) -> list[int]:
         return torch.randint(1, vocab, (n,)).tolist()
 
     if shape.lengths:
-        return collate([EncodedPair(tokens(p), tokens(c), tokens(r)) for p, c, r in shape.lengths], pad_id=0,
-                       share_prompt=shape.share_prompt)
-    pairs = [EncodedPair(tokens(shape.prompt), tokens(shape.response), tokens(shape.response))
-             for _ in range(shape.pairs)]
-    pairs[-1] = EncodedPair(pairs[-1].prompt, pairs[-1].chosen, pairs[-1].rejected[: max(1, 3 * shape.response // 4)])
+        pairs = [EncodedPair(tokens(p), tokens(c), tokens(r)) for p, c, r in shape.lengths]
+    else:
+        pairs = [EncodedPair(tokens(shape.prompt), tokens(shape.response), tokens(shape.response))
+                 for _ in range(shape.pairs)]
+        pairs[-1] = EncodedPair(pairs[-1].prompt, pairs[-1].chosen,
+                                pairs[-1].rejected[: max(1, 3 * shape.response // 4)])
+    if shape.packing:
+        # As data_lengths.py's packed_row_tokens: a set budget narrower than a pair is widened to it.
+        budget = max(shape.row_tokens or 0, widest_segment(pairs, share_prompt=shape.share_prompt))
+        return collate_packed(pairs, pad_id=0, row_tokens=budget, share_prompt=shape.share_prompt)
     return collate(pairs, pad_id=0, share_prompt=shape.share_prompt)
 
 

@@ -7,7 +7,9 @@ sample of the run's training pairs with the run's own readers and tokenizer (dat
 models/build.py, data/encoding.py: truncation included), orders it with the run's sampler
 (GlobalBatchSampler: data.length_grouped, its window) and cuts each global batch as the ranks do
 (rank_micro_batch_indices). What comes out is, for each simulated step, each micro-batch's rows on each
-rank: their number, padded width and scored positions.
+rank: their number, padded width and scored positions. Under train.packing a micro-batch is the rows
+data/packing.py's `collate_packed` builds of its pairs (first-fit decreasing into the row budget), so the
+forecast prices the packed rows and their dense [R, 1, L, L] mask, not the padded ones.
 
 A sample stands for the data set: the sampler's windows and batches keep their size in pairs, so the
 spread of lengths within a batch is the data set's, as long as the sample holds a window or more.
@@ -27,16 +29,22 @@ SAMPLE_SEED = 0  # the sample is the same for every forecast of the same data (c
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """One micro-batch on one rank, as data/collate.py pads it."""
+    """One micro-batch on one rank, as data/collate.py pads it or data/packing.py packs it."""
 
-    rows: int  # chosen and rejected rows, or one prefix-shared row per pair
+    rows: int  # chosen and rejected rows, or one prefix-shared row per pair; packed: the rows built
     width: int  # every row padded to the longest
     response_tokens: int  # the response tokens scored (a chunked LM head runs on these only)
     pairs: tuple[tuple[int, int, int], ...]  # (prompt, chosen, rejected) tokens of each pair
+    tokens: int = 0  # the positions holding a token (the batch's num_row_tokens); the rest are padding
+    row_tokens: int | None = None  # packed (train.packing): the rows' budget; None: padded
 
     @property
     def positions(self) -> int:
         return self.rows * self.width
+
+    @property
+    def padding(self) -> int:
+        return self.positions - self.tokens
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,13 @@ class DataLengths:
 
     def micro_batches(self) -> list[MicroBatch]:
         return [mb for step in self.steps for ranks in step for mb in ranks]
+
+    def padding_fraction(self) -> float:
+        """The share of the positions the micro-batches compute that are padding (the run's
+        perf/padding_fraction, as the trainer counts it)."""
+        batches = self.micro_batches()
+        computed = sum(mb.positions for mb in batches)
+        return sum(mb.padding for mb in batches) / computed if computed else 0.0
 
 
 # The sampled lengths of the last data settings read in this process: a sweep's points mostly share them.
@@ -89,13 +104,64 @@ def _read_sample(cfg, base_dir: Path | None) -> tuple[list[tuple[int, int, int]]
     return [(len(p.prompt), len(p.chosen), len(p.rejected)) for p in pairs], len(rows.train)
 
 
-def micro_batch_of(pairs: list[tuple[int, int, int]], share_prompt: bool) -> MicroBatch:
+def micro_batch_of(pairs: list[tuple[int, int, int]], share_prompt: bool,
+                   row_tokens: int | None = None) -> MicroBatch:
     """The rows data/collate.py builds of these pairs: chosen and rejected rows padded to the longest prompt +
-    response, or (share_prompt) one row per pair, prompt + chosen + rejected, padded to the longest."""
+    response, or (share_prompt) one row per pair, prompt + chosen + rejected, padded to the longest. With
+    `row_tokens` (train.packing): the rows data/packing.py's collate_packed builds under that budget."""
     responses = sum(c + r for _, c, r in pairs)
+    if row_tokens is not None:
+        return _packed(pairs, share_prompt, row_tokens)
     if share_prompt:
-        return MicroBatch(len(pairs), max(p + c + r for p, c, r in pairs), responses, tuple(pairs))
-    return MicroBatch(2 * len(pairs), max(p + max(c, r) for p, c, r in pairs), responses, tuple(pairs))
+        return MicroBatch(len(pairs), max(p + c + r for p, c, r in pairs), responses, tuple(pairs),
+                          tokens=sum(p + c + r for p, c, r in pairs))
+    return MicroBatch(2 * len(pairs), max(p + max(c, r) for p, c, r in pairs), responses, tuple(pairs),
+                      tokens=sum(2 * p + c + r for p, c, r in pairs))
+
+
+def _encoded(pairs: list[tuple[int, int, int]]) -> list:
+    """Pairs of these token counts (the tokens themselves do not decide the rows)."""
+    from dpo_sweeps.data.encoding import EncodedPair
+
+    return [EncodedPair([0] * p, [0] * c, [0] * r) for p, c, r in pairs]
+
+
+def _packed(pairs: list[tuple[int, int, int]], share_prompt: bool, row_tokens: int) -> MicroBatch:
+    """collate_packed's rows of these pairs: its segments (data/packing.py `segments_of`), placed by its
+    `first_fit_decreasing`; the width is the fullest row's, as collate_packed pads every row to it."""
+    from dpo_sweeps.data.packing import first_fit_decreasing, segments_of
+
+    lengths = [s.length for s in segments_of(_encoded(pairs), share_prompt=share_prompt)]
+    rows = first_fit_decreasing(lengths, row_tokens)
+    width = max(sum(lengths[k] for k in row) for row in rows)
+    return MicroBatch(len(rows), width, sum(c + r for _, c, r in pairs), tuple(pairs), tokens=sum(lengths),
+                      row_tokens=row_tokens)
+
+
+def packed_row_tokens(pairs: list[tuple[int, int, int]], cfg) -> int | None:
+    """The budget a packed run's rows get for these pairs (train/scoring.py's `row_tokens`): a set
+    train.micro_batch_tokens, else the widest row one pair takes at the data limits (data/rows.py), or these
+    pairs' widest where it is wider. None: the run does not pack (train.packing=false). A set budget
+    narrower than one of the pairs is refused before a run starts (data/packing.py `check_pairs_fit`); the
+    forecast widens it to that pair rather than refuse what the run's checks refuse already."""
+    if not cfg.train.packing:
+        return None
+    from dpo_sweeps.data.packing import widest_segment
+    from dpo_sweeps.data.rows import longest_rows_of
+
+    widest = widest_segment(_encoded(pairs), share_prompt=cfg.train.share_prompt)
+    if cfg.train.micro_batch_tokens is not None:
+        return max(cfg.train.micro_batch_tokens, widest)
+    return max(longest_rows_of(cfg).length, widest)
+
+
+def longest_micro_batch(cfg) -> MicroBatch:
+    """The worst case's micro-batch: every pair as long as truncation leaves a long one (data/rows.py's
+    `longest_rows`), padded, or packed as the run's budget allows (as the memory estimate counts packed rows)."""
+    data = cfg.data
+    response = data.max_length - data.max_prompt_length
+    pairs = [(data.max_prompt_length, response, response)] * cfg.train.micro_batch_size
+    return _micro_batch(pairs, cfg)
 
 
 def simulated_steps(pairs: list[tuple[int, int, int]], cfg, world_size: int,
@@ -117,9 +183,14 @@ def simulated_steps(pairs: list[tuple[int, int, int]], cfg, world_size: int,
         indices = sampler.indices(step)
         per_rank = [rank_micro_batch_indices(indices, r, world_size, cfg.train.micro_batch_size)
                     for r in range(world_size)]
-        steps.append([[micro_batch_of([pairs[i] for i in per_rank[r][j]], share) for r in range(world_size)]
+        steps.append([[_micro_batch([pairs[i] for i in per_rank[r][j]], cfg) for r in range(world_size)]
                       for j in range(len(per_rank[0]))])
     return steps
+
+
+def _micro_batch(pairs: list[tuple[int, int, int]], cfg) -> MicroBatch:
+    """The micro-batch the run's collator (train/scoring.py `collate_pairs`) builds of these pairs."""
+    return micro_batch_of(pairs, cfg.train.share_prompt, packed_row_tokens(pairs, cfg))
 
 
 def data_lengths(cfg, world_size: int, base_dir: Path | None = None) -> DataLengths:

@@ -3,8 +3,13 @@ on its cluster profile (`cluster=`), with the fit check's memory estimate and th
 
 The architecture is the fit check's (parallel/fit.py, built on the meta device). The step is expected from
 the run's own pairs (data_lengths.py: their lengths as the run tokenizes them, batched and padded as its
-collator will) and, beside it, at its worst: every pair as long as truncation leaves a long one
-(`micro_batch_rows`, data/rows.py), an upper bound on the step that the memory estimate also assumes.
+collator will, or packed into rows under train.packing) and, beside it, at its worst: every pair as long as
+truncation leaves a long one (`micro_batch_rows`, data/rows.py), padded, or packed as the row budget allows,
+an upper bound on the step that the memory estimate also assumes.
+
+train.compile is priced as eager: the passes are timed (cluster=cpu) and the calibration was fitted (GPU
+profiles) without torch.compile, whose gain on a step has not been measured against them; the prediction
+says so (`Prediction.compiled_as_eager`), and its first step's compile is left out, as perf/step_time_s leaves it.
 """
 
 from __future__ import annotations
@@ -14,10 +19,9 @@ from dataclasses import asdict, replace
 from dpo_sweeps.config.schema import ClusterConfig
 from dpo_sweeps.cost.cpu_passes import MeasuredPasses
 from dpo_sweeps.cost.cpu_profile import cpu_device_profile
-from dpo_sweeps.cost.data_lengths import DataLengths
+from dpo_sweeps.cost.data_lengths import DataLengths, longest_micro_batch
 from dpo_sweeps.cost.profile import DeviceProfile, builtin_cluster, profile_name_of_device
 from dpo_sweeps.cost.step_time import Estimate, Layout, Prediction, Workload, predict_step
-from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import uses_reference
 from dpo_sweeps.parallel.plan import DTYPES, ParallelPlan, resolve_plan
 
@@ -37,10 +41,11 @@ def device_profile(cluster: ClusterConfig, threads: int | None = None) -> Device
 
 def micro_batch_rows(cfg) -> tuple[int, int, int]:
     """(rows, their length, scored positions) of one micro-batch at the worst case the prediction assumes,
-    every pair long (data/rows.py's `longest_rows_of`, as the memory estimate takes it); the LM
-    head scores the response positions (train.logps_chunk_size > 0) or every one."""
-    rows, length, responses = longest_rows_of(cfg)
-    return rows, length, rows * length if cfg.train.logps_chunk_size == 0 else responses
+    every pair long (data/rows.py's `longest_rows_of`, as the memory estimate takes it), packed under
+    train.packing as the row budget allows (data_lengths.py `longest_micro_batch`); the LM head scores the
+    response positions (train.logps_chunk_size > 0) or every one."""
+    mb = longest_micro_batch(cfg)
+    return mb.rows, mb.width, mb.positions if cfg.train.logps_chunk_size == 0 else mb.response_tokens
 
 
 def workload_of(cfg, plan: ParallelPlan, shape) -> Workload:
@@ -120,7 +125,9 @@ def predict_config(cfg, profile: DeviceProfile, world_size: int | None = None,
     return replace(prediction, device_hours=prediction.step_time_s.scaled(hours), peak_memory_gib=peak_memory_gib,
                    worst_step_time_s=worst.step_time_s, worst_device_hours=worst.step_time_s.scaled(hours),
                    lengths_from=lengths.describe() if lengths is not None else None, lengths_reason=reason,
-                   provisional=timings.provisional(), timed_shapes=tuple(timings.used))
+                   padding_fraction=lengths.padding_fraction() if lengths is not None else None,
+                   compiled_as_eager=cfg.train.compile, provisional=timings.provisional(),
+                   timed_shapes=tuple(timings.used))
 
 
 class _Timings:
@@ -139,14 +146,16 @@ class _Timings:
         self.used: list = []
         self._provisional = False
 
-    def at(self, positions: int, pairs: tuple) -> MeasuredPasses | None:
+    def at(self, positions: int, pairs: tuple, row_tokens: int | None = None) -> MeasuredPasses | None:
         """Time (or read) the passes of the micro-batch of these pairs (() : the longest) and keep them as the
-        point at `positions`."""
+        point at `positions`. `row_tokens`: a packed micro-batch's budget for these pairs (data_lengths.py);
+        None: the config's."""
         if self.key is None:
             return None
         from dpo_sweeps.cost.cpu_passes import cached_timing, timed_passes
 
-        key = replace(self.key, lengths=pairs, pairs=len(pairs) or self.key.pairs)
+        key = replace(self.key, lengths=pairs, pairs=len(pairs) or self.key.pairs,
+                      row_tokens=row_tokens if row_tokens is not None else self.key.row_tokens)
         timing = timed_passes(key) if self.time_passes else cached_timing(key)
         if timing is None:
             raise ValueError("cluster=cpu: this point's passes were not timed before it ran (a sweep or dry run "
@@ -191,15 +200,16 @@ TIMED_QUANTILES = (0.1, 0.5, 0.9)
 
 def _expected(cfg, work: Workload, layout: Layout, profile: DeviceProfile, lengths, timings: _Timings,
               worst: Prediction) -> Prediction:
-    """The mean step of the simulated steps: each micro-batch as long as its longest row, gated by the slowest
-    rank (FSDP's collectives wait for it), then the optimizer once."""
+    """The mean step of the simulated steps: each micro-batch as long as its longest row (packed: its rows as
+    collate_packed builds them, attention over each whole row under the dense mask), gated by the slowest rank
+    (FSDP's collectives wait for it), then the optimizer once."""
     micro_batches = lengths.micro_batches()
     if timings.key is not None:
         ordered = sorted(micro_batches, key=lambda mb: mb.positions)
         for q in TIMED_QUANTILES:
             mb = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
             if mb.positions not in timings.points:
-                timings.at(mb.positions, mb.pairs)
+                timings.at(mb.positions, mb.pairs, mb.row_tokens)
     chunked = cfg.train.logps_chunk_size > 0
     memo: dict[tuple, tuple[Prediction, Workload]] = {}
 
@@ -232,12 +242,17 @@ def _expected(cfg, work: Workload, layout: Layout, profile: DeviceProfile, lengt
     return replace(worst, step_time_s=step, tokens_per_s_per_device=step.inverse(sum(tokens) / n), mfu=mfu)
 
 
+COMPILED_AS_EAGER = "eager: train.compile's compiled blocks are priced as uncompiled ones"
+
+
 def predicted_step_metrics(cfg, world_size: int, device, shape, measured_step_s: float | None = None) -> dict:
     """summary.json's perf/step_time_predicted_s (and its interval, _low_s and _high_s) of a run: on its
     cluster=, else on the profile of the GPU it runs on, else on this machine's cached CPU profile (none
     until a sweep with cluster=cpu measured it: perf/step_time_predicted_reason says so); expected from the
     run's own pairs (perf/step_time_predicted_lengths names them, or says why not), with the worst case
-    beside it (perf/step_time_predicted_worst_s). `device`: the run's torch.device; `shape`: its model's
+    beside it (perf/step_time_predicted_worst_s) and the share of the forecast micro-batches' positions that
+    are padding (perf/padding_fraction_predicted, beside the run's own perf/padding_fraction); a compiled run
+    says it was priced as eager (perf/step_time_predicted_basis). `device`: the run's torch.device; `shape`: its model's
     ModelShape. A `measured_step_s` outside the interval marks the cached timings the prediction used for
     re-timing, and the run's log says so (perf/step_time_predicted_retimed)."""
     try:
@@ -258,7 +273,10 @@ def predicted_step_metrics(cfg, world_size: int, device, shape, measured_step_s:
                "perf/step_time_predicted_high_s": step.high, "perf/step_time_predicted_profile": profile.name,
                "perf/step_time_predicted_worst_s": worst.value if worst is not None else None,
                "perf/step_time_predicted_lengths": prediction.lengths_from or prediction.lengths_reason,
-               "perf/step_time_predicted_provisional": prediction.provisional}
+               "perf/step_time_predicted_provisional": prediction.provisional,
+               "perf/padding_fraction_predicted": prediction.padding_fraction}
+    if prediction.compiled_as_eager:
+        metrics["perf/step_time_predicted_basis"] = COMPILED_AS_EAGER
     if measured_step_s is not None and profile.measured and not step.low <= measured_step_s <= step.high:
         metrics["perf/step_time_predicted_retimed"] = _mark_for_retiming(cfg, prediction, measured_step_s)
     return metrics

@@ -158,6 +158,10 @@ class Prediction:
     worst_device_hours: Estimate | None = None
     lengths_from: str | None = None
     lengths_reason: str | None = None
+    # The share of the expected micro-batches' positions that are padding (None: the data was not read).
+    padding_fraction: float | None = None
+    # train.compile: priced as the eager step (predict.py says why).
+    compiled_as_eager: bool = False
     # A measured profile: a timing it rests on was taken on a busy machine (cost/load.py), or doubted by a run.
     provisional: bool = False
     timed_shapes: tuple = ()  # the pass timings it used (cpu_passes.PassShape), to mark for re-timing
@@ -178,7 +182,10 @@ class Prediction:
             step = f"step {show(s, '.3g')} s expected (worst case {worst.value:.3g} s)"
         else:
             step = f"step {show(s, '.3g')} s at the worst case"
-        parts = [step, f"{show(self.tokens_per_s_per_device, ',.0f')} tok/s/device"]
+        parts = [step]
+        if self.padding_fraction is not None:
+            parts.append(f"padding {100 * self.padding_fraction:.0f}%")
+        parts.append(f"{show(self.tokens_per_s_per_device, ',.0f')} tok/s/device")
         if self.mfu is not None:
             parts.append(f"MFU {show(self.mfu.scaled(100), '.1f')}%")
         if self.device_hours is not None:
@@ -188,6 +195,8 @@ class Prediction:
             parts.append(hours)
         if self.peak_memory_gib is not None:
             parts.append(f"peak {self.peak_memory_gib:.2f} GiB")
+        if self.compiled_as_eager:
+            parts.append("train.compile priced as eager")
         if self.provisional:
             parts.append("PROVISIONAL: a timing taken on a busy machine, re-taken at the next quiet chance")
         return ", ".join(parts)
