@@ -18,7 +18,7 @@ from dpo_sweeps.analysis.loss_metrics import loss_metric_rows
 from dpo_sweeps.analysis.optuna_study import Study
 from dpo_sweeps.analysis.ranking import CRITERIA, Ranking
 from dpo_sweeps.analysis.recommendation import Recommendation, recommendation_html
-from dpo_sweeps.analysis.runs import PREFERENCE_ACCURACY, SUMMARY_METRICS, Run
+from dpo_sweeps.analysis.runs import PREFERENCE_ACCURACY, Run
 from dpo_sweeps.analysis.tables import (
     PROBES_NO_ACCURACY,
     comparison_text,
@@ -252,7 +252,7 @@ def _difference(row: dict[str, Any]) -> str:
 def _configs_table(ranking: Ranking) -> str:
     header = ["config", *[f"rank({m})" for m in CRITERIA], "pareto", "tied_with_best", "rank_with_ties",
               "diff_vs_best (points, 95%)", "p_vs_best_adjusted", "status", "n", "failures", *ranking.axes,
-              *SUMMARY_METRICS, "runs"]
+              *ranking.metrics, "runs"]
     rows = []
     for config, row in zip(ranking.configs, config_rows(ranking)):
         cells = [_cell(row["config"], css="config")]
@@ -266,7 +266,7 @@ def _configs_table(ranking: Ranking) -> str:
         # Settings read as typed in the overrides (0.1, not 0.1000).
         cells += [_cell(row[axis], _escape(row[axis])) for axis in ranking.axes]
         # Sorted by the mean (data-value), shown as mean ± std.
-        cells += [_cell(row[m], _escape(format_stat(config.stats.get(m)))) for m in SUMMARY_METRICS]
+        cells += [_cell(row[m], _escape(format_stat(config.stats.get(m)))) for m in ranking.metrics]
         cells.append(_cell(row["runs"]))
         css = " ".join(filter(None, ["pareto" if config.pareto else "", "tied" if row["tied_with_best"] else "",
                                      "failed" if not config.completed else ""]))
@@ -275,7 +275,7 @@ def _configs_table(ranking: Ranking) -> str:
 
 
 def _runs_table(runs: list[Run], ranking: Ranking) -> str:
-    columns = run_columns()
+    columns = run_columns(ranking)
     rows = []
     for run, row in zip(runs, run_rows(runs, ranking)):
         cells = [_cell(row[c], css="config" if c == "config" else ("text status" if c == "status" else ""))

@@ -27,6 +27,7 @@ from dpo_sweeps.analysis.runs import (
     SUMMARY_METRICS,
     Run,
     count_probes,
+    report_metrics,
 )
 from dpo_sweeps.ranking.ties import ConfigEval, QualityRanking, SeedRun, VersusBest, compare_with_best
 from dpo_sweeps.ranking.ties import config_eval as seeds_eval
@@ -135,6 +136,8 @@ class Ranking:
     quality: QualityRanking | None = None
     # The configs in quality's order (its indices point here).
     quality_configs: list[ConfigResult] = field(default_factory=list)
+    # The metrics the tables show, each config's mean and std among its stats (runs.report_metrics).
+    metrics: tuple[str, ...] = SUMMARY_METRICS
 
     def tied_with_best(self) -> list[ConfigResult]:
         """The configs tied with the best on accuracy, best first."""
@@ -152,15 +155,15 @@ def _sort_key(value: Any) -> tuple:
     return (1 if value is not None else 2, 0, str(value))
 
 
-def group_configs(runs: list[Run]) -> list[ConfigResult]:
-    """Completed and failed runs grouped by config, in the order first met."""
+def group_configs(runs: list[Run], metrics: tuple[str, ...] = SUMMARY_METRICS) -> list[ConfigResult]:
+    """Completed and failed runs grouped by config, in the order first met, with the stats of `metrics`."""
     groups: dict[tuple, ConfigResult] = {}
     for run in runs:
         if run.status in FINISHED_STATUSES:
             groups.setdefault(run.config_key, ConfigResult(run.config_key, [])).runs.append(run)
     configs = list(groups.values())
     for config in configs:
-        for metric in SUMMARY_METRICS:
+        for metric in metrics:
             stat = Stat.of([r.metric(metric) for r in config.completed])
             if stat:
                 config.stats[metric] = stat
@@ -285,7 +288,8 @@ def compare_top_two(ranked: list[ConfigResult], metric: str) -> Comparison | Non
 
 def rank_sweep(runs: list[Run]) -> Ranking:
     """Group, label, rank and compare the configs of `runs` by both criteria."""
-    configs = group_configs(runs)
+    metrics = report_metrics(runs)
+    configs = group_configs(runs, metrics)
     axes = swept_axes(configs)
     if configs:
         label_configs(configs)
@@ -299,4 +303,4 @@ def rank_sweep(runs: list[Run]) -> Ranking:
         comparisons.pop(PREFERENCE_ACCURACY, None)
     unranked = [c for c in configs if SPEED_PER_MEMORY not in c.stats]
     return Ranking(by[SPEED_PER_MEMORY] + unranked, by, front, comparisons, axes, count_probes(runs),
-                   quality[0] if quality else None, quality[1] if quality else [])
+                   quality[0] if quality else None, quality[1] if quality else [], metrics)

@@ -144,7 +144,7 @@ def build_report(sources: list[Path], out: Path | None = None) -> ReportResult:
             path.unlink()  # a figure from an earlier report that has nothing to show now
 
     written.append(tables.write_csv(out / "ranking.csv", tables.config_columns(ranking), tables.config_rows(ranking)))
-    written.append(tables.write_csv(out / "runs.csv", tables.run_columns(), tables.run_rows(runs, ranking)))
+    written.append(tables.write_csv(out / "runs.csv", tables.run_columns(ranking), tables.run_rows(runs, ranking)))
     written.append(tables.write_csv(out / "loss_metrics.csv", tables.LOSS_METRIC_COLUMNS,
                                     tables.loss_metric_csv_rows(loss_metric_rows(ranking))))
     generated = datetime.now().astimezone().isoformat(timespec="seconds")

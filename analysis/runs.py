@@ -29,6 +29,11 @@ from dpo_sweeps.rundir.summary import SUMMARY_METRIC_KEYS as SUMMARY_METRICS  # 
 
 SPEED_PER_MEMORY = "perf/speed_per_memory"
 PREFERENCE_ACCURACY = "eval/rewards/accuracies"
+# Beside summary.json's metrics, the tables show how a run's rows were laid out and compiled
+# (train.packing, train.compile): the share of computed positions that were padding, and the first
+# step's compile time, this one only where a run compiled (every other run writes it null).
+PADDING_FRACTION = "perf/padding_fraction"
+COMPILE_S = "perf/compile_s"
 # pruned: stopped at an evaluation by the Optuna pruner; skipped: not started, predicted out of memory
 # (kind oom_predicted). Both are results, like failures.
 FINISHED_STATUSES = STATUSES
@@ -133,6 +138,13 @@ class Run:
             if key not in SEED_KEYS and not any(key == k or key.startswith(f"{k}.") for k in NON_DEFINING_KEYS)
         )
         return ("config", tuple(sorted(defining)))
+
+
+def report_metrics(runs: list[Run]) -> tuple[str, ...]:
+    """The metrics the report's tables show of these runs: summary.json's (SUMMARY_METRICS), the padding
+    share, and the compile time where some run has one."""
+    compiled = any(math.isfinite(r.metric(COMPILE_S)) for r in runs)
+    return (*SUMMARY_METRICS, PADDING_FRACTION, *((COMPILE_S,) if compiled else ()))
 
 
 def count_probes(runs: list[Run]) -> int:

@@ -20,7 +20,6 @@ from dpo_sweeps.analysis.runs import (
     PREFERENCE_ACCURACY,
     SEED_KEYS,
     SPEED_PER_MEMORY,
-    SUMMARY_METRICS,
     Run,
     count_probes,
 )
@@ -118,7 +117,7 @@ COMPARISON_COLUMNS = ["compared_by", "compared_on_pairs", "p_vs_best", "accuracy
 
 
 def config_columns(ranking: Ranking) -> list[str]:
-    metric_columns = [c for m in SUMMARY_METRICS for c in (m, f"std({m})")]
+    metric_columns = [c for m in ranking.metrics for c in (m, f"std({m})")]
     return ([f"rank({m})" for m in CRITERIA] + ["pareto", "config", "status", "n", "failures"]
             + VERSUS_BEST_COLUMNS + list(ranking.axes) + metric_columns + COMPARISON_COLUMNS + ["runs"])
 
@@ -152,7 +151,7 @@ def config_rows(ranking: Ranking) -> list[dict[str, Any]]:
                    failures=format_failures(config.failures))
         row.update(versus_best_cells(config))
         row.update({axis: config.settings.get(axis) for axis in ranking.axes})
-        for metric in SUMMARY_METRICS:
+        for metric in ranking.metrics:
             stat = config.stats.get(metric)
             row[metric] = stat.mean if stat else None
             row[f"std({metric})"] = stat.std if stat and stat.n > 1 else None
@@ -161,9 +160,9 @@ def config_rows(ranking: Ranking) -> list[dict[str, Any]]:
     return rows
 
 
-def run_columns() -> list[str]:
+def run_columns(ranking: Ranking) -> list[str]:
     return (["run", "status", "failure.kind", "failure.message", "config", "plan", *sorted(SEED_KEYS), "last_step",
-             *SUMMARY_METRICS, "overrides", "problems"])
+             *ranking.metrics, "overrides", "problems"])
 
 
 def run_rows(runs: list[Run], ranking: Ranking) -> list[dict[str, Any]]:
@@ -178,7 +177,7 @@ def run_rows(runs: list[Run], ranking: Ranking) -> list[dict[str, Any]]:
             "last_step": run.last_logged_step,
         }
         row.update({key: run.config.get(key) for key in SEED_KEYS})
-        row.update({metric: run.metrics.get(metric) for metric in SUMMARY_METRICS})
+        row.update({metric: run.metrics.get(metric) for metric in ranking.metrics})
         row.update(overrides=" ".join(run.overrides), problems="; ".join(run.problems))
         rows.append(row)
     return rows
