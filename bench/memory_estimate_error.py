@@ -6,6 +6,7 @@
     python bench/memory_estimate_error.py --repeat 3   # each shape 3 times, round by round: median and range
     python bench/memory_estimate_error.py --steps 24   # longer probes: the peak a longer run reaches
     python bench/memory_estimate_error.py --model smollm2_135m_lora   # 13 LoRA shapes of SmolLM2-135M (peft=lora)
+    python bench/memory_estimate_error.py --model smollm2_135m_packed   # 4 packed shapes of SmolLM2-135M (train.packing)
     python bench/memory_estimate_error.py --allocator tcmalloc   # every probe with resources.cpu_allocator=tcmalloc
 
 Each shape is a real probe run (`probe.steps=6`, or `--steps`; the same sharding, precision, micro-batch and
@@ -108,6 +109,22 @@ SMOLLM2_LORA_SHAPES = [
     ("smol-lora8-1rank-fp32-mb4-ac", ["model=smollm2_135m", "peft=lora", "peft.r=8", "precision=fp32",
                                       "train.micro_batch_size=4", "fsdp.activation_checkpointing=true"]),
 ]
+# Packed rows (train.packing, issue 47), which the estimate counts at the longest pairs, as many to a row as
+# train.micro_batch_tokens takes, under one boolean [R, 1, L, L] mask (memory_estimate.py `_row_layout`): the
+# default budget (a pair a row at its longest), and budgets that take several pairs a row, prefix-shared
+# and not, with and without activation checkpointing.
+SMOLLM2_PACKED_SHAPES = [
+    ("smol-fs-fp32-mb8-packed", [*SMOLLM2, "fsdp=full_shard", "precision=fp32", "train.micro_batch_size=8",
+                                 "train.packing=true"]),
+    ("smol-fs-bf16-mb8-packed512", [*SMOLLM2, "fsdp=full_shard", "precision=bf16", "train.micro_batch_size=8",
+                                    "train.packing=true", "train.micro_batch_tokens=512"]),
+    ("smol-sgo-fp32-mb16-packed1024-ac", [*SMOLLM2, "fsdp=shard_grad_op", "precision=fp32",
+                                          "train.micro_batch_size=16", "train.batch_size=32", "train.packing=true",
+                                          "train.micro_batch_tokens=1024", "fsdp.activation_checkpointing=true"]),
+    ("smol-1rank-fp32-mb8-packed256-apart", ["model=smollm2_135m", "precision=fp32", "train.micro_batch_size=8",
+                                             "train.packing=true", "train.micro_batch_tokens=256",
+                                             "train.share_prompt=false"]),
+]
 # Two tiny LoRA shapes: that the LoRA rows run, in seconds.
 TINY_LORA_SHAPES = [
     ("llama-lora4-fs-fp32-mb8", ["model=tiny_llama", "peft=lora", "peft.r=4", "fsdp=full_shard", "precision=fp32",
@@ -117,7 +134,7 @@ TINY_LORA_SHAPES = [
                                       "train.precompute_reference_logps=false"]),
 ]
 SHAPE_SETS = {"tiny": SHAPES, "smollm2_135m": SMOLLM2_SHAPES, "smollm2_135m_lora": SMOLLM2_LORA_SHAPES,
-              "tiny_lora": TINY_LORA_SHAPES}
+              "smollm2_135m_packed": SMOLLM2_PACKED_SHAPES, "tiny_lora": TINY_LORA_SHAPES}
 
 
 def probe(run_dir: Path, overrides: list[str], steps: int = PROBE_STEPS) -> dict:
@@ -150,7 +167,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", choices=sorted(SHAPE_SETS),
                         help="tiny: the 14 shapes of tiny_gpt2, tiny_llama and bench_gpt2 (default); "
                              "smollm2_135m: 8 shapes of SmolLM2-135M-Instruct; smollm2_135m_lora: 13 LoRA "
-                             "shapes of it; tiny_lora: 2 LoRA shapes of tiny_llama")
+                             "shapes of it; smollm2_135m_packed: 4 packed shapes of it (train.packing); "
+                             "tiny_lora: 2 LoRA shapes of tiny_llama")
     parser.add_argument("--only", help="comma-separated shape names to run (default: all of --model's)")
     parser.add_argument("--repeat", type=int, default=1, help="probe every shape this many times, round by round")
     parser.add_argument("--allocator", choices=("auto", "glibc", "tcmalloc"), default="auto",

@@ -4,6 +4,7 @@
     python bench/predict_vs_measured.py --data hh        # HH's pairs as they are only
     python bench/predict_vs_measured.py --smoke          # one config, 2 steps, HH as it is: to see that it works
     python bench/predict_vs_measured.py --pick 18,19 --data hh   # issue 50's two configs on HH as it is
+    python bench/predict_vs_measured.py --pick 21,22,23 --data hh   # the packed configs (train.packing)
 
 For each config: the forecast (dpo_sweeps/cost/, on this machine's measured profile, cached under
 $DPO_SWEEPS_CACHE/cluster: the step expected from the run's own pairs, and its worst case), then a real run
@@ -101,6 +102,16 @@ CONFIGS = [
      "train.micro_batch_size=3", "data.max_length=320", "data.max_prompt_length=160"],
     ["model=bench_gpt2", "peft=lora", "precision=bf16", "train.batch_size=8", "train.micro_batch_size=4",
      "data.max_length=256"],
+    # Packed rows (train.packing, issue 47): HH's ragged pairs in collate_packed's rows under a dense mask, at
+    # the default budget (the widest row one pair takes) and at a set one, on 1 and 2 ranks; the second
+    # without length grouping, whose batches are the raggedest, so the most padding goes. On the long table
+    # every pair takes a row of its own at the default budget: priced and run as the padded step.
+    ["model=bench_gpt2", "train.packing=true", "train.batch_size=16", "train.micro_batch_size=8",
+     "data.max_length=256"],
+    ["model=bench_gpt2", "train.packing=true", "data.length_grouped=false", "resources.nproc_per_node=2",
+     "train.batch_size=16", "train.micro_batch_size=4", "data.max_length=256"],
+    ["model=tiny_llama", "train.packing=true", "train.micro_batch_tokens=512", "train.share_prompt=false",
+     "resources.nproc_per_node=2", "train.batch_size=16", "train.micro_batch_size=8", "data.max_length=128"],
 ]
 
 
