@@ -90,6 +90,37 @@ def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
     return rows
 
 
+def step_micro_batches(lengths: list[int], budget: int, count: int) -> list[list[int]]:
+    """One rank's step of pairs (their prefix-shared rows' `lengths`, each <= budget) as `count`
+    micro-batches of pair indices, packed across the whole step rather than micro-batch by micro-batch.
+
+    The pairs go into rows of at most `budget` by first-fit decreasing; while there are fewer rows than
+    `count`, the row holding the most pairs is split in two (count <= pairs, so one always holds two).
+    The rows, fullest first, are dealt into `count` contiguous runs of as equal a number of rows as
+    possible, so the near-full rows travel together and a partial row does not widen the full ones.
+
+    `count` is the number of micro-batches the padded step would run: every rank keeps it whatever its
+    pairs' lengths, since FSDP's collectives need each rank to run the same number of forwards and
+    backwards. Each micro-batch lists its pairs in the step's order (collate_packed packs them again,
+    its own first-fit decreasing under the same budget)."""
+    if not 1 <= count <= len(lengths):
+        raise ValueError(f"{count} micro-batches of {len(lengths)} pairs")
+    rows = first_fit_decreasing(lengths, budget)
+    while len(rows) < count:  # no micro-batch may be empty
+        j = max(range(len(rows)), key=lambda j: (len(rows[j]), -j))
+        row = rows[j]
+        half = (len(row) + 1) // 2
+        rows[j : j + 1] = [row[:half], row[half:]]
+    rows.sort(key=lambda row: -sum(lengths[k] for k in row))  # stable: ties keep first-fit order
+    size, extra = divmod(len(rows), count)
+    micro_batches, start = [], 0
+    for m in range(count):  # the fullest runs take the extra rows: a run's width is its first row's fill
+        end = start + size + (1 if m < extra else 0)
+        micro_batches.append(sorted(k for row in rows[start:end] for k in row))
+        start = end
+    return micro_batches
+
+
 def collate_packed(pairs: list[EncodedPair], pad_id: int, *, row_tokens: int,
                    share_prompt: bool) -> dict[str, torch.Tensor]:
     """One micro-batch of pairs as packed rows of at most `row_tokens` tokens (see the module docstring).

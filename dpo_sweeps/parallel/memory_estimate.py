@@ -18,7 +18,8 @@ values for attention and norms and 5 i for the MLP (an activation written as sev
 ops, such as GPT-2's tanh GELU or a gated SiLU, saves several intermediate-sized tensors), plus the
 [rows, 1, L, L] fp32 padding mask each layer's SDPA keeps (one boolean mask for all layers where rows are
 prefix-shared or packed). Packed rows (`train.packing`) are counted at the longest pairs too, as many
-to a row as `train.micro_batch_tokens` takes: fewer, wider rows, the same tokens, a larger mask. With activation checkpointing
+to a row as `train.micro_batch_tokens` takes, each row as wide as that budget (ragged pairs can fill
+it): fewer, wider rows, a larger mask. With activation checkpointing
 (`fsdp.activation_checkpointing`) a block keeps only its input, and one block's activations exist at
 a time, while backward recomputes it. Backward adds a few intermediate-sized gradients at once.
 On a CPU the peak is the process's resident set, so the process's own resident memory before the
@@ -215,12 +216,17 @@ def _rows(run: RunShape) -> int:
 
 def _row_layout(run: RunShape) -> tuple[int, int]:
     """(rows, width) of a micro-batch of rows `seq_len` long: padded, or packed (train.packing) as many to a
-    row as the budget takes, so fewer and wider rows, whose mask grows with the width squared."""
+    row as the budget takes, so fewer and wider rows, whose mask grows with the width squared.
+
+    Packed, a micro-batch holds at most ceil(units / per_row) rows whatever the pairs' lengths (first-fit
+    decreasing opens a row only when every open one holds per_row segments or more, and a step's rows are
+    dealt evenly over its micro-batches: data/packing.py `step_micro_batches`), but ragged pairs can fill
+    each of them to the budget, so the rows are counted at the budget's width, not at per_row pairs'."""
     units = _rows(run)
     if not run.packing or run.row_tokens is None:
         return units, run.seq_len
     per_row = max(1, min(units, run.row_tokens // max(1, run.seq_len)))
-    return -(-units // per_row), per_row * run.seq_len
+    return -(-units // per_row), max(run.row_tokens, run.seq_len)
 
 
 def training_pass(model: ModelShape, run: RunShape) -> int:

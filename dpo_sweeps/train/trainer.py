@@ -47,7 +47,7 @@ from dpo_sweeps.train.probe import is_probe, probe_config
 from dpo_sweeps.train.pruning import TrialReporter, pruning_link
 from dpo_sweeps.train.reference_sync import due, sync_reference
 from dpo_sweeps.train.samples import write_samples
-from dpo_sweeps.train.scoring import batch_logps, batch_to, collate_pairs
+from dpo_sweeps.train.scoring import batch_logps, batch_to, collate_pairs, training_micro_batches
 from dpo_sweeps.train.setup import SetupSummary, TrainingSetup, build_training
 from dpo_sweeps.train.state import TrainState
 from dpo_sweeps.train.zero_shot import zero_shot_from_reference, zero_shot_record, zero_shot_stats
@@ -165,7 +165,8 @@ class Trainer:
         built = self.built
         indices = rank_micro_batch_indices(built.sampler.indices(step), self.env.rank, self.env.world_size,
                                            self.cfg.train.micro_batch_size)
-        return [[built.train_pairs[i] for i in micro] for micro in indices]
+        # Packed with a shared prompt: the step's pairs regrouped into as many micro-batches of packed rows.
+        return training_micro_batches([[built.train_pairs[i] for i in micro] for micro in indices], self.cfg)
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg, built = self.cfg, self.built

@@ -17,7 +17,7 @@ from dpo_sweeps.checks.validate import validate_config
 from dpo_sweeps.config.schema import Config, ModelConfig
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair
-from dpo_sweeps.data.packing import collate_packed, first_fit_decreasing
+from dpo_sweeps.data.packing import collate_packed, first_fit_decreasing, step_micro_batches
 from dpo_sweeps.dpo.response_logps import attention_path, response_logps
 from dpo_sweeps.errors import InvalidConfig
 from dpo_sweeps.models.build import build_policy
@@ -231,7 +231,7 @@ def test_packed_log_probs_and_gradients_equal_the_padded_ones(preset, attention,
         torch.testing.assert_close(g_packed, g, rtol=1e-5, atol=1e-5)
 
 
-def test_the_memory_estimate_counts_packed_rows_as_fewer_wider_rows_with_a_larger_mask():
+def test_the_memory_estimate_counts_packed_rows_as_fewer_rows_as_wide_as_the_budget():
     from dpo_sweeps.parallel.memory_estimate import ModelShape, RunShape, activations, logits
 
     model = ModelShape(num_params=134_515_008, num_layers=30, hidden=576, intermediate=1536, vocab=49152)
@@ -240,6 +240,66 @@ def test_the_memory_estimate_counts_packed_rows_as_fewer_wider_rows_with_a_large
     one_a_row = RunShape(**{**padded.__dict__, "packing": True, "row_tokens": None})
     two_a_row = RunShape(**{**padded.__dict__, "packing": True, "row_tokens": 250})  # 2 pairs of 100 fit, not 3
     assert activations(model, one_a_row) == activations(model, padded)
-    # The same tokens in 4 rows of 200: the blocks' activations and the head unchanged, the boolean mask doubled.
-    assert logits(model, two_a_row) == logits(model, padded)
-    assert activations(model, two_a_row) - activations(model, padded) == 4 * 200 * 200 - 8 * 100 * 100
+    # 4 rows (2 pairs of 100 a row), each as wide as the budget, since ragged pairs can fill a row to it:
+    # what 4 prefix-shared rows 250 long hold, mask included.
+    four_rows = RunShape(**{**padded.__dict__, "micro_batch_size": 4, "seq_len": 250})
+    assert logits(model, two_a_row) == logits(model, four_rows)
+    assert activations(model, two_a_row) == activations(model, four_rows)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_packed_micro_batch_stays_within_the_rows_and_width_the_memory_estimate_counts(seed):
+    """Pairs of any lengths up to the longest (100) in a step of 2 micro-batches of 8, budget 250: each
+    micro-batch collate_packed builds is at most ceil(8 / 2) rows of at most 250 positions."""
+    rng = random.Random(seed)
+    pairs = [EncodedPair([1] * rng.randint(1, 40), [2] * rng.randint(1, 30), [3] * rng.randint(1, 30))
+             for _ in range(16)]
+    lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) for p in pairs]
+    for group in step_micro_batches(lengths, 250, 2):
+        rows, width = collate_packed([pairs[k] for k in group], PAD, row_tokens=250, share_prompt=True)["input_ids"].shape
+        assert rows <= 4 and width <= 250
+
+
+# A rank's step of 8 pairs at HH-like ragged lengths (prefix-shared rows), 2 micro-batches of 4.
+STEP = [300, 40, 520, 75, 130, 610, 90, 260]
+
+
+def _positions(lengths: list[int], groups: list[list[int]], budget: int) -> int:
+    """What collate_packed computes for these micro-batches: rows x the fullest row's width, each packed
+    by its own first-fit decreasing."""
+    total = 0
+    for group in groups:
+        rows = first_fit_decreasing([lengths[k] for k in group], budget)
+        total += len(rows) * max(sum(lengths[group[k]] for k in row) for row in rows)
+    return total
+
+
+@pytest.mark.parametrize(("lengths", "budget", "count"),
+                         [(STEP, 768, 2), (STEP, 768, 4), (STEP, 610, 8), ([10] * 8, 768, 4), ([5, 700], 768, 2)]
+                         + [([random.Random(s).randint(1, 700) for _ in range(32)], 768, 8) for s in range(3)])
+def test_a_step_is_packed_into_count_micro_batches_of_whole_rows(lengths, budget, count):
+    groups = step_micro_batches(lengths, budget, count)
+    assert len(groups) == count and all(groups)  # every rank runs as many forwards as the padded step
+    assert sorted(k for g in groups for k in g) == list(range(len(lengths)))  # every pair exactly once
+    for group in groups:
+        assert group == sorted(group)  # in the step's order
+        assert all(sum(lengths[group[k]] for k in row) <= budget
+                   for row in first_fit_decreasing([lengths[k] for k in group], budget))
+    assert step_micro_batches(list(lengths), budget, count) == groups  # a pure function of the lengths
+
+
+def test_packing_the_step_computes_fewer_positions_than_packing_each_micro_batch():
+    per_micro_batch = [[0, 1, 2, 3], [4, 5, 6, 7]]  # the sampler's micro-batches of 4 pairs: 2 rows each
+    # The step's rows: 740 (610 + 130), 725 (520 + 90 + 75 + 40), 560 (300 + 260); the two near-full ones
+    # travel together, and the partial one does not widen them.
+    step = step_micro_batches(STEP, 768, 2)
+    assert step == [[1, 2, 3, 4, 5, 6], [0, 7]]
+    assert _positions(STEP, step, 768) == 2 * 740 + 560
+    assert _positions(STEP, per_micro_batch, 768) == 2 * 635 + 2 * 740
+
+
+def test_a_step_with_fewer_rows_than_micro_batches_splits_its_fullest_rows():
+    groups = step_micro_batches([10] * 8, 768, 4)  # one row would hold all 8
+    assert sorted(len(g) for g in groups) == [2, 2, 2, 2]
+    with pytest.raises(ValueError):
+        step_micro_batches([10] * 3, 768, 4)  # a micro-batch would be empty
