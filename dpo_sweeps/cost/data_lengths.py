@@ -9,7 +9,8 @@ models/build.py, data/encoding.py: truncation included), orders it with the run'
 (rank_micro_batch_indices). What comes out is, for each simulated step, each micro-batch's rows on each
 rank: their number, padded width and scored positions. Under train.packing a micro-batch is the rows
 data/packing.py's `collate_packed` builds of its pairs (first-fit decreasing into the row budget), so the
-forecast prices the packed rows and their dense [R, 1, L, L] mask, not the padded ones.
+forecast prices the packed rows and their dense [R, 1, L, L] mask, not the padded ones; with a shared
+prompt the rank's step is first regrouped as the run regroups it (`step_micro_batches`).
 
 A sample stands for the data set: the sampler's windows and batches keep their size in pairs, so the
 spread of lengths within a batch is the data set's, as long as the sample holds a window or more.
@@ -183,9 +184,23 @@ def simulated_steps(pairs: list[tuple[int, int, int]], cfg, world_size: int,
         indices = sampler.indices(step)
         per_rank = [rank_micro_batch_indices(indices, r, world_size, cfg.train.micro_batch_size)
                     for r in range(world_size)]
-        steps.append([[_micro_batch([pairs[i] for i in per_rank[r][j]], cfg) for r in range(world_size)]
-                      for j in range(len(per_rank[0]))])
+        ranks = [_rank_step([[pairs[i] for i in micro] for micro in per_rank[r]], cfg) for r in range(world_size)]
+        steps.append([[ranks[r][j] for r in range(world_size)] for j in range(len(per_rank[0]))])
     return steps
+
+
+def _rank_step(micro_batches: list[list[tuple[int, int, int]]], cfg) -> list[MicroBatch]:
+    """One rank's micro-batches of a step as the run trains them (train/scoring.py
+    `training_micro_batches`): packed with a shared prompt, the step's pairs regrouped by data/packing.py's
+    `step_micro_batches` under the budget of the whole step, each group then packed by collate_packed."""
+    if cfg.train.packing and cfg.train.share_prompt:
+        from dpo_sweeps.data.packing import step_micro_batches
+
+        pairs = [p for micro in micro_batches for p in micro]
+        groups = step_micro_batches([p + c + r for p, c, r in pairs], packed_row_tokens(pairs, cfg),
+                                    len(micro_batches))
+        micro_batches = [[pairs[k] for k in group] for group in groups]
+    return [_micro_batch(micro, cfg) for micro in micro_batches]
 
 
 def _micro_batch(pairs: list[tuple[int, int, int]], cfg) -> MicroBatch:

@@ -57,6 +57,39 @@ def test_the_forecast_budget_is_the_one_the_run_packs_with(overrides):
     assert packed_row_tokens(RAGGED, _config()) is None  # padded
 
 
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_the_forecasts_steps_are_the_micro_batches_the_run_packs(share_prompt):
+    """Each simulated rank-step is what the trainer builds: its micro-batches regrouped over the step
+    (train/scoring.py training_micro_batches, with a shared prompt), each packed by collate_pairs."""
+    from types import SimpleNamespace
+
+    from dpo_sweeps.data.encoding import GlobalBatchSampler, rank_micro_batch_indices
+    from dpo_sweeps.train.scoring import collate_pairs, training_micro_batches
+
+    cfg = _config("train.packing=true", "data.max_length=256", "data.max_prompt_length=128", "train.batch_size=16",
+                  "train.micro_batch_size=4", "data.length_grouped=false", f"train.share_prompt={share_prompt}")
+    pairs = RAGGED * 4
+    steps = simulated_steps(pairs, cfg, 2)
+    lengths = [p + c + r if share_prompt else p + max(c, r) for p, c, r in pairs]
+    sampler = GlobalBatchSampler(len(pairs), 16, cfg.train.seed, lengths=lengths, group_window=0)
+    tokenizer = SimpleNamespace(pad_token_id=0)
+    step_packed, each_packed = 0, 0
+    for s, step in enumerate(steps):
+        for rank in range(2):
+            indices = rank_micro_batch_indices(sampler.indices(s), rank, 2, 4)
+            built = [collate_pairs(mb, tokenizer, cfg)
+                     for mb in training_micro_batches([_pairs([pairs[i] for i in mb]) for mb in indices], cfg)]
+            priced = [ranks[rank] for ranks in step]
+            assert [(mb.rows, mb.width, mb.tokens) for mb in priced] == \
+                   [(*b["input_ids"].shape, int(b["num_row_tokens"])) for b in built]
+            step_packed += sum(mb.positions for mb in priced)
+            budget = packed_row_tokens(pairs, cfg)
+            each_packed += sum(micro_batch_of([pairs[i] for i in mb], share_prompt, budget).positions
+                               for mb in indices)
+    # With a shared prompt the step is packed as a whole: fewer positions than its micro-batches one by one.
+    assert step_packed < each_packed if share_prompt else step_packed == each_packed
+
+
 def _prediction(*overrides: str, pairs=RAGGED * 8):
     cfg = _config("cluster=h100_sxm", "data.max_length=256", "data.max_prompt_length=128", "train.batch_size=16",
                   "train.micro_batch_size=8", "data.length_grouped=false", *overrides)
