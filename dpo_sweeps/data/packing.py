@@ -1,5 +1,7 @@
-"""Packed micro-batches (`train.packing`): the same pairs as a padded micro-batch, placed into rows of at
-most `train.micro_batch_tokens` tokens, so that the step computes little padding.
+"""Packed micro-batches (`train.packing`): the same pairs as a padded step, placed into rows of at most
+`train.micro_batch_tokens` tokens, so that the step computes little padding. With a shared prompt the
+rank's whole step is packed and its rows dealt into micro-batches (`step_micro_batches`); with prompts
+apart each micro-batch of pairs is packed on its own (`collate_packed`).
 
 Each pair is laid out as data/collate.py lays it out unpacked: with `train.share_prompt` one segment,
 prompt + chosen + rejected, the rejected tokens attending to the prompt and to themselves; without, two
