@@ -64,7 +64,7 @@ def test_each_block_is_compiled_in_place_and_scores_as_the_eager_model():
     """Prefix-shared rows (train.share_prompt's 4-D boolean mask) of two lengths, scored without grad as the
     evaluation scores them: the eager model's log-probs up to inductor's float reordering, from one graph
     that both blocks and both lengths reuse (dynamic sizes); the blocks keep their parameter names. (With
-    grad and activation checkpointing: tests/integration/test_compile_fsdp.py.)"""
+    grad and activation checkpointing: tests/integration/test_packing_fsdp.py.)"""
     import copy
 
     from dpo_sweeps.data.collate import collate
