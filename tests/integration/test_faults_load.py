@@ -27,7 +27,7 @@ def test_32_jobs_two_at_a_time_then_a_rerun_skips_them_all(tmp_path):
     runs = sorted(p for p in sweep_dir.glob("[0-9]*") if p.is_dir())
     assert len(runs) == JOBS and all(summary_of(p)["status"] == "completed" for p in runs)
     assert f": {JOBS} runs =====" in run.output and f"completed  {JOBS}" in run.output and "failed     0" in run.output
-    assert run.alive() == []
+    assert run.alive_described() == []
 
     report = subprocess.run([sys.executable, "analysis/report.py", str(sweep_dir)], cwd=REPO, env=cli_env(),
                             capture_output=True, text=True, timeout=300)
