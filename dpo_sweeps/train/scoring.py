@@ -9,7 +9,7 @@ import torch
 
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.data.collate import collate
-from dpo_sweeps.data.encoding import EncodedPair
+from dpo_sweeps.data.encoding import EncodedPair, pair_tokens
 from dpo_sweeps.data.packing import collate_packed, step_micro_batches, widest_segment
 from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.dpo.losses import ld_alpha_of
@@ -49,7 +49,7 @@ def training_micro_batches(micro_batches: list[list[EncodedPair]], cfg: Config) 
     if not (cfg.train.packing and cfg.train.share_prompt) or not micro_batches:
         return micro_batches
     pairs = [p for micro in micro_batches for p in micro]
-    lengths = [len(p.prompt) + len(p.chosen) + len(p.rejected) for p in pairs]
+    lengths = [pair_tokens(p, share_prompt=True) for p in pairs]
     groups = step_micro_batches(lengths, row_tokens(pairs, cfg), len(micro_batches))
     return [[pairs[k] for k in group] for group in groups]
 
