@@ -145,6 +145,7 @@ class _Estimator:
         self.baseline: int | None = None
         self.pending: list[tuple] = []  # keys sent, replies not read yet
         self.replies: dict[tuple, dict] = {}
+        self.stops_at_exit = False
 
     def start(self, key: tuple | None = None) -> None:
         with self.lock:
@@ -194,6 +195,13 @@ class _Estimator:
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             except OSError:
                 self.failed = True
+            if not self.stops_at_exit:
+                # The process would end by itself at end of input once this one exits, but its interpreter's
+                # teardown (torch, transformers) takes a moment: without the wait it outlives the command.
+                import atexit
+
+                atexit.register(self.stop)
+                self.stops_at_exit = True
 
     def _send(self, key: tuple) -> None:
         import json

@@ -26,3 +26,20 @@ def test_stop_measuring_ends_the_process_and_a_later_question_starts_another():
     estimator.replies.pop(key)  # asked again, it must be answered by a new process, its baseline read first
     assert estimator.model_shape(key) == first and estimator.proc.pid != pid and estimator.baseline > 0
     fit.stop_measuring()
+
+
+def test_a_command_that_started_the_estimator_leaves_no_process_behind():
+    # The estimator ends at end of input when the command exits, but its teardown takes a moment: the
+    # command waits for it, or a sweep's end finds a process of its own still running (the load test did).
+    import subprocess
+    import sys
+
+    code = ("from dpo_sweeps.parallel.fit import _estimator, rank_baseline_bytes; rank_baseline_bytes(); "
+            "print(_estimator.proc.pid, flush=True)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    pid = int(done.stdout.split()[-1])
+    try:
+        state = open(f"/proc/{pid}/stat").read().split()[2]
+    except OSError:
+        state = "gone"
+    assert state in ("gone", "Z"), f"the estimator process {pid} outlived its command (state {state})"
