@@ -44,15 +44,6 @@ class Watched:
         """The rank processes and the command's descendants still running (zombies count as gone)."""
         return sorted(pid for pid in self.pids | set(marked_processes(self.marker)) if _running(pid))
 
-    def alive_described(self) -> list[str]:
-        """`alive()` as 'PID: command line', for an assertion to say which process was left."""
-        def cmdline(pid: int) -> str:
-            try:
-                return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
-            except OSError:
-                return "(gone)"
-        return [f"{pid}: {cmdline(pid)}" for pid in self.alive()]
-
 
 WATCH_VAR = "DPO_SWEEPS_TEST_WATCH"
 
