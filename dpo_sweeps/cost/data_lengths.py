@@ -140,20 +140,13 @@ def _packed(pairs: list[tuple[int, int, int]], share_prompt: bool, row_tokens: i
 
 
 def packed_row_tokens(pairs: list[tuple[int, int, int]], cfg) -> int | None:
-    """The budget a packed run's rows get for these pairs (train/scoring.py's `row_tokens`): a set
-    train.micro_batch_tokens, else the widest row one pair takes at the data limits (data/rows.py), or these
-    pairs' widest where it is wider. None: the run does not pack (train.packing=false). A set budget
-    narrower than one of the pairs is refused before a run starts (data/packing.py `check_pairs_fit`); the
-    forecast widens it to that pair rather than refuse what the run's checks refuse already."""
+    """The budget a packed run's rows get for these pairs (data/packing.py `row_budget`); None: the run
+    does not pack (train.packing=false)."""
     if not cfg.train.packing:
         return None
-    from dpo_sweeps.data.packing import widest_segment
-    from dpo_sweeps.data.rows import longest_rows_of
+    from dpo_sweeps.data.packing import row_budget, widest_segment
 
-    widest = widest_segment(_encoded(pairs), share_prompt=cfg.train.share_prompt)
-    if cfg.train.micro_batch_tokens is not None:
-        return max(cfg.train.micro_batch_tokens, widest)
-    return max(longest_rows_of(cfg).length, widest)
+    return row_budget(cfg, widest_segment(_encoded(pairs), share_prompt=cfg.train.share_prompt))
 
 
 def longest_micro_batch(cfg) -> MicroBatch:
@@ -191,15 +184,12 @@ def simulated_steps(pairs: list[tuple[int, int, int]], cfg, world_size: int,
 
 def _rank_step(micro_batches: list[list[tuple[int, int, int]]], cfg) -> list[MicroBatch]:
     """One rank's micro-batches of a step as the run trains them (train/scoring.py
-    `training_micro_batches`): packed with a shared prompt, the step's pairs regrouped by data/packing.py's
-    `step_micro_batches` under the budget of the whole step, each group then packed by collate_packed."""
+    `training_micro_batches`): packed with a shared prompt, regrouped across the step (data/packing.py
+    `packed_step`), each group then packed by collate_packed."""
     if cfg.train.packing and cfg.train.share_prompt:
-        from dpo_sweeps.data.packing import step_micro_batches
+        from dpo_sweeps.data.packing import packed_step
 
-        pairs = [p for micro in micro_batches for p in micro]
-        groups = step_micro_batches([p + c + r for p, c, r in pairs], packed_row_tokens(pairs, cfg),
-                                    len(micro_batches))
-        micro_batches = [[pairs[k] for k in group] for group in groups]
+        micro_batches = packed_step(micro_batches, sum, cfg)
     return [_micro_batch(micro, cfg) for micro in micro_batches]
 
 

@@ -23,13 +23,18 @@ mask read as "no packing" (the mask is always the explicit 4-D one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from dpo_sweeps.data.collate import with_reference_logps
 from dpo_sweeps.data.encoding import EncodedPair
+from dpo_sweeps.data.rows import longest_rows_of
 from dpo_sweeps.errors import InvalidConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,27 @@ def check_pairs_fit(pairs: list[EncodedPair], micro_batch_tokens: int, *, share_
         raise InvalidConfig("train.micro_batch_tokens", f"{micro_batch_tokens} is narrower than a pair of the data, "
                             f"whose {what} takes {widest} tokens (pairs are never split across rows)",
                             f"an integer >= {widest}, or null (the widest row a pair can take)")
+
+
+def row_budget(cfg, widest: int) -> int:
+    """The packed rows' budget for pairs whose widest segment is `widest` (widest_segment): a set
+    train.micro_batch_tokens, or (null) the widest row one pair takes at the data limits (data/rows.py);
+    either widened to `widest` where that is wider (a prefix-shared pair with a short prompt and two long
+    responses), so no row is narrower than a padded micro-batch of the same pairs would be. A run never
+    widens a set budget: setup refuses one narrower than a pair of the data (check_pairs_fit) before its
+    first step; the forecast, priced before that check, widens it rather than fail."""
+    budget = cfg.train.micro_batch_tokens
+    return max(budget if budget is not None else longest_rows_of(cfg).length, widest)
+
+
+def packed_step(micro_batches: list[list[T]], length: Callable[[T], int], cfg) -> list[list[T]]:
+    """A rank's step as a packed run with a shared prompt trains it: the step's items (pairs, or the
+    forecast's token counts of them; `length`: an item's prefix-shared row) regrouped by step_micro_batches
+    under the budget of the whole step, into as many micro-batches as the padded step runs."""
+    items = [x for micro in micro_batches for x in micro]
+    lengths = [length(x) for x in items]
+    groups = step_micro_batches(lengths, row_budget(cfg, max(lengths)), len(micro_batches))
+    return [[items[k] for k in group] for group in groups]
 
 
 def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:

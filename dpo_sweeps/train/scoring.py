@@ -10,8 +10,7 @@ import torch
 from dpo_sweeps.config.schema import Config
 from dpo_sweeps.data.collate import collate
 from dpo_sweeps.data.encoding import EncodedPair, pair_tokens
-from dpo_sweeps.data.packing import collate_packed, step_micro_batches, widest_segment
-from dpo_sweeps.data.rows import longest_rows_of
+from dpo_sweeps.data.packing import collate_packed, packed_step, row_budget, widest_segment
 from dpo_sweeps.dpo.losses import ld_alpha_of
 from dpo_sweeps.dpo.response_logps import response_logps
 
@@ -29,29 +28,22 @@ def collate_pairs(pairs: list[EncodedPair], tokenizer: Any, cfg: Config) -> dict
 
 
 def row_tokens(pairs: list[EncodedPair], cfg: Config) -> int:
-    """The packed rows' budget: train.micro_batch_tokens, or (null) the widest row one pair takes at the data
-    limits (data/rows.py), or this micro-batch's widest pair where it is wider (a prefix-shared pair with a
-    short prompt and two long responses): never a row a padded micro-batch of these pairs would not have."""
-    if cfg.train.micro_batch_tokens is not None:
-        return cfg.train.micro_batch_tokens
-    return max(longest_rows_of(cfg).length, widest_segment(pairs, share_prompt=cfg.train.share_prompt))
+    """The packed rows' budget for these pairs (data/packing.py `row_budget`)."""
+    return row_budget(cfg, widest_segment(pairs, share_prompt=cfg.train.share_prompt))
 
 
 def training_micro_batches(micro_batches: list[list[EncodedPair]], cfg: Config) -> list[list[EncodedPair]]:
     """A rank's step as it trains: the padded micro-batches, or, packed with a shared prompt, the step's
-    pairs regrouped into as many micro-batches of whole packed rows (data/packing.py `step_micro_batches`,
-    under the budget `row_tokens` gives the whole step), so rows fill across the step rather than within
-    each group of train.micro_batch_size pairs. The count stays, so every rank runs as many forwards and
-    backwards (FSDP's collectives need that); the pairs and their loss (summed over the step) stay too.
+    pairs regrouped into as many micro-batches of whole packed rows (data/packing.py `packed_step`), so rows
+    fill across the step rather than within each group of train.micro_batch_size pairs. The count stays, so
+    every rank runs as many forwards and backwards (FSDP's collectives need that); the pairs and their loss
+    (summed over the step) stay too.
 
     With prompts apart, chosen and rejected are two segments that must share a micro-batch (the loss pairs
     them there), so each micro-batch is packed on its own, as padded."""
     if not (cfg.train.packing and cfg.train.share_prompt) or not micro_batches:
         return micro_batches
-    pairs = [p for micro in micro_batches for p in micro]
-    lengths = [pair_tokens(p, share_prompt=True) for p in pairs]
-    groups = step_micro_batches(lengths, row_tokens(pairs, cfg), len(micro_batches))
-    return [[pairs[k] for k in group] for group in groups]
+    return packed_step(micro_batches, lambda p: pair_tokens(p, share_prompt=True), cfg)
 
 
 def batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
