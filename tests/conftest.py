@@ -76,7 +76,11 @@ class PerFileScheduling:
     """Under pytest-xdist (`-n 2`, any --dist that spreads tests), a test file runs on one worker, so its
     module-scoped fixtures (a fault matrix, a sweep several tests read) run once, and the ON_CLUSTER files run
     on one worker together. Done by the scheduler, from test ids alone: xdist's own `xdist_group` mark rides
-    on a private attribute that pytest 9.2 no longer reads."""
+    on a private attribute that pytest 9.2 no longer reads.
+
+    The files of tests/integration (runs of seconds to minutes) go first, tests/unit's (mostly fractions of
+    a second) last: the unit files then fill in while the other worker ends its last long file. In xdist's
+    own order (most tests first) a one-test file of two minutes came last and the other worker waited."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config, log):
@@ -85,9 +89,19 @@ class PerFileScheduling:
         from xdist.scheduler import LoadScopeScheduling
 
         class PerFile(LoadScopeScheduling):
+            ordered = False
+
             def _split_scope(self, nodeid: str) -> str:
                 file = nodeid.split("::", 1)[0]
                 return "slurm" if file in ON_CLUSTER else file
+
+            def _assign_work_unit(self, node) -> None:
+                if not self.ordered:  # the queue is complete at the first assignment
+                    units = sorted(self.workqueue.items(), key=lambda unit: unit[0].startswith("tests/unit/"))
+                    self.workqueue.clear()
+                    self.workqueue.update(units)  # a stable sort: xdist's order within each group
+                    self.ordered = True
+                super()._assign_work_unit(node)
 
         return PerFile(config, log)
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from support import REPO
 
 from dpo_sweeps.config.schema import Config
-from dpo_sweeps.cost.cpu_passes import _model, cached_passes, measured_passes, micro_batch, pass_shape
+from dpo_sweeps.cost.cpu_passes import _model, cached_passes, measured_passes, micro_batch, pass_shape, timed_passes
 from dpo_sweeps.parallel.plan import resolve_plan
 
 
@@ -27,10 +27,13 @@ def test_a_points_passes_are_timed_on_its_model_and_cached():
     # the noise of a machine the other test worker shares; tiny_llama's are a fraction of one.
     shape = _shape(model="bench_gpt2")
     assert cached_passes(shape) is None  # this session's cache starts empty
-    passes = measured_passes(shape)
+    timing = timed_passes(shape)
+    passes = timing.passes
     assert cached_passes(shape) == passes  # read back, not timed again
     assert passes.block_train_s > passes.block_forward_s > 0
-    assert passes.rest_train_s > 0
+    # The rest (embeddings, LM head) is one timing less three blocks' worth: with the other worker's runs
+    # on the cores it can come out at 0, and such a timing is provisional, taken again when quiet.
+    assert passes.rest_train_s > 0 or timing.provisional, timing
     # Eight times the tokens a response: more time in every block.
     longer = measured_passes(dataclasses.replace(shape, response=8 * shape.response))
     assert longer.block_train_s > passes.block_train_s
