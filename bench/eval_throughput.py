@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--eval-pairs", type=int, default=256, help="held-out pairs per evaluation")
     parser.add_argument("--max-length", type=int, default=512, help="data.max_length (HH's own: 512)")
     parser.add_argument("--max-prompt-length", type=int, default=256, help="data.max_prompt_length (HH's own: 256)")
+    parser.add_argument("--variants", default="derived,train_micro_batch", help="which eval batchings, comma-separated")
     parser.add_argument("--smoke", action="store_true", help="a tiny model and data, two short rounds")
     args = parser.parse_args()
     if args.smoke:
@@ -87,7 +88,7 @@ def main() -> None:
                  f"train.eval_max_pairs={args.eval_pairs}", "perf.warmup_steps=0", "train.log_every=1"]
     root = Path(tempfile.mkdtemp(prefix="eval-throughput-"))
     found: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    names = list(variants(micro))
+    names = [name for name in args.variants.split(",") if name in variants(micro)] or list(variants(micro))
     for k in range(args.runs):
         for name in names if k % 2 == 0 else reversed(names):
             records = run(root / f"{name}-{k}", [*overrides, *variants(micro)[name]])

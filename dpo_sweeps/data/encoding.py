@@ -216,25 +216,47 @@ def pair_tokens(pair: EncodedPair, share_prompt: bool) -> int:
     return 2 * pair.length
 
 
+# A held-out pass is padded to its longest pair. Pairs go longest first, and a pass stops taking shorter
+# ones once padding would pass this share of its tokens: with a budget of many pairs a pass, one pass
+# would otherwise pad short pairs to the longest ones' width (on HH, half its tokens). A pass more costs
+# one more gather of the sharded model.
+EVAL_PASS_PADDING = 0.125
+# Rows up to this many tokens count as this many when a pass's padding is weighed: a pass of short rows
+# costs about what its fixed work costs, and splitting it would add a pass for a few tokens.
+EVAL_SHORT_ROW = 64
+
+
 def eval_micro_batch_indices(pair_sizes: list[int], rank: int, world_size: int,
                              batching: EvalBatching) -> list[list[int]]:
     """Rank `rank`'s held-out micro-batches. Pairs go longest first (`pair_sizes`: pair_tokens), dealt
     round-robin a round of `world_size` pairs at a time; a micro-batch is consecutive rounds, as many as
-    `batching` allows at its first (longest) pair's size, so that pairs of similar length pass together,
-    shorter ones more to a pass, and every rank makes the same passes. Only the last round is padded: an
-    index >= num_pairs is padding (it stands for pair index % num_pairs)."""
+    `batching` allows at its first (longest) pair's size and as keep its padding within
+    EVAL_PASS_PADDING, so that pairs of similar length pass together, shorter ones more to a pass, and
+    every rank makes the same passes (each is decided from every rank's sizes). Only the last round is
+    padded: an index >= num_pairs is padding (it stands for pair index % num_pairs, the round's first
+    pair, so that it is no wider than its pass)."""
     n = len(pair_sizes)
     order = sorted(range(n), key=lambda i: -pair_sizes[i])
     rounds = -(-n // world_size)
+
+    def pair_at(p: int) -> int:  # the pair at place p of the order; past the end, its round's first
+        return order[p] if p < n else order[p - p % world_size]
+
+    def weighed(r: int) -> int:  # round r's tokens, short rows counted at EVAL_SHORT_ROW
+        return sum(max(EVAL_SHORT_ROW, pair_sizes[pair_at(p)]) for p in range(r * world_size, (r + 1) * world_size))
+
     batches, start = [], 0
     while start < rounds:
         widest = max(1, pair_sizes[order[start * world_size]])
-        take = 1
+        take, real = 1, weighed(start)
         while (start + take < rounds and (batching.max_pairs is None or take < batching.max_pairs)
-               and (batching.max_tokens is None or (take + 1) * widest <= batching.max_tokens)):
+               and (batching.max_tokens is None or (take + 1) * widest <= batching.max_tokens)
+               and real + weighed(start + take)
+               >= (1 - EVAL_PASS_PADDING) * (take + 1) * world_size * max(widest, EVAL_SHORT_ROW)):
+            real += weighed(start + take)
             take += 1
         positions = [r * world_size + rank for r in range(start, start + take)]
-        batches.append([order[p] if p < n else n + order[p % n] for p in positions])
+        batches.append([pair_at(p) if p < n else n + pair_at(p) for p in positions])
         start += take
     return batches
 

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dpo_sweeps.data.encoding import EvalBatching, eval_micro_batch_indices
+from dpo_sweeps.data.encoding import EVAL_PASS_PADDING, EVAL_SHORT_ROW, EvalBatching, eval_micro_batch_indices
 from dpo_sweeps.parallel.memory_estimate import (
     ModelShape,
     RunShape,
@@ -52,6 +52,22 @@ def test_pairs_pass_longest_first_so_short_pairs_share_a_pass():
     sizes = [10, 200, 12, 11, 190, 9]
     passes = eval_micro_batch_indices(sizes, 0, 1, EvalBatching(max_pairs=None, max_tokens=400))
     assert passes == [[1, 4], [2, 3, 0, 5]]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_budget_of_many_pairs_still_cuts_passes_where_padding_would_grow(world_size):
+    # Ragged sizes as HH's are, and a budget that would take them all in one pass padded to the longest.
+    rng = np.random.default_rng(0)
+    sizes = [int(x) for x in rng.integers(EVAL_SHORT_ROW, 400, size=101)]
+    batching = EvalBatching(max_pairs=None, max_tokens=10**9)
+    per_rank = [eval_micro_batch_indices(sizes, rank, world_size, batching) for rank in range(world_size)]
+    assert 1 < len(per_rank[0]) < len(sizes) // 4
+    for j in range(len(per_rank[0])):  # each pass: every rank's pairs padded to the widest of all of them
+        idx = [i % len(sizes) for passes in per_rank for i in passes[j]]
+        widest = max(sizes[i] for i in idx)
+        assert sum(widest - sizes[i] for i in idx) <= EVAL_PASS_PADDING * len(idx) * widest
+    padded = sum(len(idx) * max(sizes[i % len(sizes)] for i in idx) for passes in per_rank for idx in passes)
+    assert padded <= (1 + EVAL_PASS_PADDING) * sum(sizes) + world_size * 400
 
 
 def test_the_derived_eval_pass_fits_where_training_peaks_and_holds_more_pairs():
