@@ -36,7 +36,8 @@ from dpo_sweeps.rundir.paths import cache_root
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bump when the way pairs are scored changes (3: held-out passes longest first, eval_batching)
+FORMAT = 4  # bump when the way pairs are scored changes (3: held-out passes longest first, eval_batching; 4: a
+# held-out pass cut where its padding would pass 1/8, data/encoding.py)
 
 
 @dataclass(frozen=True)
