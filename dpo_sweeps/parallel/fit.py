@@ -15,6 +15,7 @@ data and no model, so the estimate here takes:
 
 from __future__ import annotations
 
+import atexit
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -145,7 +146,6 @@ class _Estimator:
         self.baseline: int | None = None
         self.pending: list[tuple] = []  # keys sent, replies not read yet
         self.replies: dict[tuple, dict] = {}
-        self.stops_at_exit = False
 
     def start(self, key: tuple | None = None) -> None:
         with self.lock:
@@ -195,13 +195,6 @@ class _Estimator:
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             except OSError:
                 self.failed = True
-            if not self.stops_at_exit:
-                # The process would end by itself at end of input once this one exits, but its interpreter's
-                # teardown (torch, transformers) takes a moment: without the wait it outlives the command.
-                import atexit
-
-                atexit.register(self.stop)
-                self.stops_at_exit = True
 
     def _send(self, key: tuple) -> None:
         import json
@@ -231,6 +224,9 @@ class _Estimator:
 
 
 _estimator = _Estimator()
+# The process would end by itself at end of input once this one exits, but its interpreter's teardown (torch,
+# transformers) takes a moment: without waiting for it here it outlives the command. (A no-op if never started.)
+atexit.register(_estimator.stop)
 
 
 def measure_in_background(model_cfg=None) -> None:
