@@ -250,11 +250,11 @@ def eval_micro_batch_indices(pair_sizes: list[int], rank: int, world_size: int,
         widest = max(1, pair_sizes[order[start * world_size]])
         take, real = 1, weighed(start)
         while (start + take < rounds and (batching.max_pairs is None or take < batching.max_pairs)
-               and (batching.max_tokens is None or (take + 1) * widest <= batching.max_tokens)
-               and real + weighed(start + take)
-               >= (1 - EVAL_PASS_PADDING) * (take + 1) * world_size * max(widest, EVAL_SHORT_ROW)):
-            real += weighed(start + take)
-            take += 1
+               and (batching.max_tokens is None or (take + 1) * widest <= batching.max_tokens)):
+            more = real + weighed(start + take)
+            if more < (1 - EVAL_PASS_PADDING) * (take + 1) * world_size * max(widest, EVAL_SHORT_ROW):
+                break  # the next round would take the pass's padding past its bound
+            real, take = more, take + 1
         positions = [r * world_size + rank for r in range(start, start + take)]
         batches.append([pair_at(p) if p < n else n + pair_at(p) for p in positions])
         start += take
