@@ -88,7 +88,10 @@ def main() -> None:
                  f"train.eval_max_pairs={args.eval_pairs}", "perf.warmup_steps=0", "train.log_every=1"]
     root = Path(tempfile.mkdtemp(prefix="eval-throughput-"))
     found: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    names = [name for name in args.variants.split(",") if name in variants(micro)] or list(variants(micro))
+    names = args.variants.split(",")
+    unknown = [name for name in names if name not in variants(micro)]
+    if unknown:
+        sys.exit(f"--variants: {', '.join(unknown)} unknown (accepted: {', '.join(variants(micro))}, comma-separated)")
     for k in range(args.runs):
         for name in names if k % 2 == 0 else reversed(names):
             records = run(root / f"{name}-{k}", [*overrides, *variants(micro)[name]])
