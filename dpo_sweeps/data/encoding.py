@@ -231,7 +231,8 @@ def eval_micro_batch_indices(pair_sizes: list[int], rank: int, world_size: int,
     """Rank `rank`'s held-out micro-batches. Pairs go longest first (`pair_sizes`: pair_tokens), dealt
     round-robin a round of `world_size` pairs at a time; a micro-batch is consecutive rounds, as many as
     `batching` allows at its first (longest) pair's size and as keep its padding within
-    EVAL_PASS_PADDING, so that pairs of similar length pass together, shorter ones more to a pass, and
+    EVAL_PASS_PADDING (rows shorter than EVAL_SHORT_ROW weighed at that; a round is never split, so a pass
+    of one round holds that round's own padding, whatever it is), so that pairs of similar length pass together, shorter ones more to a pass, and
     every rank makes the same passes (each is decided from every rank's sizes). Only the last round is
     padded: an index >= num_pairs is padding (it stands for pair index % num_pairs, the round's first
     pair, so that it is no wider than its pass)."""
