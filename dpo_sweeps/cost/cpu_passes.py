@@ -13,7 +13,8 @@ packed rows and their dense [R, 1, L, L] mask) and scored by dpo/response_logps.
 - one block's training pass, (T3 - T1) / 2, forward and backward (weight gradients of what trains only;
   with activation checkpointing, as a run wraps it, the recompute too), and its forward without autograd
   (the reference's pass when not cached);
-- the rest of the pass, T1 less one block: embeddings, final norm, the LM head and log-softmax.
+- the rest of the pass, T1 less one block: the micro-batch's collation (a run's step collates each one),
+  embeddings, final norm, the LM head and log-softmax.
 step_time.py adds what these passes do not hold from the machine's profile (cpu_profile.py): FSDP's
 collectives, the optimizer, QLoRA's unpacking, the loss. Cached per shape under
 $DPO_SWEEPS_CACHE/cluster/passes.
@@ -44,7 +45,7 @@ class MeasuredPasses:
 
     block_train_s: float  # one block, forward and backward
     block_forward_s: float  # one block, forward without autograd
-    rest_train_s: float  # all but the blocks (embeddings, final norm, LM head, log-softmax), forward and backward
+    rest_train_s: float  # all but the blocks (collation, embeddings, final norm, LM head, log-softmax), fwd and bwd
     rest_forward_s: float
 
 
@@ -92,7 +93,7 @@ def pass_shape(cfg, plan, threads: int) -> PassShape:
                      threads=threads, packing=train.packing, row_tokens=train.micro_batch_tokens)
 
 
-CACHE_VERSION = 2  # of a cached timing's form: 2 records the load it was taken under
+CACHE_VERSION = 3  # of a cached timing: 2 records the load it was taken under; 3 times the collation too
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def time_passes(shape: PassShape) -> PassTiming:
     torch.set_num_threads(shape.threads)
     try:
         with torch.random.fork_rng(), LoadWatch() as watch:
-            (one_train, three_train), (one_forward, three_forward), rounds = _fastest_alternating(
+            (one_train, three_train), (one_forward, three_forward), rounds = _alternating(
                 [_passes(shape, blocks) for blocks in (1, 3)])
     finally:
         torch.set_num_threads(before)
@@ -193,13 +194,17 @@ ROUNDS = (5, 20)  # at least, at most
 BUDGET_S = 6.0
 
 
-def _fastest_alternating(models: list[tuple]) -> tuple[list[float], list[float], list[float]]:
-    """The fastest (training pass, forward) of each model, timed in alternating rounds until BUDGET_S is
+def _alternating(models: list[tuple]) -> tuple[list[float], list[float], list[float]]:
+    """The median (training pass, forward) of each model, timed in alternating rounds until BUDGET_S is
     spent: a block's time is a difference of two such times, times the model's blocks, so both must see
-    the same machine (warm caches and heap, no process passing by on one and not the other)."""
+    the same machine (warm caches and heap, no process passing by on one and not the other). The median,
+    as a run's perf/step_time_s is its timed steps' median: the fastest round is a moment the run's steps
+    are seldom as fast as (a small model's passes vary from one second to the next on a quiet machine);
+    rounds that waited for another process's cores make the timing provisional (load.py)."""
+    import statistics
     import time
 
-    best = [[float("inf")] * len(models) for _ in range(2)]
+    taken: list[list[list[float]]] = [[[] for _ in models] for _ in range(2)]
     for fns in models:  # warm-up: first calls fault their pages in and pick their kernels
         for fn in fns:
             fn()
@@ -211,11 +216,11 @@ def _fastest_alternating(models: list[tuple]) -> tuple[list[float], list[float],
                 start = time.perf_counter()
                 fn()
                 took = time.perf_counter() - start
-                best[kind][i] = min(best[kind][i], took)
+                taken[kind][i].append(took)
                 spent += took
         rounds += 1
         round_times.append(spent - round_start)  # the spread of these says whether rounds waited for cores
-    return best[0], best[1], round_times
+    return [statistics.median(t) for t in taken[0]], [statistics.median(t) for t in taken[1]], round_times
 
 
 def _model(shape: PassShape, blocks: int):
@@ -249,22 +254,31 @@ def micro_batch(shape: PassShape, vocab: int) -> dict:
     pair's rejected response a quarter shorter, so that the batch is padded as real ones are. With
     `shape.lengths`: pairs of exactly those token counts (a micro-batch of the run's own data). Packed
     (`shape.packing`): the rows collate_packed builds of them under `shape.row_tokens`."""
+    return collated(shape, micro_batch_pairs(shape, vocab))
+
+
+def micro_batch_pairs(shape: PassShape, vocab: int) -> list:
+    """The pairs of `micro_batch` (random tokens), before collation."""
     import torch
 
-    from dpo_sweeps.data.collate import collate
     from dpo_sweeps.data.encoding import EncodedPair
-    from dpo_sweeps.data.packing import collate_packed, widest_segment
 
     def tokens(n: int) -> list[int]:
         return torch.randint(1, vocab, (n,)).tolist()
 
     if shape.lengths:
-        pairs = [EncodedPair(tokens(p), tokens(c), tokens(r)) for p, c, r in shape.lengths]
-    else:
-        pairs = [EncodedPair(tokens(shape.prompt), tokens(shape.response), tokens(shape.response))
-                 for _ in range(shape.pairs)]
-        pairs[-1] = EncodedPair(pairs[-1].prompt, pairs[-1].chosen,
-                                pairs[-1].rejected[: max(1, 3 * shape.response // 4)])
+        return [EncodedPair(tokens(p), tokens(c), tokens(r)) for p, c, r in shape.lengths]
+    pairs = [EncodedPair(tokens(shape.prompt), tokens(shape.response), tokens(shape.response))
+             for _ in range(shape.pairs)]
+    pairs[-1] = EncodedPair(pairs[-1].prompt, pairs[-1].chosen, pairs[-1].rejected[: max(1, 3 * shape.response // 4)])
+    return pairs
+
+
+def collated(shape: PassShape, pairs: list) -> dict:
+    """`pairs` collated as a run of `shape` collates them (train/scoring.py collate_pairs)."""
+    from dpo_sweeps.data.collate import collate
+    from dpo_sweeps.data.packing import collate_packed, widest_segment
+
     if shape.packing:
         # As data_lengths.py's packed_row_tokens: a set budget narrower than a pair is widened to it.
         budget = max(shape.row_tokens or 0, widest_segment(pairs, share_prompt=shape.share_prompt))
@@ -279,11 +293,12 @@ def _passes(shape: PassShape, blocks: int) -> tuple:
     from dpo_sweeps.dpo.response_logps import response_logps
 
     model = _model(shape, blocks)
-    batch = micro_batch(shape, model.config.vocab_size)
+    pairs = micro_batch_pairs(shape, model.config.vocab_size)
+    batch = collated(shape, pairs)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def train() -> None:
-        response_logps(model, batch, shape.chunk_size).sums.sum().backward()
+    def train() -> None:  # collates, as a run's step does for each micro-batch: in the rest of the pass
+        response_logps(model, collated(shape, pairs), shape.chunk_size).sums.sum().backward()
         for p in params:
             p.grad = None
 

@@ -4,7 +4,8 @@ A CPU has no datasheet peak a step reaches, so the profile is what a rank achiev
 passes are timed per point at its shapes (cpu_passes.py); this profile holds what they do not:
 - matmul FLOP/s per precision at a few square sizes on the threads one rank gets, the cost of one small
   op with autograd (dispatch) and the bandwidth of a copy (the memory-bound work: casts, QLoRA's unpacking);
-- the optimizer: AdamW's step with gradient clipping, per parameter, on plain tensors;
+- the optimizer: AdamW's step with gradient clipping, per parameter (large tensors) and per tensor (its
+  per-tensor loops, which a small model's step is mostly made of), on plain tensors;
 - what FSDP2 adds to a step, per unit (block), for each way a run wraps its model: a small model of
   UNIT_TENSORS-tensor units is trained with and without `fully_shard` in fresh gloo processes (one rank that
   casts to bf16, as a one-rank bf16 run does; two ranks full_shard, shard_grad_op and no_shard), and the
@@ -35,7 +36,7 @@ from dpo_sweeps.rundir.paths import cache_root
 SIZES = (64, 128, 256, 512, 1024)
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GATHER_BYTES = 8 * 2**20
-VERSION = 2  # of what a measurement holds: an older cache is measured again
+VERSION = 3  # of what a measurement holds (3: the optimizer's cost per tensor): an older cache is measured again
 
 
 def default_threads(nproc_per_node: int) -> int:
@@ -103,11 +104,12 @@ def _measure(threads: int) -> dict:
         big = torch.empty(32 * 2**20, dtype=torch.uint8)
         copy = 2 * big.numel() / _best_of(lambda: big.clone(), 5, at_least=5)
         optimizer = _optimizer_seconds_per_param(torch)
+        per_tensor = _optimizer_seconds_per_tensor(torch)
     finally:
         torch.set_num_threads(before)
     bandwidth, latency = _gloo_all_gather()
     return {"threads": threads, "matmul_flops": matmul, "op_overhead_s": op, "memory_bandwidth": copy,
-            "optimizer_s_per_param": optimizer,
+            "optimizer_s_per_param": optimizer, "optimizer_s_per_tensor": per_tensor,
             "gloo_bandwidth": bandwidth, "gloo_latency_s": latency, "fsdp_unit_s": _fsdp_unit_costs(),
             "measured_at": time.time()}
 
@@ -135,7 +137,7 @@ def profile_of(cluster: ClusterConfig, m: dict) -> DeviceProfile:
         memory_bandwidth=m["memory_bandwidth"], peak_flops=peaks, intra_bandwidth=m["gloo_bandwidth"],
         intra_latency=m["gloo_latency_s"], inter_bandwidth=m["gloo_bandwidth"], inter_latency=m["gloo_latency_s"],
         measured=True, matmul_flops=matmul, op_overhead_s=m["op_overhead_s"],
-        optimizer_s_per_param=m["optimizer_s_per_param"],
+        optimizer_s_per_param=m["optimizer_s_per_param"], optimizer_s_per_tensor=m["optimizer_s_per_tensor"],
         fsdp_unit_s=tuple((mode, pass_s, step_s) for mode, (pass_s, step_s) in sorted(m["fsdp_unit_s"].items())),
         provisional=provisional(m))
 
@@ -222,6 +224,31 @@ def _optimizer_seconds_per_param(torch) -> float:
 
 
 OPTIMIZER_PARAMS = 8 * 2**20
+
+
+def _optimizer_seconds_per_tensor(torch) -> float:
+    """The same step's cost per parameter tensor: its slope over OPTIMIZER_TENSORS tensors too small for
+    their elements to count (torch's CPU AdamW and clipping loop over tensors, a few ops each)."""
+
+    def seconds(n: int) -> float:
+        params = [torch.nn.Parameter(torch.randn(16)) for _ in range(n)]
+        grads = [torch.ones_like(p) for p in params]
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+
+        def step() -> None:
+            for p, g in zip(params, grads):
+                p.grad = g
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return _best_of(step, 20, budget_s=0.5, at_least=10)
+
+    few, many = OPTIMIZER_TENSORS
+    return max(0.0, (seconds(many) - seconds(few)) / (many - few))
+
+
+OPTIMIZER_TENSORS = (8, 64)
 # The synthetic FSDP model: units of UNIT_TENSORS tensors (a Llama block's: 7 projections, 2 norms) of
 # width UNIT_WIDTH, small enough that their bytes cost nothing next to the fixed cost measured.
 UNIT_TENSORS = 9

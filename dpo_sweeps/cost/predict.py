@@ -56,6 +56,7 @@ def workload_of(cfg, plan: ParallelPlan, shape) -> Workload:
     return Workload(
         num_layers=shape.num_layers, hidden=shape.hidden, block_params=shape.num_params - shape.root_params,
         head_params=shape.root_params, positions=positions, scored=scored, attention=rows * length * length,
+        trained_tensors=shape.trained_tensors,
         micro_batches=max(1, train.batch_size // (train.micro_batch_size * plan.world_size)),
         recompute="full" if plan.activation_checkpointing else "none",
         reference_forward=uses_reference(cfg.loss) and not train.precompute_reference_logps,

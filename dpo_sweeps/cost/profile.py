@@ -31,6 +31,7 @@ class DeviceProfile:
     matmul_flops: tuple[tuple[str, int, float], ...] = ()
     op_overhead_s: float = 0.0  # measured profiles: the cost of one small op (dispatch), seconds
     optimizer_s_per_param: float = 0.0  # measured profiles: AdamW's step with clipping, per parameter
+    optimizer_s_per_tensor: float = 0.0  # measured profiles: the same step's fixed cost per parameter tensor
     # Measured profiles: (wrapping, seconds one FSDP unit adds to a micro-batch's passes, seconds it adds to
     # the optimizer step); wrappings: cast (one rank, bf16), full_shard, shard_grad_op, no_shard (cpu_profile.py).
     fsdp_unit_s: tuple[tuple[str, float, float], ...] = ()

@@ -80,6 +80,7 @@ class Workload:
     recompute: str = "none"  # activation checkpointing: none, selective, full
     reference_forward: bool = False  # a reference model's forward per micro-batch (not cached)
     trained_params: int | None = None  # parameters the optimizer steps (default: all); set: adapters (peft)
+    trained_tensors: int = 0  # the tensors they are in (a measured profile's optimizer pays a cost per tensor)
     quantized_params: int = 0  # peft=qlora: base weights stored in 4-bit, dequantized at every pass
     quantized_bytes: int = 0  # their packed bytes with their quantization constants
 
@@ -313,7 +314,8 @@ def predict_measured(work: Workload, layout: Layout, profile: DeviceProfile, pas
     if wrapping:  # FSDP copies each gathered parameter in and out (casting it), and each gradient out
         comm += (max(gathers, 1) * 2 * gathered / s + 2 * work.trained * layout.reduce_bytes / s) \
             / profile.memory_bandwidth
-    optimizer = profile.optimizer_s_per_param * work.trained / s + units * unit_step
+    optimizer = profile.optimizer_s_per_param * work.trained / s + profile.optimizer_s_per_tensor * work.trained_tensors \
+        + units * unit_step
     step = work.micro_batches * (compute + comm) + optimizer
 
     comm_share = work.micro_batches * comm / step

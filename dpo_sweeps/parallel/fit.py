@@ -257,7 +257,8 @@ def serve_model_shapes() -> None:
     for line in sys.stdin:
         try:
             shape = _build_model_shape(tuple(json.loads(line)))
-            reply = {"shape": [shape.num_params, shape.num_layers, shape.hidden, shape.intermediate, shape.vocab]}
+            reply = {"shape": [shape.num_params, shape.num_layers, shape.hidden, shape.intermediate, shape.vocab],
+                     "trained_tensors": shape.trained_tensors}
         except Exception as exc:  # the sweep raises it (OSError, ValueError) or builds the shape itself
             reply = {"error": type(exc).__name__, "os_error": isinstance(exc, OSError),
                      "value_error": isinstance(exc, ValueError), "message": str(exc)}
@@ -278,7 +279,7 @@ def architecture_key(model_cfg) -> tuple:
 def _model_shape(key: tuple) -> ModelShape:
     reply = _estimator.model_shape(key)
     if reply is not None and "shape" in reply:
-        return ModelShape(*reply["shape"])
+        return ModelShape(*reply["shape"], trained_tensors=reply["trained_tensors"])
     if reply is not None and (reply["os_error"] or reply["value_error"]):
         raise (OSError if reply["os_error"] else ValueError)(reply["message"])
     return _build_model_shape(key)  # no estimator process, or an error it could not pass on: build it here
@@ -311,6 +312,7 @@ def _with_adapters(shape: ModelShape, key: tuple, peft_key: str) -> ModelShape:
         quantized = quantizable_params(model, spec["block_name"])
     adapted = ModelShape.of(add_adapters(model, peft, spec["block_name"]))
     return replace(shape, num_params=adapted.num_params, trainable_params=adapted.trainable_params,
+                   trained_tensors=adapted.trained_tensors,
                    quantized_params=quantized, double_quant=peft.double_quant)
 
 

@@ -67,6 +67,7 @@ class ModelShape:
     trainable_params: int | None = None  # those that get gradients and optimizer state; None: all (full fine-tune)
     quantized_params: int = 0  # peft=qlora: the base weights stored in 4-bit (the linear layers of the blocks)
     double_quant: bool = False  # peft.double_quant: their scales in 8-bit
+    trained_tensors: int = 0  # parameter tensors the optimizer steps (0: not counted)
 
     @classmethod
     def of(cls, model) -> ModelShape:
@@ -78,7 +79,8 @@ class ModelShape:
         trainable = sum(p.numel() for p in params if p.requires_grad)
         total = sum(p.numel() for p in params)
         return cls(total, c.num_hidden_layers, hidden, intermediate, c.vocab_size,
-                   trainable if trainable < total else None)
+                   trainable if trainable < total else None,
+                   trained_tensors=sum(1 for p in params if p.requires_grad))
 
     @property
     def trained(self) -> int:

@@ -115,6 +115,9 @@ def test_the_memory_estimate_counts_gradients_and_moments_of_the_adapters_only()
     shape = ModelShape.of(policy)
     trainable, total = PeftModel.get_nb_trainable_parameters(policy)
     assert full.trainable_params is None and (shape.trainable_params, shape.num_params) == (trainable, total)
+    # The tensors AdamW steps (the forecast prices each): every one of a full fine-tune; under LoRA, the adapters' only.
+    assert full.trained_tensors == len(list(base.parameters()))
+    assert shape.trained_tensors == sum(p.requires_grad for p in policy.parameters()) > 0
     run = RunShape(shard_group_size=2, param_dtype="float32", optimizer="adamw", micro_batch_size=2, seq_len=64)
     assert model_states(shape, run) == (4 * total + 12 * trainable) // 2  # fp32 weights; grads + AdamW moments
     assert reference(full, run) > 0 and reference(shape, RunShape(**{**run.__dict__, "adapters": True})) == 0

@@ -200,17 +200,17 @@ def test_a_lora_config_is_predicted_with_its_adapters():
 
 
 # A measured (cluster=cpu) profile worked out by hand: a copy at 10 GB/s, gloo at 1 GB/s, 10 us an op, AdamW
-# 1 ns a parameter; what one FSDP unit adds to a micro-batch and to the optimizer step, per wrapping; and the
+# 1 ns a parameter and 20 us a tensor; what one FSDP unit adds to a micro-batch and to the optimizer step, per wrapping; and the
 # passes a point's model was timed at.
 HAND_CPU = DeviceProfile(name="cpu", gpus_per_node=2, memory_gib=None, memory_bandwidth=1e10,
                          peak_flops={"fp32": 1e11, "bf16": 1e11, "fp16": 1e11}, intra_bandwidth=1e9,
                          intra_latency=1e-4, inter_bandwidth=1e9, inter_latency=1e-4, measured=True,
-                         op_overhead_s=1e-5, optimizer_s_per_param=1e-9,
+                         op_overhead_s=1e-5, optimizer_s_per_param=1e-9, optimizer_s_per_tensor=2e-5,
                          fsdp_unit_s=(("cast", 1e-4, 2e-4), ("full_shard", 1e-3, 5e-4), ("no_shard", 4e-4, 3e-4),
                                       ("shard_grad_op", 6e-4, 5e-4)))
 HAND_PASSES = MeasuredPasses(block_train_s=0.01, block_forward_s=0.003, rest_train_s=0.007, rest_forward_s=0.003)
 HAND_CPU_WORK = Workload(num_layers=2, hidden=100, block_params=1_000_000, head_params=1_000_000, positions=1000,
-                         scored=500, attention=100_000, micro_batches=2)
+                         scored=500, attention=100_000, micro_batches=2, trained_tensors=30)
 
 
 def test_a_measured_profile_predicts_from_the_points_timed_passes_worked_out_by_hand():
@@ -221,8 +221,9 @@ def test_a_measured_profile_predicts_from_the_points_timed_passes_worked_out_by_
     compute = 2 * 0.01 + 0.007 + OPS_OUTSIDE_PASSES * 1e-5
     assert p.compute_s == pytest.approx(2 * compute)
     assert p.comm_s == 0  # one rank in fp32: not wrapped by FSDP at all
-    assert p.optimizer_s == pytest.approx(1e-9 * 2_000_000)
-    assert p.step_time_s.value == pytest.approx(2 * compute + 2e-3)
+    # AdamW over 2e6 parameters in 30 tensors: its loops over tensors cost as much again as the parameters.
+    assert p.optimizer_s == pytest.approx(1e-9 * 2_000_000 + 30 * 2e-5)
+    assert p.step_time_s.value == pytest.approx(2 * compute + 2.6e-3)
     assert p.step_time_s.high == pytest.approx(p.step_time_s.value * math.exp(MEASURED_WIDTH))
     assert p.mfu is None  # no datasheet peak
 
@@ -237,8 +238,9 @@ def test_a_measured_profile_predicts_from_the_points_timed_passes_worked_out_by_
     comm = 3 * 1e-3 + 3 * 4e-3 + 4e-3 + (3 * 2 * 4e6 + 2 * 4e6) / 1e10
     assert q.compute_s == pytest.approx(2 * compute_live)
     assert q.comm_s == pytest.approx(2 * comm)
-    # AdamW over the rank's half, and each unit's share of the step on sharded tensors.
-    assert q.optimizer_s == pytest.approx(1e-9 * 1_000_000 + 3 * 5e-4)
+    # AdamW over the rank's half (every tensor has a half on each rank), and each unit's share of the step on
+    # sharded tensors.
+    assert q.optimizer_s == pytest.approx(1e-9 * 1_000_000 + 30 * 2e-5 + 3 * 5e-4)
     assert q.step_time_s.value == pytest.approx(2 * (compute_live + comm) + q.optimizer_s)
     width = math.hypot(MEASURED_WIDTH, 0.6 * 2 * comm / q.step_time_s.value)
     assert q.step_time_s.low == pytest.approx(q.step_time_s.value * math.exp(-width))
