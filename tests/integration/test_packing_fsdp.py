@@ -50,12 +50,17 @@ def padded(tmp_path_factory) -> RunResult:
     return completed(run_cli(tmp_path_factory.mktemp("padded") / "run", *SHORT))
 
 
-@pytest.mark.parametrize(("ranks", "strategy"), [(1, "full_shard"), (2, "full_shard"), (2, "shard_grad_op")])
+# Every sharding strategy: hybrid_shard on 4 ranks, 2 replicas of a 2-rank shard (the batch divides by 4).
+@pytest.mark.parametrize(("ranks", "strategy"), [(1, "full_shard"), (2, "full_shard"), (2, "shard_grad_op"),
+                                                 (2, "no_shard"), (4, "hybrid_shard")])
 def test_packed_runs_equal_the_padded_run(tmp_path, padded, ranks, strategy):
+    hybrid = ["fsdp.hybrid_group_size=2", "train.micro_batch_size=2"] if strategy == "hybrid_shard" else []
     packed = completed(run_cli(tmp_path / "run", *SHORT, *PACKED, f"fsdp={strategy}",
-                               f"resources.nproc_per_node={ranks}"))
+                               f"resources.nproc_per_node={ranks}", *hybrid, timeout=600))
     assert_same_numbers(packed, padded)
     assert packed.summary["metrics"]["world_size"] == ranks
+    if strategy == "hybrid_shard":  # sharded in pairs of ranks, replicated across the two pairs
+        assert "mesh {'replicate': 2, 'shard': 2}" in packed.stdout + packed.stderr
     if ranks == 1:  # the same batch layout: only the cache key's packing tells the entries apart
         assert "reference log-probs: computed" in packed.stdout + packed.stderr
 
